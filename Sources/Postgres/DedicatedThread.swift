@@ -1,0 +1,71 @@
+import Foundation
+import Synchronization
+
+/// A thread of its own that runs submitted jobs one at a time, in submission order.
+///
+/// Blocking C calls (libpq) run here instead of on Swift's cooperative pool; `run(_:)`
+/// bridges each job to async/await. The thread ends once `shutdown()` is called and the
+/// jobs already queued have run.
+final class DedicatedThread: Sendable {
+    private struct State {
+        var jobs: [@Sendable () -> Void] = []
+        var stopping = false
+    }
+    private let state = Mutex(State())
+    private let wakeup = NSCondition()
+
+    init(name: String) {
+        let thread = Thread { [self] in self.loop() }
+        thread.name = name
+        thread.stackSize = 1 << 20
+        thread.start()
+    }
+
+    /// Runs `body` on this thread and returns its result; the calling task suspends meanwhile.
+    func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { continuation in
+            let accepted = submit { continuation.resume(with: Result { try body() }) }
+            if !accepted {
+                continuation.resume(throwing: CancellationError())
+            }
+        }
+    }
+
+    /// Queues `job`; false when the thread is shutting down (the job will not run).
+    @discardableResult
+    func submit(_ job: @escaping @Sendable () -> Void) -> Bool {
+        let accepted = state.withLock { state -> Bool in
+            if state.stopping { return false }
+            state.jobs.append(job)
+            return true
+        }
+        if accepted { wakeup.lock(); wakeup.signal(); wakeup.unlock() }
+        return accepted
+    }
+
+    /// Lets the thread finish the queued jobs and end.
+    func shutdown() {
+        state.withLock { $0.stopping = true }
+        wakeup.lock(); wakeup.signal(); wakeup.unlock()
+    }
+
+    private func loop() {
+        while true {
+            wakeup.lock()
+            var next: [@Sendable () -> Void] = []
+            var stop = false
+            while true {
+                (next, stop) = state.withLock { state in
+                    let jobs = state.jobs
+                    state.jobs.removeAll(keepingCapacity: true)
+                    return (jobs, state.stopping)
+                }
+                if !next.isEmpty || stop { break }
+                wakeup.wait()
+            }
+            wakeup.unlock()
+            for job in next { job() }
+            if stop && next.isEmpty { return }
+        }
+    }
+}

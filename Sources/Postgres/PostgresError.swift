@@ -1,0 +1,39 @@
+/// What went wrong talking to PostgreSQL, with the server's SQLSTATE where it gave one.
+///
+/// Descriptions never contain the connection string's password.
+public struct PostgresError: Error, CustomStringConvertible, Sendable {
+    /// The broad class of failure, which decides what a caller should do next.
+    public enum Kind: Sendable, Equatable {
+        /// Could not connect, or the connection broke: retry after a pause.
+        case connection
+        /// The server rejected a statement; `sqlState` says why.
+        case statement
+        /// The connection string or setting is unusable: fix the configuration.
+        case configuration
+    }
+
+    public let kind: Kind
+    /// The five-character SQLSTATE, for example `23505` for a unique violation.
+    public let sqlState: String?
+    /// The server's or libpq's message.
+    public let message: String
+
+    public init(kind: Kind, sqlState: String? = nil, message: String) {
+        self.kind = kind
+        self.sqlState = sqlState
+        self.message = message
+    }
+
+    /// True for SQLSTATE 23505.
+    public var isUniqueViolation: Bool { sqlState == "23505" }
+    /// True for SQLSTATE 40001.
+    public var isSerializationFailure: Bool { sqlState == "40001" }
+
+    public var description: String {
+        switch kind {
+        case .connection: "PostgreSQL connection error: \(message)"
+        case .configuration: "PostgreSQL configuration error: \(message)"
+        case .statement: "PostgreSQL error\(sqlState.map { " \($0)" } ?? ""): \(message)"
+        }
+    }
+}

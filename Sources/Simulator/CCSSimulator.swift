@@ -1,0 +1,409 @@
+import FCM
+import Foundation
+import Synchronization
+import XMPP
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A faithful stand-in for FCM's XMPP connection server (CCS) on loopback, over real TLS.
+///
+/// It enforces PROTOCOL.md section 2: SASL PLAIN with the configured sender ID and server
+/// key, bind, at most `maxPendingDownstream` pending downstream messages per connection,
+/// acks only on the connection a message came in on, and redelivery of unacked upstream
+/// messages after a connection is lost. Tests script it (inject upstream messages, answer
+/// downstream ones, drain, drop, send raw bytes) and observe it through `events`,
+/// `counters` and `wait(for:)`. Every rule the client breaks is recorded as a
+/// `ProtocolViolation`.
+public final class CCSSimulator: Sendable {
+    struct UpstreamRecord: Sendable {
+        let messageID: String
+        /// Who the ack must be addressed to.
+        let from: String
+        let stanza: String
+    }
+
+    struct InFlight: Sendable {
+        let session: Int
+        let deliveredAt: ContinuousClock.Instant
+        let record: UpstreamRecord
+    }
+
+    struct SessionHandle: Sendable {
+        let loop: StreamLoop
+        let mailbox: SessionMailbox
+    }
+
+    struct Waiter {
+        let id: UInt64
+        let predicate: @Sendable ([SimulatorEvent]) -> Bool
+        let continuation: CheckedContinuation<Void, any Error>
+    }
+
+    struct State {
+        var nextSessionID = 1
+        var sessions: [Int: SessionHandle] = [:]
+        var boundSessions: [Int] = []
+        var events: [SimulatorEvent] = []
+        var waiters: [Waiter] = []
+        var nextWaiterID: UInt64 = 0
+        var counters = SimulatorCounters()
+        var undelivered: [UpstreamRecord] = []
+        var undeliveredHead = 0
+        var targeted: [Int: [UpstreamRecord]] = [:]
+        var inFlight: [String: InFlight] = [:]
+        var recentlyAcked: Set<String> = []
+        var recentlyAckedOrder: [String] = []
+        var nextUpstreamNumber = 0
+        var stopped = false
+    }
+
+    public let configuration: SimulatorConfiguration
+    /// The port it listens on.
+    public let port: Int
+    let state = Mutex(State())
+    private let tls: TLSContext
+    private let listenFD: Int32
+    private let wakePipe: (read: Int32, write: Int32)
+
+    /// Binds the listening socket (so `port` is known) and starts accepting.
+    public init(configuration: SimulatorConfiguration) throws {
+        ProcessSignals.ignoreSIGPIPE()
+        self.configuration = configuration
+        self.tls = try TLSContext.server(identity: configuration.identity)
+        let (fd, port) = try Self.listen(host: configuration.host, port: configuration.port)
+        self.listenFD = fd
+        self.port = port
+        var fds: [Int32] = [0, 0]
+        guard pipe(&fds) == 0 else { throw SimulatorError("pipe() failed") }
+        self.wakePipe = (fds[0], fds[1])
+        let thread = Thread { [self] in acceptLoop() }
+        thread.name = "ccs-simulator accept"
+        thread.start()
+    }
+
+    deinit {
+        close(wakePipe.read)
+        close(wakePipe.write)
+    }
+
+    /// Stops accepting and drops every connection.
+    public func stop() {
+        let handles = state.withLock { state -> [SessionHandle] in
+            state.stopped = true
+            return Array(state.sessions.values)
+        }
+        var byte: UInt8 = 1
+        _ = Glibc.write(wakePipe.write, &byte, 1)
+        for handle in handles { handle.loop.requestClose(.abort(.closedLocally)) }
+    }
+
+    // MARK: - Scripting
+
+    /// Queues an upstream message from a device; it is delivered to `session` (or any bound
+    /// session) as soon as flow control allows, and redelivered elsewhere if that
+    /// connection is lost before the ack. Returns its message id.
+    @discardableResult
+    public func injectUpstream(from token: String = "device-token-1", category: String = "com.example.app",
+                               data: [String: JSONValue] = [:], messageID: String? = nil,
+                               extraFields: [String: JSONValue] = [:], session: Int? = nil) -> String {
+        let id = messageID ?? state.withLock { state in
+            state.nextUpstreamNumber += 1
+            return "up-\(state.nextUpstreamNumber)"
+        }
+        var members = extraFields
+        members["from"] = .string(token)
+        members["category"] = .string(category)
+        members["message_id"] = .string(id)
+        members["data"] = .object(data)
+        injectRaw(json: JSONValue.object(members).serialized, messageID: id, from: token, session: session)
+        return id
+    }
+
+    /// Queues an upstream stanza with arbitrary JSON (for messages missing fields).
+    /// `messageID`/`from` say how an ack would be matched; pass nil when it cannot be acked.
+    public func injectRaw(json: String, messageID: String?, from: String?, session: Int? = nil,
+                          stanzaAttributes: String = " from=\"devices@gcm.googleapis.com\" type=\"normal\"", prefixedPayload: Bool = true) {
+        let payload = XMLEscaping.escapeText(json)
+        let stanza = prefixedPayload
+            ? "<message\(stanzaAttributes)><data:gcm xmlns:data=\"google:mobile:data\">\(payload)</data:gcm></message>"
+            : "<message\(stanzaAttributes)><gcm xmlns=\"google:mobile:data\">\(payload)</gcm></message>"
+        let record = UpstreamRecord(messageID: messageID ?? "", from: from ?? "", stanza: stanza)
+        let handles = state.withLock { state -> [SessionHandle] in
+            if let session {
+                state.targeted[session, default: []].append(record)
+                return state.sessions[session].map { [$0] } ?? []
+            }
+            state.undelivered.append(record)
+            return state.boundSessions.compactMap { state.sessions[$0] }
+        }
+        for handle in handles { handle.loop.wake() }
+    }
+
+    /// Sends `CONNECTION_DRAINING` on `session`; CCS closes it after `closeAfter` (nil: leave open).
+    public func sendConnectionDraining(session: Int, closeAfter: Duration? = nil) {
+        command(session, .draining(closeAfter: closeAfter))
+    }
+
+    /// Drops `session`'s TCP connection abruptly (no closing stream, no close_notify).
+    public func drop(session: Int) { command(session, .drop) }
+
+    /// Closes `session`'s stream cleanly.
+    public func closeStream(session: Int) { command(session, .closeStream) }
+
+    /// Sends `<stream:error>` with `condition` and closes the stream.
+    public func sendStreamError(session: Int, condition: String, text: String? = nil) {
+        command(session, .streamError(condition: condition, text: text))
+    }
+
+    /// Writes `bytes` as they are, cut into TLS records of `recordSize` bytes.
+    public func sendRaw(session: Int, _ bytes: [UInt8], recordSize: Int = 16 * 1024) {
+        command(session, .raw(bytes, recordSize: recordSize))
+    }
+
+    /// Sends a single-space whitespace keepalive.
+    public func sendWhitespaceKeepalive(session: Int) { command(session, .raw([0x20], recordSize: 1)) }
+
+    /// Stops reading from and writing to `session` (a hung peer): pings go unanswered.
+    public func mute(session: Int) { command(session, .mute) }
+
+    private func command(_ session: Int, _ command: SessionCommand) {
+        guard let handle = state.withLock({ $0.sessions[session] }) else { return }
+        handle.mailbox.post(command)
+        handle.loop.wake()
+    }
+
+    // MARK: - Observing
+
+    /// Every event so far, in order (empty when `recordsEvents` is off).
+    public var events: [SimulatorEvent] { state.withLock { $0.events } }
+
+    /// Totals so far.
+    public var counters: SimulatorCounters { state.withLock { $0.counters } }
+
+    /// The protocol violations recorded so far.
+    public var violations: [ProtocolViolation] {
+        events.compactMap { if case .violation(_, let violation) = $0 { violation } else { nil } }
+    }
+
+    /// The ids of the sessions that are bound and still open, oldest first.
+    public var boundSessions: [Int] { state.withLock { $0.boundSessions } }
+
+    /// Waits until `predicate` holds for the event log.
+    /// - Throws: `SimulatorError` naming `what` if it does not within `timeout`.
+    public func wait(for what: String, timeout: Duration = .seconds(10),
+                     until predicate: @escaping @Sendable ([SimulatorEvent]) -> Bool) async throws {
+        let id = state.withLock { state -> UInt64 in
+            state.nextWaiterID += 1
+            return state.nextWaiterID
+        }
+        let timer = Task {
+            try? await Task.sleep(for: timeout)
+            let waiter = state.withLock { state -> Waiter? in
+                guard let index = state.waiters.firstIndex(where: { $0.id == id }) else { return nil }
+                return state.waiters.remove(at: index)
+            }
+            let recent = events.suffix(8).map { "\($0)" }.joined(separator: "\n  ")
+            waiter?.continuation.resume(throwing: SimulatorError("timed out after \(timeout) waiting for \(what); last events:\n  \(recent)"))
+        }
+        defer { timer.cancel() }
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            let satisfied = state.withLock { state -> Bool in
+                if predicate(state.events) { return true }
+                state.waiters.append(Waiter(id: id, predicate: predicate, continuation: continuation))
+                return false
+            }
+            if satisfied { continuation.resume() }
+        }
+    }
+
+    /// Waits until `count` sessions are bound and open; returns their ids.
+    @discardableResult
+    public func waitForBoundSessions(_ count: Int, timeout: Duration = .seconds(10)) async throws -> [Int] {
+        try await wait(for: "\(count) bound sessions", timeout: timeout) { [self] _ in
+            boundSessions.count >= count
+        }
+        return boundSessions
+    }
+
+    // MARK: - For sessions
+
+    func record(_ event: SimulatorEvent) {
+        configuration.onEvent?(event)
+        let ready = state.withLock { state -> [Waiter] in
+            switch event {
+            case .bound: state.counters.sessionsBound += 1
+            case .upstreamDelivered: state.counters.upstreamDelivered += 1
+            case .upstreamAcked: state.counters.upstreamAcked += 1
+            case .downstreamReceived: state.counters.downstreamReceived += 1
+            case .downstreamAnswered(_, _, let response):
+                if case .ack = response { state.counters.downstreamAcked += 1 }
+                if case .nack = response { state.counters.downstreamNacked += 1 }
+            case .violation: state.counters.violations += 1
+            default: break
+            }
+            if configuration.recordsEvents || state.waiters.isEmpty == false {
+                state.events.append(event)
+            }
+            guard !state.waiters.isEmpty else { return [] }
+            let events = state.events
+            var ready: [Waiter] = []
+            state.waiters.removeAll { waiter in
+                guard waiter.predicate(events) else { return false }
+                ready.append(waiter)
+                return true
+            }
+            return ready
+        }
+        for waiter in ready { waiter.continuation.resume() }
+    }
+
+    func sessionBound(_ session: Int, jid: String) {
+        state.withLock { $0.boundSessions.append(session) }
+        record(.bound(session: session, jid: jid))
+    }
+
+    /// The next upstream message for `session`, or nil if none is waiting.
+    func takeUpstream(for session: Int) -> UpstreamRecord? {
+        state.withLock { state in
+            if var queue = state.targeted[session], !queue.isEmpty {
+                let record = queue.removeFirst()
+                state.targeted[session] = queue
+                state.inFlight[record.messageID] = InFlight(session: session, deliveredAt: .now, record: record)
+                return record
+            }
+            guard state.undeliveredHead < state.undelivered.count else { return nil }
+            let record = state.undelivered[state.undeliveredHead]
+            state.undeliveredHead += 1
+            if state.undeliveredHead > 4096 && state.undeliveredHead * 2 > state.undelivered.count {
+                state.undelivered.removeFirst(state.undeliveredHead)
+                state.undeliveredHead = 0
+            }
+            if !record.messageID.isEmpty {
+                state.inFlight[record.messageID] = InFlight(session: session, deliveredAt: .now, record: record)
+            }
+            return record
+        }
+    }
+
+    enum AckOutcome { case accepted(latency: Duration), violation(ProtocolViolation) }
+
+    /// Matches an ack from `session` to the message it acknowledges.
+    func acknowledge(messageID: String, to: String?, session: Int) -> AckOutcome {
+        state.withLock { state in
+            guard let inFlight = state.inFlight[messageID] else {
+                return state.recentlyAcked.contains(messageID)
+                    ? .violation(.duplicateAck(messageID)) : .violation(.ackForUnknownMessage(messageID))
+            }
+            guard inFlight.session == session else {
+                return .violation(.ackOnWrongConnection(messageID: messageID, deliveredOn: inFlight.session))
+            }
+            if let to, to != inFlight.record.from {
+                return .violation(.ackToWrongAddress(messageID: messageID, expected: inFlight.record.from, got: to))
+            }
+            state.inFlight[messageID] = nil
+            state.recentlyAcked.insert(messageID)
+            state.recentlyAckedOrder.append(messageID)
+            if state.recentlyAckedOrder.count > 200_000 {
+                for old in state.recentlyAckedOrder.prefix(100_000) { state.recentlyAcked.remove(old) }
+                state.recentlyAckedOrder.removeFirst(100_000)
+            }
+            return .accepted(latency: .now - inFlight.deliveredAt)
+        }
+    }
+
+    /// A session ended: its unacked upstream messages go back to the front of the queue to
+    /// be redelivered on another connection, as CCS does.
+    func sessionEnded(_ session: Int, reason: String) {
+        let wake = state.withLock { state -> [SessionHandle] in
+            state.sessions[session] = nil
+            state.boundSessions.removeAll { $0 == session }
+            let orphans = state.inFlight.values.filter { $0.session == session }
+                .sorted { $0.deliveredAt < $1.deliveredAt }.map(\.record)
+            for record in orphans { state.inFlight[record.messageID] = nil }
+            let targeted = state.targeted.removeValue(forKey: session) ?? []
+            let remaining = Array(state.undelivered[state.undeliveredHead...])
+            state.undelivered = orphans + targeted + remaining
+            state.undeliveredHead = 0
+            return state.boundSessions.compactMap { state.sessions[$0] }
+        }
+        record(.closed(session: session, reason: reason))
+        for handle in wake { handle.loop.wake() }
+    }
+
+    // MARK: - Listening
+
+    private static func listen(host: String, port: Int) throws -> (Int32, Int) {
+        var hints = addrinfo()
+        hints.ai_family = AF_UNSPEC
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST
+        var list: UnsafeMutablePointer<addrinfo>?
+        guard getaddrinfo(host, String(port), &hints, &list) == 0, let info = list else {
+            throw SimulatorError("cannot listen on \(host): not a numeric address")
+        }
+        defer { freeaddrinfo(list) }
+        let fd = socket(info.pointee.ai_family, info.pointee.ai_socktype, 0)
+        guard fd >= 0 else { throw SimulatorError("socket(): \(String(cString: strerror(errno)))") }
+        var one: Int32 = 1
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+        guard bind(fd, info.pointee.ai_addr, info.pointee.ai_addrlen) == 0, Glibc.listen(fd, 512) == 0 else {
+            let reason = String(cString: strerror(errno))
+            close(fd)
+            throw SimulatorError("cannot listen on \(host):\(port): \(reason)")
+        }
+        var address = sockaddr_storage()
+        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { _ = getsockname(fd, $0, &length) }
+        }
+        let boundPort: UInt16 = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { UInt16(bigEndian: $0.pointee.sin_port) }
+        }
+        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+        return (fd, Int(boundPort))
+    }
+
+    private func acceptLoop() {
+        defer { close(listenFD) }
+        while !state.withLock({ $0.stopped }) {
+            var descriptors = [pollfd(fd: listenFD, events: Int16(POLLIN), revents: 0),
+                               pollfd(fd: wakePipe.read, events: Int16(POLLIN), revents: 0)]
+            guard poll(&descriptors, 2, -1) >= 0 || errno == EINTR else { return }
+            while true {
+                let fd = accept(listenFD, nil, nil)
+                if fd < 0 { break }
+                startSession(fd)
+            }
+        }
+    }
+
+    private func startSession(_ fd: Int32) {
+        let mailbox = SessionMailbox()
+        let id = state.withLock { state -> Int in
+            defer { state.nextSessionID += 1 }
+            return state.nextSessionID
+        }
+        let driver = SimulatedSession(id: id, simulator: self, mailbox: mailbox)
+        let loop = StreamLoop(name: "ccs-simulator session \(id)", origin: .accepted(fd: fd), tlsContext: tls, role: .server,
+                              handshakeTimeout: .seconds(10), maxStanzaBytes: configuration.maxStanzaBytes,
+                              maxDepth: XMLStreamParser.defaultMaxDepth, outboundCapacity: 1 << 20, driver: driver)
+        let accepted = state.withLock { state -> Bool in
+            guard !state.stopped else { return false }
+            state.sessions[id] = SessionHandle(loop: loop, mailbox: mailbox)
+            return true
+        }
+        guard accepted else {
+            close(fd)
+            return
+        }
+        record(.connected(session: id))
+        loop.start()
+    }
+}
+
+/// A failure of the simulator itself or of a wait on it.
+public struct SimulatorError: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}

@@ -1,0 +1,293 @@
+import FCM
+import Foundation
+import Synchronization
+import XMPP
+
+/// What the scripting API asks a session to do.
+enum SessionCommand: Sendable {
+    case draining(closeAfter: Duration?)
+    case drop
+    case closeStream
+    case streamError(condition: String, text: String?)
+    case raw([UInt8], recordSize: Int)
+    case mute
+}
+
+/// Commands posted from any thread to one session's thread.
+final class SessionMailbox: Sendable {
+    private let commands = Mutex<[SessionCommand]>([])
+    func post(_ command: SessionCommand) { commands.withLock { $0.append(command) } }
+    func take() -> [SessionCommand] { commands.withLock { commands in defer { commands.removeAll() }; return commands } }
+}
+
+/// One simulated CCS connection, run on its stream's thread: negotiation, upstream
+/// delivery under flow control, ack matching, downstream answers, receipts, draining.
+final class SimulatedSession: StreamDriver {
+    private struct Scheduled {
+        let due: ContinuousClock.Instant
+        let stanza: String
+        let event: SimulatorEvent?
+        let freesSlotOf: String?
+        /// A delivery receipt to queue once this ack has gone out: (receipt JSON, receipt id).
+        let receipt: (json: String, id: String)?
+    }
+
+    let id: Int
+    private let simulator: CCSSimulator
+    private let mailbox: SessionMailbox
+    private var negotiation: CCSServerNegotiation
+    private var bound = false
+    private var muted = false
+    private var draining = false
+    private var closeAt: ContinuousClock.Instant?
+    private var pendingDownstream: Set<String> = []
+    private var unackedUpstream: Set<String> = []
+    private var scheduled: [Scheduled] = []
+    private var nextKeepalive: ContinuousClock.Instant?
+    private var config: SimulatorConfiguration { simulator.configuration }
+
+    init(id: Int, simulator: CCSSimulator, mailbox: SessionMailbox) {
+        self.id = id
+        self.simulator = simulator
+        self.mailbox = mailbox
+        self.negotiation = CCSServerNegotiation(senderID: simulator.configuration.senderID,
+                                                serverKey: simulator.configuration.serverKey,
+                                                domain: simulator.configuration.domain)
+    }
+
+    func streamDidOpen(_ loop: StreamLoop) {}
+
+    var wantsToRead: Bool { !muted }
+
+    func nextDeadline(_ loop: StreamLoop) -> ContinuousClock.Instant? {
+        if muted { return closeAt }
+        return [scheduled.first?.due, nextKeepalive, closeAt].compactMap { $0 }.min()
+    }
+
+    func streamDidEnd(_ loop: StreamLoop, reason: XMPPError) {
+        simulator.sessionEnded(id, reason: reason.description)
+    }
+
+    func stream(_ loop: StreamLoop, didReceive event: XMLStreamEvent) {
+        guard !muted else { return }
+        for action in negotiation.handle(event) {
+            switch action {
+            case .send(let text): loop.write(text)
+            case .restartStream: loop.restartParser()
+            case .authenticated: break
+            case .refused(let reason):
+                simulator.record(.authenticationRefused(session: id, reason: reason))
+                loop.close(reason: .authenticationRefused(condition: "not-authorized"))
+            case .bound(let jid):
+                bound = true
+                if let interval = config.whitespaceKeepaliveInterval { nextKeepalive = .now + interval }
+                simulator.sessionBound(id, jid: jid)
+                deliverUpstream(loop)
+            case .stanza(let stanza): handle(stanza, loop)
+            case .violation(let condition, let detail):
+                simulator.record(.violation(session: id, .stream(detail)))
+                loop.write("<stream:error><\(condition) xmlns=\"\(XMPPNamespace.streamErrors)\"/></stream:error>")
+                loop.close(reason: .protocolViolation(detail))
+            case .clientClosed:
+                loop.close(reason: .closedByPeer)
+            case .pingAnswered:
+                simulator.record(.pingAnswered(session: id))
+            }
+        }
+    }
+
+    func streamDidWake(_ loop: StreamLoop) {
+        for command in mailbox.take() {
+            perform(command, loop)
+            if loop.isEnded { return }
+        }
+        let now = ContinuousClock.now
+        if let closeAt, now >= closeAt {
+            loop.close(reason: .closedLocally)
+            return
+        }
+        guard !muted else { return }
+        while let first = scheduled.first, first.due <= now {
+            scheduled.removeFirst()
+            if let slot = first.freesSlotOf { pendingDownstream.remove(slot) }
+            loop.write(first.stanza)
+            if let event = first.event { simulator.record(event) }
+            if let receipt = first.receipt { queueReceipt(receipt) }
+        }
+        if let keepalive = nextKeepalive, now >= keepalive, let interval = config.whitespaceKeepaliveInterval {
+            loop.write(" ")
+            nextKeepalive = now + interval
+        }
+        if bound { deliverUpstream(loop) }
+    }
+
+    private func perform(_ command: SessionCommand, _ loop: StreamLoop) {
+        switch command {
+        case .draining(let closeAfter):
+            draining = true
+            loop.write(CCSStanza.message(json: "{\"message_type\":\"control\",\"control_type\":\"CONNECTION_DRAINING\"}"))
+            simulator.record(.drainingSent(session: id))
+            if let closeAfter { closeAt = .now + closeAfter }
+        case .drop:
+            loop.abort(reason: .connectionLost("dropped by the simulator"))
+        case .closeStream:
+            loop.close(reason: .closedLocally)
+        case .streamError(let condition, let text):
+            var error = "<stream:error><\(condition) xmlns=\"\(XMPPNamespace.streamErrors)\"/>"
+            if let text { error += "<text xmlns=\"\(XMPPNamespace.streamErrors)\">\(XMLEscaping.escapeText(text))</text>" }
+            loop.write(error + "</stream:error>")
+            loop.close(reason: .streamError(condition: condition, text: text))
+        case .raw(let bytes, let recordSize):
+            loop.write(bytes: bytes, recordSize: recordSize)
+        case .mute:
+            muted = true
+        }
+    }
+
+    /// Sends waiting upstream messages while fewer than the limit are unacked here.
+    private func deliverUpstream(_ loop: StreamLoop) {
+        guard !draining else { return }
+        while unackedUpstream.count < config.maxUnackedUpstream, let record = simulator.takeUpstream(for: id) {
+            if !record.messageID.isEmpty { unackedUpstream.insert(record.messageID) }
+            loop.write(record.stanza)
+            simulator.record(.upstreamDelivered(session: id, messageID: record.messageID))
+        }
+    }
+
+    private func handle(_ stanza: XMLElement, _ loop: StreamLoop) {
+        guard stanza.name == "message" else { return }
+        let stanzaID = stanza.attribute("id")
+        guard let payload = CCSStanza.payload(of: stanza) else {
+            simulator.record(.violation(session: id, .malformedStanza("<message> without a <gcm> payload")))
+            loop.write(stanzaError(id: stanzaID, condition: "bad-request", text: "InvalidJson: missing gcm element"))
+            return
+        }
+        let json: JSONValue
+        do {
+            json = try JSONValue.parse(payload)
+        } catch {
+            simulator.record(.violation(session: id, .malformedStanza("payload is not JSON")))
+            loop.write(stanzaError(id: stanzaID, condition: "bad-request", text: "InvalidJson: \(payload.prefix(80))"))
+            return
+        }
+        let messageType = json["message_type"]?.stringValue
+        let messageID = json["message_id"]?.stringValue
+        switch messageType {
+        case "ack":
+            guard let messageID else {
+                simulator.record(.violation(session: id, .malformedStanza("ack without message_id")))
+                return
+            }
+            switch simulator.acknowledge(messageID: messageID, to: json["to"]?.stringValue, session: id) {
+            case .accepted(let latency):
+                unackedUpstream.remove(messageID)
+                simulator.record(.upstreamAcked(session: id, messageID: messageID, latency: latency))
+                deliverUpstream(loop)
+            case .violation(let violation):
+                simulator.record(.violation(session: id, violation))
+            }
+        case "nack":
+            simulator.record(.violation(session: id, .nackFromServer(messageID ?? "?")))
+        case nil:
+            receiveDownstream(json, messageID: messageID, stanzaID: stanzaID, loop)
+        case let other?:
+            simulator.record(.violation(session: id, .malformedStanza("unexpected message_type \(other)")))
+            loop.write(stanzaError(id: stanzaID, condition: "bad-request", text: "InvalidJson: unexpected message_type"))
+        }
+    }
+
+    private func receiveDownstream(_ json: JSONValue, messageID: String?, stanzaID: String?, _ loop: StreamLoop) {
+        guard let messageID, !messageID.isEmpty else {
+            simulator.record(.violation(session: id, .malformedStanza("downstream message without message_id")))
+            loop.write(stanzaError(id: stanzaID, condition: "bad-request", text: "InvalidJson: MISSING_MESSAGE_ID"))
+            return
+        }
+        simulator.record(.downstreamReceived(session: id, messageID: messageID))
+        if draining {
+            simulator.record(.violation(session: id, .sentWhileDraining(messageID)))
+            answer(messageID, to: json["to"]?.stringValue, .nack(error: "CONNECTION_DRAINING"), loop)
+            return
+        }
+        pendingDownstream.insert(messageID)
+        if pendingDownstream.count > config.maxPendingDownstream {
+            simulator.record(.violation(session: id, .windowExceeded(pending: pendingDownstream.count)))
+        }
+        let response: DownstreamResponse
+        if json["to"] == nil && json["condition"] == nil {
+            response = .nack(error: "INVALID_JSON", description: "Missing to or condition")
+        } else {
+            response = config.responder(DownstreamRequest(session: id, messageID: messageID, json: json))
+        }
+        var receipt: (json: String, id: String)?
+        if case .ack = response, json["delivery_receipt_requested"] == .bool(true) {
+            let receiptID = "dr2:\(messageID)"
+            let body: JSONValue = .object([
+                "message_type": .string("receipt"), "message_id": .string(receiptID),
+                "from": .string("gcm.googleapis.com"), "category": .string("com.example.app"),
+                "data": .object([
+                    "message_status": .string("MESSAGE_SENT_TO_DEVICE"),
+                    "original_message_id": .string(messageID),
+                    "device_registration_id": .string(json["to"]?.stringValue ?? ""),
+                    "message_sent_timestamp": .string(String(Int(Date().timeIntervalSince1970 * 1000))),
+                ]),
+            ])
+            receipt = (body.serialized, receiptID)
+        }
+        answer(messageID, to: json["to"]?.stringValue, response, receipt: receipt, loop)
+    }
+
+    /// Queues a receipt as an upstream message of this session (FCM sends it after the ack).
+    private func queueReceipt(_ receipt: (json: String, id: String)) {
+        simulator.injectRaw(json: receipt.json, messageID: receipt.id, from: "gcm.googleapis.com", session: id)
+        simulator.record(.receiptSent(session: id, messageID: receipt.id))
+    }
+
+    private func answer(_ messageID: String, to: String?, _ response: DownstreamResponse,
+                        receipt: (json: String, id: String)? = nil, _ loop: StreamLoop) {
+        var members: [String: JSONValue] = ["message_id": .string(messageID)]
+        if let to { members["from"] = .string(to) }
+        let delay: Duration
+        switch response {
+        case .noAnswer:
+            return
+        case .ack(let ackDelay, let canonical):
+            members["message_type"] = .string("ack")
+            if let canonical { members["registration_id"] = .string(canonical) }
+            delay = ackDelay
+        case .nack(let error, let description, let nackDelay):
+            members["message_type"] = .string("nack")
+            members["error"] = .string(error)
+            if let description { members["error_description"] = .string(description) }
+            delay = nackDelay
+        case .stanzaError(let condition, let text):
+            pendingDownstream.remove(messageID)
+            loop.write(stanzaError(id: messageID, condition: condition, text: text))
+            simulator.record(.downstreamAnswered(session: id, messageID: messageID, response: response))
+            return
+        }
+        let stanza = CCSStanza.message(json: JSONValue.object(members).serialized)
+        let event = SimulatorEvent.downstreamAnswered(session: id, messageID: messageID, response: response)
+        if delay <= .zero {
+            pendingDownstream.remove(messageID)
+            loop.write(stanza)
+            simulator.record(event)
+            if let receipt { queueReceipt(receipt) }
+        } else {
+            let item = Scheduled(due: .now + delay, stanza: stanza, event: event, freesSlotOf: messageID, receipt: receipt)
+            let index = scheduled.firstIndex { $0.due > item.due } ?? scheduled.endIndex
+            scheduled.insert(item, at: index)
+        }
+    }
+
+    private func stanzaError(id stanzaID: String?, condition: String, text: String) -> String {
+        var stanza = "<message type=\"error\""
+        if let stanzaID {
+            stanza += " id=\""
+            XMLEscaping.appendAttribute(stanzaID, to: &stanza)
+            stanza += "\""
+        }
+        stanza += "><error code=\"400\" type=\"modify\"><\(condition) xmlns=\"\(XMPPNamespace.stanzas)\"/>"
+        stanza += "<text xmlns=\"\(XMPPNamespace.stanzas)\">\(XMLEscaping.escapeText(text))</text></error></message>"
+        return stanza
+    }
+}

@@ -1,0 +1,192 @@
+import Foundation
+import XMPP
+
+/// A setting that is missing or invalid. `fcm-worker` prints `description` as one line and
+/// exits with status 2.
+public struct ConfigurationError: Error, Equatable, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// Everything `fcm-worker run` needs, filled from flags, then environment, then defaults.
+///
+/// `description` never shows the server key or the database password.
+public struct WorkerConfiguration: Sendable, CustomStringConvertible {
+    public var senderID: String
+    public var serverKey: String
+    /// CCS's TCP host and port (`--endpoint host:port`).
+    public var host = "fcm-xmpp.googleapis.com"
+    public var port = 5235
+    /// The XMPP domain the stream and SASL identity use: not derived from the host.
+    public var xmppDomain = "gcm.googleapis.com"
+    /// PEM CA bundle to trust instead of the system store.
+    public var caFile: String?
+    public var databaseURL: String?
+    /// How many CCS connections to keep open.
+    public var connections = 1
+    /// Built-in handler names to run.
+    public var handlers = ["store"]
+    /// Ping CCS after this much silence, and give up this long after the ping.
+    public var pingInterval: Duration = .seconds(60)
+    public var pingTimeout: Duration = .seconds(15)
+    /// Reconnect delays: full jitter from `reconnectBase` doubling to `reconnectCap`.
+    public var reconnectBase: Duration = .seconds(1)
+    public var reconnectCap: Duration = .seconds(60)
+
+    public init(senderID: String, serverKey: String) {
+        self.senderID = senderID
+        self.serverKey = serverKey
+    }
+
+    /// The configuration flags and their environment variables, for `--help`.
+    public static let usage = """
+        --sender-id ID            FCM_SENDER_ID         FCM sender ID (required)
+        --server-key KEY          FCM_SERVER_KEY        FCM server key (required, or:)
+        --server-key-file PATH    FCM_SERVER_KEY_FILE   file holding the server key
+        --endpoint HOST:PORT      FCM_ENDPOINT          default fcm-xmpp.googleapis.com:5235
+        --xmpp-domain DOMAIN      FCM_XMPP_DOMAIN       default gcm.googleapis.com
+        --ca-file PATH            FCM_CA_FILE           PEM CAs to trust (default: system store)
+        --database-url URL        DATABASE_URL          PostgreSQL URL or conninfo
+        --connections N           FCM_CONNECTIONS       CCS connections to keep open (default 1)
+        --handlers a,b            FCM_HANDLERS          handlers to run (default store)
+        --ping-interval SECONDS   FCM_PING_INTERVAL     ping after this much silence (default 60)
+        --ping-timeout SECONDS    FCM_PING_TIMEOUT      dead if no answer within (default 15)
+      """
+
+    private static let flags: [String: String] = [
+        "--sender-id": "FCM_SENDER_ID", "--server-key": "FCM_SERVER_KEY", "--server-key-file": "FCM_SERVER_KEY_FILE",
+        "--endpoint": "FCM_ENDPOINT", "--xmpp-domain": "FCM_XMPP_DOMAIN", "--ca-file": "FCM_CA_FILE",
+        "--database-url": "DATABASE_URL", "--connections": "FCM_CONNECTIONS", "--handlers": "FCM_HANDLERS",
+        "--ping-interval": "FCM_PING_INTERVAL", "--ping-timeout": "FCM_PING_TIMEOUT",
+    ]
+
+    /// Parses `arguments` (flags only, `--flag value` or `--flag=value`) over `environment`.
+    /// - Throws: `ConfigurationError` naming the first missing or invalid setting.
+    public static func parse(arguments: [String], environment: [String: String]) throws(ConfigurationError) -> WorkerConfiguration {
+        var values: [String: String] = [:]
+        var index = 0
+        while index < arguments.count {
+            let argument = arguments[index]
+            var flag = argument, value: String?
+            if let equals = argument.firstIndex(of: "="), argument.hasPrefix("--") {
+                flag = String(argument[..<equals])
+                value = String(argument[argument.index(after: equals)...])
+            }
+            guard let variable = flags[flag] else {
+                throw ConfigurationError("unknown option \(flag) (see fcm-worker --help)")
+            }
+            if value == nil {
+                index += 1
+                guard index < arguments.count else { throw ConfigurationError("\(flag) needs a value") }
+                value = arguments[index]
+            }
+            values[variable] = value
+            index += 1
+        }
+        func setting(_ variable: String) -> String? {
+            let value = values[variable] ?? environment[variable]
+            return value?.isEmpty == true ? nil : value
+        }
+
+        guard let senderID = setting("FCM_SENDER_ID") else {
+            throw ConfigurationError("missing sender ID: pass --sender-id or set FCM_SENDER_ID")
+        }
+        guard senderID.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") }) else {
+            throw ConfigurationError("invalid sender ID: only letters, digits, - and _ are allowed")
+        }
+        let key: String
+        if let inline = setting("FCM_SERVER_KEY") {
+            key = inline
+        } else if let path = setting("FCM_SERVER_KEY_FILE") {
+            guard let contents = try? String(contentsOfFile: path, encoding: .utf8) else {
+                throw ConfigurationError("cannot read the server key file \(path)")
+            }
+            key = contents.trimmingCharacters(in: .whitespacesAndNewlines)
+            guard !key.isEmpty else { throw ConfigurationError("the server key file \(path) is empty") }
+        } else {
+            throw ConfigurationError("missing server key: pass --server-key or --server-key-file, or set FCM_SERVER_KEY or FCM_SERVER_KEY_FILE")
+        }
+        var configuration = WorkerConfiguration(senderID: senderID, serverKey: key)
+
+        if let endpoint = setting("FCM_ENDPOINT") {
+            (configuration.host, configuration.port) = try parseEndpoint(endpoint)
+        }
+        if let domain = setting("FCM_XMPP_DOMAIN") {
+            guard !domain.contains(where: { $0.isWhitespace || $0 == "/" || $0 == "@" }) else {
+                throw ConfigurationError("invalid XMPP domain \(domain)")
+            }
+            configuration.xmppDomain = domain
+        }
+        if let caFile = setting("FCM_CA_FILE") {
+            guard FileManager.default.isReadableFile(atPath: caFile) else {
+                throw ConfigurationError("the CA file \(caFile) does not exist or is not readable")
+            }
+            configuration.caFile = caFile
+        }
+        configuration.databaseURL = setting("DATABASE_URL")
+        if let connections = setting("FCM_CONNECTIONS") {
+            guard let count = Int(connections), (1...1000).contains(count) else {
+                throw ConfigurationError("invalid connection count \(connections): expected 1 to 1000")
+            }
+            configuration.connections = count
+        }
+        if let handlers = setting("FCM_HANDLERS") {
+            let names = handlers.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+            guard !names.isEmpty else { throw ConfigurationError("--handlers names no handler") }
+            configuration.handlers = names
+        }
+        if let interval = setting("FCM_PING_INTERVAL") {
+            configuration.pingInterval = try parseSeconds(interval, name: "ping interval")
+        }
+        if let timeout = setting("FCM_PING_TIMEOUT") {
+            configuration.pingTimeout = try parseSeconds(timeout, name: "ping timeout")
+        }
+        return configuration
+    }
+
+    /// `host:port`, `[v6]:port`, or a bare host (port 5235).
+    static func parseEndpoint(_ text: String) throws(ConfigurationError) -> (String, Int) {
+        var host = text, portText: String?
+        if text.hasPrefix("["), let close = text.firstIndex(of: "]") {
+            host = String(text[text.index(after: text.startIndex)..<close])
+            let rest = text[text.index(after: close)...]
+            if rest.hasPrefix(":") { portText = String(rest.dropFirst()) } else if !rest.isEmpty {
+                throw ConfigurationError("invalid endpoint \(text): expected [host]:port")
+            }
+        } else if let colon = text.lastIndex(of: ":"), text.firstIndex(of: ":") == colon {
+            host = String(text[..<colon])
+            portText = String(text[text.index(after: colon)...])
+        }
+        guard !host.isEmpty, !host.contains(where: { $0.isWhitespace || $0 == "/" }) else {
+            throw ConfigurationError("invalid endpoint \(text): expected host:port")
+        }
+        guard let portText else { return (host, 5235) }
+        guard let port = Int(portText), (1...65535).contains(port) else {
+            throw ConfigurationError("invalid endpoint port in \(text): expected 1 to 65535")
+        }
+        return (host, port)
+    }
+
+    static func parseSeconds(_ text: String, name: String) throws(ConfigurationError) -> Duration {
+        guard let seconds = Double(text), seconds > 0, seconds <= 86_400 else {
+            throw ConfigurationError("invalid \(name) \(text): expected seconds, more than 0")
+        }
+        return .milliseconds(Int64((seconds * 1000).rounded()))
+    }
+
+    /// The XMPP settings of one CCS connection.
+    public var xmppClient: XMPPClientConfiguration {
+        var client = XMPPClientConfiguration(
+            host: host, port: port,
+            credentials: .init(domain: xmppDomain, authenticationIdentity: "\(senderID)@\(xmppDomain)", password: serverKey),
+            trust: caFile.map { .caFile($0) } ?? .systemDefault)
+        client.pingInterval = pingInterval
+        client.pingTimeout = pingTimeout
+        return client
+    }
+
+    public var description: String {
+        "sender \(senderID), endpoint \(host):\(port), domain \(xmppDomain), \(connections) connection(s), "
+            + "trust \(caFile ?? "system store"), handlers \(handlers.joined(separator: ","))"
+    }
+}

@@ -1,0 +1,72 @@
+/// Runs a client session on its stream's thread: negotiation, liveness, and handing
+/// stanzas to the consuming task.
+final class ClientStreamDriver: StreamDriver {
+    let inbox: StanzaInbox
+    /// Fulfilled with the bound JID, or failed with why the session never came up.
+    let establishment = OneShot<String>()
+    /// Fulfilled once with why the stream ended.
+    let ending = OneShot<XMPPError>()
+
+    private var negotiation: SessionNegotiation
+    private var liveness: LivenessMonitor
+    private var negotiationDeadline: ContinuousClock.Instant?
+    private var established = false
+
+    init(configuration: XMPPClientConfiguration, inbox: StanzaInbox) {
+        self.inbox = inbox
+        self.negotiation = SessionNegotiation(credentials: configuration.credentials)
+        self.liveness = LivenessMonitor(idleInterval: configuration.pingInterval, timeout: configuration.pingTimeout)
+        self.negotiationDeadline = .now + configuration.negotiationTimeout
+    }
+
+    func streamDidOpen(_ loop: StreamLoop) {
+        perform(negotiation.start(), on: loop)
+    }
+
+    func stream(_ loop: StreamLoop, didReceive event: XMLStreamEvent) {
+        perform(negotiation.handle(event), on: loop)
+    }
+
+    func streamDidWake(_ loop: StreamLoop) {
+        let now = ContinuousClock.now
+        if let deadline = negotiationDeadline, now >= deadline {
+            loop.abort(reason: .negotiationTimedOut)
+            return
+        }
+        guard established else { return }
+        switch liveness.tick(now: now, lastHeard: loop.lastReadAt) {
+        case .sendPing?: loop.write(negotiation.makePing())
+        case .peerDead(let silence)?: loop.abort(reason: .peerUnresponsive(silence: silence))
+        case nil: break
+        }
+    }
+
+    var wantsToRead: Bool { !established || inbox.hasRoom }
+
+    func nextDeadline(_ loop: StreamLoop) -> ContinuousClock.Instant? {
+        negotiationDeadline ?? (established ? liveness.nextDeadline(lastHeard: loop.lastReadAt) : nil)
+    }
+
+    func streamDidEnd(_ loop: StreamLoop, reason: XMPPError) {
+        establishment.complete(.failure(reason))
+        inbox.finish()
+        ending.complete(.success(reason))
+    }
+
+    private func perform(_ actions: [SessionNegotiation.Action], on loop: StreamLoop) {
+        for action in actions {
+            switch action {
+            case .send(let text): loop.write(text)
+            case .restartStream: loop.restartParser()
+            case .established(let jid):
+                established = true
+                negotiationDeadline = nil
+                establishment.complete(.success(jid))
+            case .deliver(let stanza): _ = inbox.push(stanza)
+            case .fail(let error):
+                loop.close(reason: error)
+                return
+            }
+        }
+    }
+}

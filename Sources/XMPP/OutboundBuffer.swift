@@ -1,0 +1,135 @@
+import Synchronization
+
+/// Bytes waiting to be written by a stream's thread, bounded in size.
+///
+/// Any task may `enqueue`; when the buffer holds `capacity` bytes or more the caller
+/// suspends until the stream's thread has taken enough out (backpressure from a slow peer
+/// reaches the senders instead of growing memory). Order is first come, first written.
+/// A chunk larger than the capacity is accepted when the buffer is empty.
+package final class OutboundBuffer: Sendable {
+    /// Bytes to write, with the largest TLS record they may be cut into.
+    package struct Chunk: Sendable {
+        var bytes: [UInt8]
+        /// Normally 16 KiB; the simulator uses 1 to send one byte per TLS record.
+        var recordSize: Int
+
+        package init(bytes: [UInt8], recordSize: Int) {
+            self.bytes = bytes
+            self.recordSize = recordSize
+        }
+    }
+
+    private struct Waiter {
+        let id: UInt64
+        let chunk: Chunk
+        let continuation: CheckedContinuation<Void, any Error>
+    }
+
+    private struct State {
+        var chunks: [Chunk] = []
+        var bytes = 0
+        var waiters: [Waiter] = []
+        var nextWaiterID: UInt64 = 0
+        var closedWith: XMPPError?
+    }
+
+    let capacity: Int
+    private let state = Mutex(State())
+    /// Called (outside the lock) after something was enqueued, to wake the stream's thread.
+    private let onEnqueue: @Sendable () -> Void
+
+    init(capacity: Int, onEnqueue: @escaping @Sendable () -> Void) {
+        self.capacity = capacity
+        self.onEnqueue = onEnqueue
+    }
+
+    /// Queues `chunk`, waiting for room first.
+    /// - Throws: the error the stream ended with, or `CancellationError`.
+    package func enqueue(_ chunk: Chunk) async throws {
+        let id: UInt64? = try state.withLock { state throws -> UInt64? in
+            if let closed = state.closedWith { throw closed }
+            if state.waiters.isEmpty && (state.bytes == 0 || state.bytes + chunk.bytes.count <= capacity) {
+                state.chunks.append(chunk)
+                state.bytes += chunk.bytes.count
+                return nil
+            }
+            state.nextWaiterID += 1
+            return state.nextWaiterID
+        }
+        guard let id else {
+            onEnqueue()
+            return
+        }
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                let outcome = state.withLock { state -> Result<Bool, any Error> in
+                    if let closed = state.closedWith { return .failure(closed) }
+                    if Task.isCancelled { return .failure(CancellationError()) }
+                    if state.waiters.isEmpty && (state.bytes == 0 || state.bytes + chunk.bytes.count <= capacity) {
+                        state.chunks.append(chunk)
+                        state.bytes += chunk.bytes.count
+                        return .success(true)
+                    }
+                    state.waiters.append(Waiter(id: id, chunk: chunk, continuation: continuation))
+                    return .success(false)
+                }
+                switch outcome {
+                case .failure(let error): continuation.resume(throwing: error)
+                case .success(true): continuation.resume(); onEnqueue()
+                case .success(false): break
+                }
+            }
+        } onCancel: {
+            let waiter = state.withLock { state -> Waiter? in
+                guard let index = state.waiters.firstIndex(where: { $0.id == id }) else { return nil }
+                return state.waiters.remove(at: index)
+            }
+            waiter?.continuation.resume(throwing: CancellationError())
+        }
+    }
+
+    /// Queues `chunk` without waiting for room (the stream's own replies: pongs, negotiation).
+    func enqueueImmediately(_ chunk: Chunk) {
+        state.withLock { state in
+            guard state.closedWith == nil else { return }
+            state.chunks.append(chunk)
+            state.bytes += chunk.bytes.count
+        }
+        onEnqueue()
+    }
+
+    /// Takes everything queued (for the stream's thread), admitting waiting senders whose
+    /// chunks now fit, and resumes them.
+    func takeAll() -> [Chunk] {
+        let (chunks, admitted) = state.withLock { state -> ([Chunk], [Waiter]) in
+            let taken = state.chunks
+            state.chunks.removeAll(keepingCapacity: true)
+            state.bytes = 0
+            var admitted: [Waiter] = []
+            while let next = state.waiters.first,
+                  state.bytes == 0 || state.bytes + next.chunk.bytes.count <= capacity {
+                state.waiters.removeFirst()
+                state.chunks.append(next.chunk)
+                state.bytes += next.chunk.bytes.count
+                admitted.append(next)
+            }
+            return (taken, admitted)
+        }
+        for waiter in admitted { waiter.continuation.resume() }
+        return chunks
+    }
+
+    /// True when nothing is queued.
+    var isEmpty: Bool { state.withLock { $0.chunks.isEmpty } }
+
+    /// Refuses further chunks and fails the waiting senders with `error`.
+    func close(with error: XMPPError) {
+        let waiters = state.withLock { state -> [Waiter] in
+            if state.closedWith == nil { state.closedWith = error }
+            let waiters = state.waiters
+            state.waiters.removeAll()
+            return waiters
+        }
+        for waiter in waiters { waiter.continuation.resume(throwing: error) }
+    }
+}

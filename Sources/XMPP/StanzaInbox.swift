@@ -1,0 +1,81 @@
+import Synchronization
+
+/// Stanzas handed from a stream's thread to one consuming task, bounded.
+///
+/// The thread pushes without blocking and learns from the result whether to keep reading;
+/// when the inbox is full it stops reading the socket (TCP backpressure reaches the server)
+/// until the consumer has taken one out, which wakes the thread through `onSpace`. One read
+/// can complete several stanzas, so the inbox may hold up to one read's worth past its
+/// capacity, never more.
+final class StanzaInbox: Sendable {
+    private struct State {
+        var items: [XMLElement] = []
+        var head = 0
+        var waiting: CheckedContinuation<XMLElement?, Never>?
+        var finished = false
+    }
+
+    let capacity: Int
+    private let state = Mutex(State())
+    private let onSpace: @Sendable () -> Void
+
+    init(capacity: Int, onSpace: @escaping @Sendable () -> Void) {
+        self.capacity = capacity
+        self.onSpace = onSpace
+    }
+
+    /// Adds a stanza; returns false when the inbox is now full (the caller pauses reading).
+    func push(_ stanza: XMLElement) -> Bool {
+        let (waiter, hasRoom) = state.withLock { state -> (CheckedContinuation<XMLElement?, Never>?, Bool) in
+            if let waiter = state.waiting {
+                state.waiting = nil
+                return (waiter, true)
+            }
+            state.items.append(stanza)
+            return (nil, state.items.count - state.head < capacity)
+        }
+        waiter?.resume(returning: stanza)
+        return hasRoom
+    }
+
+    /// True while the consumer has room for more.
+    var hasRoom: Bool { state.withLock { $0.items.count - $0.head < capacity } }
+
+    /// Ends the sequence after the stanzas already queued.
+    func finish() {
+        let waiter = state.withLock { state -> CheckedContinuation<XMLElement?, Never>? in
+            state.finished = true
+            defer { state.waiting = nil }
+            return state.waiting
+        }
+        waiter?.resume(returning: nil)
+    }
+
+    /// The next stanza, or nil once the stream has ended and everything was taken.
+    /// Only one task may wait at a time.
+    func next() async -> XMLElement? {
+        await withCheckedContinuation { continuation in
+            let (item, wasFull) = state.withLock { state -> (XMLElement??, Bool) in
+                if state.head < state.items.count {
+                    let wasFull = state.items.count - state.head >= capacity
+                    let item = state.items[state.head]
+                    state.head += 1
+                    if state.head == state.items.count {
+                        state.items.removeAll(keepingCapacity: true)
+                        state.head = 0
+                    } else if state.head > 1024 && state.head * 2 > state.items.count {
+                        state.items.removeFirst(state.head)
+                        state.head = 0
+                    }
+                    return (.some(item), wasFull)
+                }
+                if state.finished { return (.some(nil), false) }
+                precondition(state.waiting == nil, "StanzaInbox supports one consumer at a time")
+                state.waiting = continuation
+                return (nil, false)
+            }
+            if let item { continuation.resume(returning: item) }
+            if wasFull { onSpace() }
+        }
+    }
+}

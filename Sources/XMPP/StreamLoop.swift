@@ -1,0 +1,383 @@
+import Foundation
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Protocol logic that runs on a stream's thread and tells its `StreamLoop` what to do.
+/// Every method is called on that thread only.
+package protocol StreamDriver: AnyObject {
+    /// The TLS handshake finished; the stream may start.
+    func streamDidOpen(_ loop: StreamLoop)
+    /// The parser produced `event`.
+    func stream(_ loop: StreamLoop, didReceive event: XMLStreamEvent)
+    /// Called on every turn of the loop (after a wakeup, I/O, or a deadline passing).
+    func streamDidWake(_ loop: StreamLoop)
+    /// Whether the loop should read from the socket now (false applies backpressure).
+    var wantsToRead: Bool { get }
+    /// The next time `streamDidWake` must run even if nothing happens.
+    func nextDeadline(_ loop: StreamLoop) -> ContinuousClock.Instant?
+    /// The stream ended and the socket is closed; called exactly once.
+    func streamDidEnd(_ loop: StreamLoop, reason: XMPPError)
+}
+
+/// One XMPP stream's thread: it owns the socket, the `SSL*` and the XML parser, and runs
+/// a poll(2) loop that writes queued bytes (coalesced into large TLS writes), reads and
+/// parses what arrives, and hands events to its driver.
+///
+/// Other threads and tasks talk to it only through `outbound` (bounded, async),
+/// `wake()` and `requestClose(_:)`.
+package final class StreamLoop: @unchecked Sendable {
+    /// Where the socket comes from.
+    package enum Origin: Sendable {
+        case connect(host: String, port: Int, timeout: Duration)
+        case accepted(fd: Int32)
+    }
+
+    /// How another thread asks the stream to end.
+    package enum CloseRequest: Sendable {
+        /// Send `</stream:stream>` and close_notify after what is queued, then close.
+        case graceful(XMPPError)
+        /// Close the socket at once, sending nothing more.
+        case abort(XMPPError)
+    }
+
+    package static let recordSize = 16 * 1024
+
+    package let outbound: OutboundBuffer
+    let name: String
+    private let wakeReadFD: Int32
+    private let wakeWriteFD: Int32
+    private let closeRequest = Mutex<CloseRequest?>(nil)
+
+    // Thread-confined state below.
+    private let origin: Origin
+    private let tlsContext: TLSContext
+    private let role: TLSRole
+    private let handshakeTimeout: Duration
+    private let parserLimits: (stanzaBytes: Int, depth: Int)
+    private let driver: StreamDriver
+    private var tls: TLSStream?
+    private var parser: XMLStreamParser
+    private var pending: [OutboundBuffer.Chunk] = []
+    private var pendingOffset = 0
+    private var pendingBytes = 0
+    private var writeWaitsFor: Int16 = 0
+    private var readWaitsFor: Int16 = Int16(POLLIN)
+    private var closing: (reason: XMPPError, deadline: ContinuousClock.Instant, notifySent: Bool)?
+    private var ended = false
+    private var parserReplaced = false
+    /// When bytes last arrived from the peer (whitespace keepalives included).
+    package private(set) var lastReadAt: ContinuousClock.Instant = .now
+
+    package init(name: String, origin: Origin, tlsContext: TLSContext, role: TLSRole,
+         handshakeTimeout: Duration, maxStanzaBytes: Int, maxDepth: Int,
+         outboundCapacity: Int, driver: StreamDriver) {
+        ProcessSignals.ignoreSIGPIPE()
+        var fds: [Int32] = [0, 0]
+        guard pipe(&fds) == 0 else { fatalError("pipe() failed: \(String(cString: strerror(errno)))") }
+        for fd in fds {
+            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        }
+        let writeFD = fds[1]
+        self.wakeReadFD = fds[0]
+        self.wakeWriteFD = writeFD
+        self.name = name
+        self.origin = origin
+        self.tlsContext = tlsContext
+        self.role = role
+        self.handshakeTimeout = handshakeTimeout
+        self.parserLimits = (maxStanzaBytes, maxDepth)
+        self.parser = XMLStreamParser(maxStanzaBytes: maxStanzaBytes, maxDepth: maxDepth)
+        self.driver = driver
+        self.outbound = OutboundBuffer(capacity: outboundCapacity) {
+            var byte: UInt8 = 1
+            _ = Glibc.write(writeFD, &byte, 1)
+        }
+    }
+
+    deinit {
+        Glibc.close(wakeReadFD)
+        Glibc.close(wakeWriteFD)
+    }
+
+    /// Starts the thread. The loop keeps itself alive until the stream ends.
+    package func start() {
+        let thread = Thread { self.main() }
+        thread.name = name
+        thread.stackSize = 1 << 20
+        thread.start()
+    }
+
+    /// Makes the loop turn (and call `streamDidWake`) soon. Safe from any thread.
+    package func wake() {
+        var byte: UInt8 = 1
+        _ = Glibc.write(wakeWriteFD, &byte, 1)
+    }
+
+    /// Asks the stream to end. Safe from any thread; the first request wins.
+    package func requestClose(_ request: CloseRequest) {
+        closeRequest.withLock { if $0 == nil { $0 = request } }
+        wake()
+    }
+
+    // MARK: - For the driver (loop thread only)
+
+    /// Queues `text` ahead of any backpressure (negotiation, pongs, acks of the stream itself).
+    package func write(_ text: String) {
+        appendPending(OutboundBuffer.Chunk(bytes: Array(text.utf8), recordSize: Self.recordSize))
+    }
+
+    /// Queues raw bytes cut into TLS records of at most `recordSize` bytes (the simulator's
+    /// byte-at-a-time and malformed-input scripts).
+    package func write(bytes: [UInt8], recordSize: Int) {
+        appendPending(OutboundBuffer.Chunk(bytes: bytes, recordSize: max(1, min(recordSize, Self.recordSize))))
+    }
+
+    /// Replaces the parser for a stream restart (after SASL success).
+    package func restartParser() {
+        parser = XMLStreamParser(maxStanzaBytes: parserLimits.stanzaBytes, maxDepth: parserLimits.depth)
+        parserReplaced = true
+    }
+
+    /// Ends the stream gracefully: what is queued is sent, then `</stream:stream>` and a
+    /// TLS close_notify; the socket closes once the peer closes too or a second has passed.
+    package func close(reason: XMPPError) {
+        guard closing == nil, !ended else { return }
+        for chunk in outbound.takeAll() { appendPending(chunk) }
+        write("</stream:stream>")
+        closing = (reason, .now + .seconds(1), false)
+    }
+
+    /// Ends the stream at once: the socket is closed without another byte.
+    package func abort(reason: XMPPError) {
+        end(reason)
+    }
+
+    package var isEnded: Bool { ended }
+
+    // MARK: - The loop
+
+    private func main() {
+        let reason: XMPPError
+        do {
+            try open()
+            driver.streamDidOpen(self)
+            try run()
+            return
+        } catch let error as XMPPError {
+            reason = error
+        } catch {
+            reason = .connectionLost("\(error)")
+        }
+        end(reason)
+    }
+
+    private func open() throws(XMPPError) {
+        let deadline = ContinuousClock.now + handshakeTimeout
+        let fd: Int32
+        switch origin {
+        case .connect(let host, let port, let timeout):
+            fd = try TCPConnector.connect(host: host, port: port, deadline: min(deadline, .now + timeout))
+        case .accepted(let accepted):
+            fd = accepted
+            TCPConnector.configure(fd)
+        }
+        let stream = try TLSStream(fd: fd, context: tlsContext, role: role)
+        tls = stream
+        while true {
+            if let request = closeRequest.withLock({ $0 }) {
+                switch request {
+                case .graceful(let reason), .abort(let reason): throw reason
+                }
+            }
+            let events: Int16
+            switch stream.handshake() {
+            case .done: return
+            case .wantRead: events = Int16(POLLIN)
+            case .wantWrite: events = Int16(POLLOUT)
+            case .closedByPeer: throw .tlsFailed("the peer closed the connection during the handshake")
+            case .failed(let error): throw error
+            }
+            if case .timedOut = TCPConnector.waitFor(fd, events: events, until: min(deadline, .now + .milliseconds(200))),
+               ContinuousClock.now >= deadline {
+                throw .tlsFailed("the TLS handshake timed out")
+            }
+        }
+    }
+
+    private func run() throws {
+        var readBuffer = [UInt8](repeating: 0, count: Self.recordSize)
+        while !ended {
+            drainWakePipe()
+            if let request = closeRequest.withLock({ request -> CloseRequest? in
+                defer { request = nil }
+                return request
+            }) {
+                switch request {
+                case .abort(let reason): end(reason); return
+                case .graceful(let reason): close(reason: reason)
+                }
+            }
+            driver.streamDidWake(self)
+            if ended { return }
+
+            if pendingBytes < 256 * 1024 {
+                for chunk in outbound.takeAll() { appendPending(chunk) }
+            }
+            flushWrites()
+            if ended { return }
+
+            if let closing, closing.notifySent == false, pendingBytes == 0 {
+                tls?.sendCloseNotify()
+                self.closing?.notifySent = true
+            }
+            if let closing, ContinuousClock.now >= closing.deadline {
+                end(closing.reason)
+                return
+            }
+
+            let moreToRead = readAvailable(&readBuffer)
+            if ended { return }
+            // Answers the driver wrote while handling what was read leave before we sleep.
+            if !pending.isEmpty && writeWaitsFor == 0 {
+                flushWrites()
+                if ended { return }
+            }
+
+            var events: Int16 = 0
+            if driver.wantsToRead || closing != nil { events |= readWaitsFor }
+            events |= writeWaitsFor
+            var deadline = driver.nextDeadline(self)
+            if let closing { deadline = min(deadline ?? closing.deadline, closing.deadline) }
+            let timeout: Int32
+            if moreToRead {
+                timeout = 0
+            } else if let deadline {
+                timeout = (deadline - .now).pollMilliseconds
+            } else {
+                timeout = -1
+            }
+            var descriptors = [
+                pollfd(fd: tls!.fd, events: events, revents: 0),
+                pollfd(fd: wakeReadFD, events: Int16(POLLIN), revents: 0),
+            ]
+            let result = poll(&descriptors, 2, timeout)
+            if result < 0 && errno != EINTR {
+                end(.connectionLost("poll failed: \(String(cString: strerror(errno)))"))
+                return
+            }
+            if result > 0 && descriptors[0].revents & Int16(POLLNVAL) != 0 {
+                end(.connectionLost("socket became invalid"))
+                return
+            }
+        }
+    }
+
+    /// Reads and parses until the socket has nothing more, the driver wants no more, or a
+    /// turn's budget is spent; returns true when data may still be waiting.
+    private func readAvailable(_ buffer: inout [UInt8]) -> Bool {
+        guard let tls else { return false }
+        for _ in 0..<64 {
+            guard !ended, driver.wantsToRead || closing != nil else { return false }
+            let progress = buffer.withUnsafeMutableBytes { tls.read(into: $0) }
+            switch progress {
+            case .done(let count):
+                lastReadAt = .now
+                readWaitsFor = Int16(POLLIN)
+                let events: [XMLStreamEvent]
+                do {
+                    events = try buffer.withUnsafeBytes { try parser.feed(UnsafeRawBufferPointer(rebasing: $0.prefix(count))) }
+                } catch let error as XMLStreamError {
+                    end(.malformedStream(error))
+                    return false
+                } catch {
+                    end(.connectionLost("\(error)"))
+                    return false
+                }
+                parserReplaced = false
+                for event in events {
+                    // After a stream restart, events of the old parser are stale.
+                    if ended || parserReplaced { break }
+                    if closing != nil { continue }
+                    driver.stream(self, didReceive: event)
+                }
+            case .wantRead:
+                readWaitsFor = Int16(POLLIN)
+                return false
+            case .wantWrite:
+                readWaitsFor = Int16(POLLOUT)
+                return false
+            case .closedByPeer:
+                end(closing?.reason ?? .closedByPeer)
+                return false
+            case .failed(let error):
+                end(closing?.reason ?? error)
+                return false
+            }
+        }
+        return true
+    }
+
+    private func appendPending(_ chunk: OutboundBuffer.Chunk) {
+        guard !ended, !chunk.bytes.isEmpty else { return }
+        pendingBytes += chunk.bytes.count
+        // Coalesce ordinary chunks so that many small stanzas leave in few TLS writes.
+        if chunk.recordSize == Self.recordSize, let last = pending.indices.last,
+           pending[last].recordSize == Self.recordSize, pending[last].bytes.count < 64 * 1024 {
+            pending[last].bytes.append(contentsOf: chunk.bytes)
+        } else {
+            pending.append(chunk)
+        }
+    }
+
+    private func flushWrites() {
+        guard let tls else { return }
+        writeWaitsFor = 0
+        while !pending.isEmpty {
+            let chunk = pending[0]
+            let length = min(chunk.bytes.count - pendingOffset, chunk.recordSize == Self.recordSize ? chunk.bytes.count : chunk.recordSize)
+            let progress = chunk.bytes.withUnsafeBytes { bytes in
+                tls.write(UnsafeRawBufferPointer(rebasing: bytes[pendingOffset..<(pendingOffset + length)]))
+            }
+            switch progress {
+            case .done(let written):
+                pendingOffset += written
+                pendingBytes -= written
+                if pendingOffset == chunk.bytes.count {
+                    pending.removeFirst()
+                    pendingOffset = 0
+                }
+            case .wantWrite:
+                writeWaitsFor = Int16(POLLOUT)
+                return
+            case .wantRead:
+                writeWaitsFor = Int16(POLLIN)
+                return
+            case .closedByPeer:
+                end(closing?.reason ?? .closedByPeer)
+                return
+            case .failed(let error):
+                end(closing?.reason ?? error)
+                return
+            }
+        }
+    }
+
+    private func drainWakePipe() {
+        var scratch = [UInt8](repeating: 0, count: 64)
+        while Glibc.read(wakeReadFD, &scratch, scratch.count) > 0 {}
+    }
+
+    private func end(_ reason: XMPPError) {
+        guard !ended else { return }
+        ended = true
+        tls = nil
+        pending.removeAll()
+        pendingBytes = 0
+        outbound.close(with: reason)
+        _ = outbound.takeAll()
+        driver.streamDidEnd(self, reason: reason)
+    }
+}

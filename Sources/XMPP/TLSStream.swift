@@ -1,0 +1,133 @@
+import COpenSSL
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One TLS connection over a non-blocking socket: owns the descriptor and the `SSL*` and
+/// frees both in `deinit`. Used by one thread only (its stream loop).
+/// Which end of a TLS connection this side is.
+package enum TLSRole: Sendable {
+    /// Verify the server as `serverName` (SNI and host name check; IP literals checked as IPs).
+    case client(serverName: String)
+    case server
+}
+
+final class TLSStream {
+    /// The outcome of a non-blocking TLS call.
+    enum Progress {
+        case done(Int)
+        /// Call again once the socket is readable.
+        case wantRead
+        /// Call again once the socket is writable.
+        case wantWrite
+        /// The peer sent close_notify.
+        case closedByPeer
+        case failed(XMPPError)
+    }
+
+    let fd: Int32
+    private let ssl: OpaquePointer
+    private let isClient: Bool
+
+    /// Takes ownership of `fd` (closed in `deinit`, even if this initializer throws).
+    init(fd: Int32, context: TLSContext, role: TLSRole) throws(XMPPError) {
+        guard let ssl = SSL_new(context.context) else {
+            close(fd)
+            throw .tlsFailed("SSL_new failed: \(OpenSSLErrors.drain())")
+        }
+        self.fd = fd
+        self.ssl = ssl
+        SSL_set_fd(ssl, fd)
+        switch role {
+        case .client(let serverName):
+            isClient = true
+            SSL_set_connect_state(ssl)
+            if Self.isIPAddress(serverName) {
+                X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), serverName)
+            } else {
+                _ = shim_SSL_set_tlsext_host_name(ssl, serverName)
+                SSL_set1_host(ssl, serverName)
+            }
+        case .server:
+            isClient = false
+            SSL_set_accept_state(ssl)
+        }
+    }
+
+    deinit {
+        SSL_free(ssl)
+        close(fd)
+    }
+
+    /// One step of the handshake.
+    func handshake() -> Progress {
+        ERR_clear_error()
+        let result = SSL_do_handshake(ssl)
+        if result == 1 { return .done(0) }
+        switch classify(result) {
+        case .failed(let error):
+            let verify = SSL_get_verify_result(ssl)
+            if isClient && verify != X509_V_OK {
+                let reason = String(cString: X509_verify_cert_error_string(verify))
+                return .failed(.certificateRejected(reason))
+            }
+            return .failed(error)
+        case let other:
+            return other
+        }
+    }
+
+    /// Reads decrypted bytes into `buffer`.
+    func read(into buffer: UnsafeMutableRawBufferPointer) -> Progress {
+        ERR_clear_error()
+        let result = SSL_read(ssl, buffer.baseAddress, Int32(buffer.count))
+        if result > 0 { return .done(Int(result)) }
+        return classify(result)
+    }
+
+    /// Encrypts and sends up to `bytes.count` bytes as one or more records.
+    func write(_ bytes: UnsafeRawBufferPointer) -> Progress {
+        ERR_clear_error()
+        let result = SSL_write(ssl, bytes.baseAddress, Int32(bytes.count))
+        if result > 0 { return .done(Int(result)) }
+        return classify(result)
+    }
+
+    /// Sends close_notify (best effort; does not wait for the peer's).
+    func sendCloseNotify() {
+        ERR_clear_error()
+        _ = SSL_shutdown(ssl)
+        ERR_clear_error()
+    }
+
+    /// Bytes already decrypted and waiting in OpenSSL's buffer.
+    var pendingBytes: Int { Int(SSL_pending(ssl)) }
+
+    private func classify(_ result: Int32) -> Progress {
+        let code = SSL_get_error(ssl, result)
+        switch code {
+        case SSL_ERROR_WANT_READ: return .wantRead
+        case SSL_ERROR_WANT_WRITE: return .wantWrite
+        case SSL_ERROR_ZERO_RETURN: return .closedByPeer
+        case SSL_ERROR_SYSCALL:
+            let savedErrno = errno
+            _ = OpenSSLErrors.drain()
+            if savedErrno == 0 {
+                return .failed(.connectionLost("the peer closed the TCP connection without closing the stream"))
+            }
+            return .failed(.connectionLost(String(cString: strerror(savedErrno))))
+        default:
+            let detail = OpenSSLErrors.drain()
+            if detail.contains("unexpected eof") {
+                return .failed(.connectionLost("the peer closed the TCP connection without closing the stream"))
+            }
+            return .failed(.tlsFailed(detail))
+        }
+    }
+
+    private static func isIPAddress(_ host: String) -> Bool {
+        var v4 = in_addr(), v6 = in6_addr()
+        return inet_pton(AF_INET, host, &v4) == 1 || inet_pton(AF_INET6, host, &v6) == 1
+    }
+}

@@ -1,0 +1,242 @@
+import CExpat
+
+/// What the streaming parser found in the bytes fed to it.
+public enum XMLStreamEvent: Sendable, Equatable {
+    /// The `<stream:stream>` header, as an element without children.
+    case streamOpened(XMLElement)
+    /// One complete top-level element of the stream (a stanza or a negotiation element).
+    case stanza(XMLElement)
+    /// `</stream:stream>`.
+    case streamClosed
+}
+
+/// Why the incoming stream cannot be parsed further. The connection must end.
+public enum XMLStreamError: Error, Equatable, Sendable, CustomStringConvertible {
+    /// The bytes are not well-formed XML (expat's reason, with the line and column).
+    case malformed(String)
+    /// A stanza grew past the size limit.
+    case stanzaTooLarge(limit: Int)
+    /// Elements nest deeper than the limit.
+    case tooDeep(limit: Int)
+    /// A DOCTYPE or entity declaration, which XMPP forbids (and which entity bombs need).
+    case declarationForbidden
+    /// The root element is not `<stream:stream>` in the streams namespace.
+    case notAStream(String)
+    /// Character data directly inside the stream element (only whitespace may be there).
+    case textOutsideStanza
+
+    public var description: String {
+        switch self {
+        case .malformed(let reason): "malformed XML: \(reason)"
+        case .stanzaTooLarge(let limit): "a stanza exceeded the \(limit)-byte limit"
+        case .tooDeep(let limit): "elements nested deeper than \(limit) levels"
+        case .declarationForbidden: "a DOCTYPE or entity declaration was sent; XMPP forbids them"
+        case .notAStream(let name): "the stream's root element is <\(name)>, not <stream:stream>"
+        case .textOutsideStanza: "text outside any stanza"
+        }
+    }
+}
+
+/// Streaming parser for one XMPP stream over expat, with namespaces resolved.
+///
+/// Feed it bytes as they arrive, split anywhere: each complete top-level element comes out
+/// whole, once. Whitespace between stanzas (keepalives) is ignored. It refuses DTDs and
+/// entity declarations, stanzas over `maxStanzaBytes` and nesting over `maxDepth`; after the
+/// first error every further feed fails with the same error.
+///
+/// Not thread-safe: one owner (the connection's thread) uses it. A stream restart (after
+/// SASL) takes a new parser.
+public final class XMLStreamParser {
+    /// Default maximum size of one stanza: 1 MiB.
+    public static let defaultMaxStanzaBytes = 1 << 20
+    /// Default maximum element depth below the stream element.
+    public static let defaultMaxDepth = 32
+
+    public let maxStanzaBytes: Int
+    public let maxDepth: Int
+
+    private let parser: XML_Parser
+    /// Elements under construction; index 0 is the stanza, deeper ones its descendants.
+    private var open: [XMLElement] = []
+    private var text: [UInt8] = []
+    /// Open elements including the stream root.
+    private var depth = 0
+    private var events: [XMLStreamEvent] = []
+    private var failure: XMLStreamError?
+    /// Total bytes fed so far, and the stream offset where the current stanza (or the gap
+    /// before it) began: their difference bounds how much one stanza may buffer.
+    private var fedBytes: Int = 0
+    private var boundary: Int = 0
+
+    public init(maxStanzaBytes: Int = XMLStreamParser.defaultMaxStanzaBytes, maxDepth: Int = XMLStreamParser.defaultMaxDepth) {
+        self.maxStanzaBytes = maxStanzaBytes
+        self.maxDepth = maxDepth
+        guard let parser = XML_ParserCreateNS("UTF-8", 0x01) else {
+            fatalError("expat could not allocate a parser (out of memory)")
+        }
+        self.parser = parser
+        XML_SetUserData(parser, Unmanaged.passUnretained(self).toOpaque())
+        XML_SetElementHandler(parser, { user, name, attributes in
+            XMLStreamParser.from(user).startElement(name, attributes)
+        }, { user, name in
+            XMLStreamParser.from(user).endElement()
+        })
+        XML_SetCharacterDataHandler(parser, { user, bytes, length in
+            XMLStreamParser.from(user).characters(bytes, Int(length))
+        })
+        XML_SetStartDoctypeDeclHandler(parser, { user, _, _, _, _ in
+            XMLStreamParser.from(user).fail(.declarationForbidden)
+        })
+        XML_SetEntityDeclHandler(parser, { user, _, _, _, _, _, _, _, _ in
+            XMLStreamParser.from(user).fail(.declarationForbidden)
+        })
+    }
+
+    deinit {
+        XML_ParserFree(parser)
+    }
+
+    /// Parses the next bytes of the stream and returns the events they complete, in order.
+    /// - Throws: `XMLStreamError`; the stream cannot continue after one.
+    public func feed(_ bytes: UnsafeRawBufferPointer) throws(XMLStreamError) -> [XMLStreamEvent] {
+        if let failure { throw failure }
+        fedBytes += Int(bytes.count)
+        let status = bytes.withMemoryRebound(to: CChar.self) { chars in
+            XML_Parse(parser, chars.baseAddress, Int32(chars.count), 0)
+        }
+        if failure == nil && status.rawValue == shim_XML_STATUS_ERROR() {
+            let code = XML_GetErrorCode(parser)
+            let reason = XML_ErrorString(code).map { String(cString: $0) } ?? "error \(code.rawValue)"
+            failure = .malformed("\(reason) at line \(XML_GetCurrentLineNumber(parser)), column \(XML_GetCurrentColumnNumber(parser))")
+        }
+        if failure == nil && depth >= 1 && fedBytes - boundary > Int(maxStanzaBytes) {
+            failure = .stanzaTooLarge(limit: maxStanzaBytes)
+        }
+        if let failure { throw failure }
+        defer { events.removeAll(keepingCapacity: true) }
+        return events
+    }
+
+    /// Parses `bytes` (convenience for tests and callers holding an array).
+    public func feed(_ bytes: [UInt8]) throws(XMLStreamError) -> [XMLStreamEvent] {
+        do {
+            return try bytes.withUnsafeBytes { buffer in try feed(buffer) }
+        } catch let error as XMLStreamError {
+            throw error
+        } catch {
+            fatalError("unreachable: feed throws only XMLStreamError")
+        }
+    }
+
+    /// Parses the UTF-8 of `string`.
+    public func feed(_ string: String) throws(XMLStreamError) -> [XMLStreamEvent] {
+        try feed(Array(string.utf8))
+    }
+
+    // MARK: - expat callbacks
+
+    private static func from(_ user: UnsafeMutableRawPointer?) -> XMLStreamParser {
+        Unmanaged<XMLStreamParser>.fromOpaque(user!).takeUnretainedValue()
+    }
+
+    private func fail(_ error: XMLStreamError) {
+        guard failure == nil else { return }
+        failure = error
+        XML_StopParser(parser, shim_XML_FALSE())
+    }
+
+    private func startElement(_ rawName: UnsafePointer<CChar>?, _ rawAttributes: UnsafeMutablePointer<UnsafePointer<CChar>?>?) {
+        guard failure == nil, let rawName else { return }
+        let (namespace, name) = Self.split(rawName)
+        var attributes: [XMLElement.Attribute] = []
+        if var cursor = rawAttributes {
+            while let key = cursor.pointee, let value = cursor.advanced(by: 1).pointee {
+                let (attributeNamespace, attributeName) = Self.split(key)
+                attributes.append(.init(name: attributeName, namespace: attributeNamespace, value: String(cString: value)))
+                cursor = cursor.advanced(by: 2)
+            }
+        }
+        let element = XMLElement(name: name, namespace: namespace, attributeList: attributes, children: [])
+        depth += 1
+        if depth == 1 {
+            guard name == "stream", namespace == XMPPNamespace.streams else {
+                fail(.notAStream(name))
+                return
+            }
+            events.append(.streamOpened(element))
+            markBoundary()
+            return
+        }
+        if depth - 1 > maxDepth {
+            fail(.tooDeep(limit: maxDepth))
+            return
+        }
+        if depth == 2 {
+            boundary = XML_GetCurrentByteIndex(parser)
+        } else {
+            flushText()
+        }
+        open.append(element)
+        checkStanzaSize()
+    }
+
+    private func endElement() {
+        guard failure == nil else { return }
+        depth -= 1
+        if depth == 0 {
+            events.append(.streamClosed)
+            return
+        }
+        flushText()
+        let element = open.removeLast()
+        if open.isEmpty {
+            checkStanzaSize()
+            guard failure == nil else { return }
+            events.append(.stanza(element))
+            markBoundary()
+        } else {
+            open[open.count - 1].children.append(.element(element))
+        }
+    }
+
+    private func characters(_ bytes: UnsafePointer<CChar>?, _ length: Int) {
+        guard failure == nil, let bytes, length > 0 else { return }
+        let buffer = UnsafeRawBufferPointer(start: bytes, count: length)
+        if depth <= 1 {
+            if buffer.contains(where: { !($0 == 0x20 || $0 == 0x09 || $0 == 0x0A || $0 == 0x0D) }) {
+                fail(.textOutsideStanza)
+            } else {
+                markBoundary()
+            }
+            return
+        }
+        text.append(contentsOf: buffer)
+        checkStanzaSize()
+    }
+
+    private func flushText() {
+        guard !text.isEmpty, !open.isEmpty else { return }
+        open[open.count - 1].children.append(.text(String(decoding: text, as: UTF8.self)))
+        text.removeAll(keepingCapacity: true)
+    }
+
+    private func markBoundary() {
+        boundary = XML_GetCurrentByteIndex(parser) + Int(XML_GetCurrentByteCount(parser))
+    }
+
+    private func checkStanzaSize() {
+        let end = XML_GetCurrentByteIndex(parser) + Int(XML_GetCurrentByteCount(parser))
+        if end - boundary > Int(maxStanzaBytes) {
+            fail(.stanzaTooLarge(limit: maxStanzaBytes))
+        }
+    }
+
+    /// Splits expat's `namespace\u{1}local` form.
+    private static func split(_ raw: UnsafePointer<CChar>) -> (namespace: String?, name: String) {
+        let full = String(cString: raw)
+        guard let separator = full.utf8.firstIndex(of: 0x01) else { return (nil, full) }
+        let namespace = String(full.utf8[full.utf8.startIndex..<separator])!
+        let name = String(full.utf8[full.utf8.index(after: separator)...])!
+        return (namespace, name)
+    }
+}

@@ -1,0 +1,102 @@
+/// One established client XMPP session over TLS.
+///
+/// `connect` returns once the stream is authenticated and bound. Received stanzas come out
+/// of `next()` in arrival order; `send` may be called from any task and waits when the
+/// peer is slow to read. Server pings are answered and an idle server is pinged without
+/// the caller's help. The session's socket, `SSL*` and parser belong to one thread.
+public final class XMPPConnection: Sendable {
+    /// The full JID the server bound to this session.
+    public let boundJID: String
+    /// A label for logs (`host:port#n`).
+    public let label: String
+    private let loop: StreamLoop
+    private let inbox: StanzaInbox
+    private let ending: OneShot<XMPPError>
+
+    private init(boundJID: String, label: String, loop: StreamLoop, inbox: StanzaInbox, ending: OneShot<XMPPError>) {
+        self.boundJID = boundJID
+        self.label = label
+        self.loop = loop
+        self.inbox = inbox
+        self.ending = ending
+    }
+
+    /// Connects, negotiates TLS, authenticates and binds.
+    /// - Throws: `XMPPError`, for instance `.authenticationRefused` for bad credentials or
+    ///   `.certificateRejected` for an untrusted or mismatched certificate.
+    public static func connect(_ configuration: XMPPClientConfiguration, label: String? = nil) async throws -> XMPPConnection {
+        let tls = try TLSContext.client(trust: configuration.trust)
+        return try await connect(configuration, tls: tls, label: label)
+    }
+
+    /// Connects using an existing client TLS context (shared by a pool of connections).
+    public static func connect(_ configuration: XMPPClientConfiguration, tls: TLSContext, label: String? = nil) async throws -> XMPPConnection {
+        let name = label ?? "\(configuration.host):\(configuration.port)"
+        let wake = WakeRelay()
+        let inbox = StanzaInbox(capacity: configuration.inboundCapacity) { wake.fire() }
+        let driver = ClientStreamDriver(configuration: configuration, inbox: inbox)
+        let loop = StreamLoop(
+            name: "xmpp \(name)",
+            origin: .connect(host: configuration.host, port: configuration.port, timeout: configuration.connectTimeout),
+            tlsContext: tls, role: .client(serverName: configuration.host),
+            handshakeTimeout: configuration.negotiationTimeout,
+            maxStanzaBytes: configuration.maxStanzaBytes, maxDepth: configuration.maxDepth,
+            outboundCapacity: configuration.outboundCapacityBytes, driver: driver)
+        wake.target = loop
+        loop.start()
+        let jid = try await withTaskCancellationHandler {
+            try await driver.establishment.value()
+        } onCancel: {
+            loop.requestClose(.abort(.closedLocally))
+        }
+        return XMPPConnection(boundJID: jid, label: name, loop: loop, inbox: inbox, ending: driver.ending)
+    }
+
+    /// The next received stanza, or nil once the stream has ended (see `closed()`).
+    public func next() async -> XMLElement? {
+        await inbox.next()
+    }
+
+    /// Queues `stanza` for sending, waiting while the write buffer is full.
+    /// - Throws: the `XMPPError` the stream ended with.
+    public func send(_ stanza: XMLElement) async throws {
+        try await send(serialized: stanza.serialized())
+    }
+
+    /// Queues an already serialized stanza (it must be one complete, well-formed element).
+    public func send(serialized stanza: String) async throws {
+        try await loop.outbound.enqueue(.init(bytes: Array(stanza.utf8), recordSize: StreamLoop.recordSize))
+    }
+
+    /// Closes the stream gracefully (queued stanzas are sent first, then
+    /// `</stream:stream>` and a TLS close_notify) and waits until the socket is closed.
+    public func close() async {
+        loop.requestClose(.graceful(.closedLocally))
+        _ = try? await ending.value()
+    }
+
+    /// Starts a graceful close without waiting for it (usable from a cancellation handler).
+    public func requestClose() {
+        loop.requestClose(.graceful(.closedLocally))
+    }
+
+    /// Drops the connection at once without closing the stream.
+    public func abort() {
+        loop.requestClose(.abort(.closedLocally))
+    }
+
+    /// Waits until the stream has ended and returns why (`.closedLocally` after `close()`).
+    public func closed() async -> XMPPError {
+        (try? await ending.value()) ?? .closedLocally
+    }
+
+    /// True once the stream has ended.
+    public var isClosed: Bool { ending.isCompleted }
+}
+
+/// Lets the inbox wake a loop that is created after it.
+final class WakeRelay: @unchecked Sendable {
+    // Written once before the loop starts, read afterwards: no race.
+    var target: StreamLoop?
+    func fire() { target?.wake() }
+}

@@ -1,0 +1,184 @@
+import FCM
+import Foundation
+import Simulator
+import Worker
+import XMPP
+
+/// `fcm-worker simulate`: a simulated CCS on loopback with a generated certificate.
+enum SimulateCommand {
+    static let usage = """
+      fcm-worker simulate [options]   run a simulated FCM connection server (CCS) over TLS
+        --host ADDRESS            listen address (default 127.0.0.1)
+        --port N                  listen port (default: a free one)
+        --sender-id ID            accepted sender ID (default 123456789012)
+        --server-key KEY          accepted server key (default: generated)
+        --out DIR                 where to write ca.pem and simulator.env (default: a new temp dir)
+        --upstream N              inject N upstream messages once a worker has bound
+        --upstream-interval MS    pause between injected messages (default 100)
+        --drop-after SECONDS      drop the first session this long after it bound (once)
+        --keepalive SECONDS       send whitespace keepalives this often
+        --ack-delay MS            answer downstream messages after this delay (default 0)
+      """
+
+    static func run(_ arguments: [String]) async -> Int32 {
+        var options: [String: String] = [:]
+        var index = 0
+        let known: Set<String> = ["--host", "--port", "--sender-id", "--server-key", "--out", "--upstream",
+                                  "--upstream-interval", "--drop-after", "--keepalive", "--ack-delay"]
+        while index < arguments.count {
+            let flag = arguments[index]
+            guard known.contains(flag), index + 1 < arguments.count else {
+                return fail("simulate: unknown option or missing value: \(flag)")
+            }
+            options[flag] = arguments[index + 1]
+            index += 2
+        }
+        let senderID = options["--sender-id"] ?? "123456789012"
+        let serverKey = options["--server-key"] ?? "sim-" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "")
+        guard let port = Int(options["--port"] ?? "0"), (0...65535).contains(port),
+              let upstreamCount = Int(options["--upstream"] ?? "0"), upstreamCount >= 0,
+              let interval = Int(options["--upstream-interval"] ?? "100"), interval >= 0,
+              let ackDelay = Int(options["--ack-delay"] ?? "0"), ackDelay >= 0 else {
+            return fail("simulate: --port, --upstream, --upstream-interval and --ack-delay take whole numbers")
+        }
+        let dropAfter = options["--drop-after"].flatMap(Double.init)
+        let keepalive = options["--keepalive"].flatMap(Double.init)
+        let host = options["--host"] ?? "127.0.0.1"
+
+        let outDirectory: String
+        do {
+            outDirectory = try options["--out"] ?? FileManager.default.url(
+                for: .itemReplacementDirectory, in: .userDomainMask,
+                appropriateFor: FileManager.default.temporaryDirectory, create: true).path
+            try FileManager.default.createDirectory(atPath: outDirectory, withIntermediateDirectories: true)
+        } catch {
+            return fail("simulate: cannot create the output directory: \(error)")
+        }
+
+        let logger = Logger(label: "simulator")
+        let simulator: CCSSimulator
+        do {
+            let authority = try CertificateAuthority(commonName: "fcm-worker simulator CA")
+            let identity = try authority.issueServerIdentity(dnsNames: ["localhost"], ipAddresses: ["127.0.0.1", "::1"])
+            let caPath = outDirectory + "/ca.pem"
+            try authority.rootCertificatePEM.write(toFile: caPath, atomically: true, encoding: .utf8)
+            var configuration = SimulatorConfiguration(senderID: senderID, serverKey: serverKey, identity: identity)
+            configuration.host = host
+            configuration.port = port
+            configuration.recordsEvents = false
+            configuration.whitespaceKeepaliveInterval = keepalive.map { .milliseconds(Int64($0 * 1000)) }
+            if ackDelay > 0 { configuration.responder = { _ in .ack(delay: .milliseconds(ackDelay)) } }
+            let script = DemoScript(upstreamCount: upstreamCount, interval: .milliseconds(interval),
+                                    dropAfter: dropAfter.map { .milliseconds(Int64($0 * 1000)) })
+            configuration.onEvent = { event in
+                logger.info(describe(event))
+                script.observe(event)
+            }
+            simulator = try CCSSimulator(configuration: configuration)
+            script.attach(simulator)
+            let endpointHost = host.contains(":") ? "[\(host)]" : host
+            let envPath = outDirectory + "/simulator.env"
+            try """
+                FCM_ENDPOINT=\(endpointHost):\(simulator.port)
+                FCM_XMPP_DOMAIN=\(configuration.domain)
+                FCM_SENDER_ID=\(senderID)
+                FCM_SERVER_KEY=\(serverKey)
+                FCM_CA_FILE=\(caPath)
+
+                """.write(toFile: envPath, atomically: true, encoding: .utf8)
+            printLine("""
+                simulated CCS listening on \(endpointHost):\(simulator.port) (direct TLS)
+                  XMPP domain   \(configuration.domain)
+                  sender ID     \(senderID)
+                  server key    \(serverKey)
+                  CA file       \(caPath)
+                  settings      \(envPath) (FCM_* variables for fcm-worker run)
+                """)
+        } catch {
+            return fail("simulate: \(error)")
+        }
+
+        let stopped = AsyncStream<Void>.makeStream()
+        let trap = SignalTrap { _ in stopped.continuation.finish() }
+        for await _ in stopped.stream {}
+        _ = trap
+        simulator.stop()
+        let counters = simulator.counters
+        printLine("simulator stopped: \(counters.sessionsBound) session(s) bound, \(counters.upstreamDelivered) upstream delivered, "
+              + "\(counters.upstreamAcked) acked, \(counters.downstreamReceived) downstream received, \(counters.violations) protocol violation(s)")
+        return 0
+    }
+
+    private static func describe(_ event: SimulatorEvent) -> String {
+        switch event {
+        case .connected(let session): "session \(session): TCP connection accepted"
+        case .authenticationRefused(let session, let reason): "session \(session): authentication refused (\(reason))"
+        case .bound(let session, let jid): "session \(session): authenticated and bound as \(jid)"
+        case .pingAnswered(let session): "session \(session): ping answered"
+        case .upstreamDelivered(let session, let id): "session \(session): delivered upstream \(id)"
+        case .upstreamAcked(let session, let id, let latency): "session \(session): upstream \(id) acked after \(latency.formattedSeconds)"
+        case .downstreamReceived(let session, let id): "session \(session): downstream \(id) received"
+        case .downstreamAnswered(let session, let id, let response): "session \(session): downstream \(id) answered \(response)"
+        case .receiptSent(let session, let id): "session \(session): receipt \(id) sent"
+        case .drainingSent(let session): "session \(session): CONNECTION_DRAINING sent"
+        case .violation(let session, let violation): "session \(session): PROTOCOL VIOLATION: \(violation)"
+        case .closed(let session, let reason): "session \(session): closed (\(reason))"
+        }
+    }
+
+    /// Writes a line to standard output at once (unbuffered, so a reading script sees it).
+    private static func printLine(_ text: String) {
+        FileHandle.standardOutput.write(Data((text + "\n").utf8))
+    }
+
+    private static func fail(_ line: String) -> Int32 {
+        FileHandle.standardError.write(Data("fcm-worker: \(line)\n".utf8))
+        return 2
+    }
+}
+
+/// The `--upstream` and `--drop-after` behaviour of `simulate`.
+final class DemoScript: @unchecked Sendable {
+    private let upstreamCount: Int
+    private let interval: Duration
+    private let dropAfter: Duration?
+    private let lock = NSLock()
+    private var simulator: CCSSimulator?
+    private var started = false
+    private var dropped = false
+
+    init(upstreamCount: Int, interval: Duration, dropAfter: Duration?) {
+        self.upstreamCount = upstreamCount
+        self.interval = interval
+        self.dropAfter = dropAfter
+    }
+
+    func attach(_ simulator: CCSSimulator) {
+        lock.withLock { self.simulator = simulator }
+    }
+
+    func observe(_ event: SimulatorEvent) {
+        guard case .bound(let session, _) = event else { return }
+        let (simulator, startUpstream, scheduleDrop) = lock.withLock { () -> (CCSSimulator?, Bool, Bool) in
+            defer { started = true; dropped = dropped || dropAfter != nil }
+            return (self.simulator, !started && upstreamCount > 0, !dropped && dropAfter != nil)
+        }
+        guard let simulator else { return }
+        let count = upstreamCount, interval = self.interval
+        if startUpstream {
+            Task {
+                for number in 1...count {
+                    simulator.injectUpstream(from: "demo-device-\(number % 3 + 1)", category: "com.example.demo",
+                                             data: ["text": .string("hello \(number)"), "action": .string("demo")])
+                    try? await Task.sleep(for: interval)
+                }
+            }
+        }
+        if scheduleDrop, let dropAfter {
+            Task {
+                try? await Task.sleep(for: dropAfter)
+                simulator.drop(session: session)
+            }
+        }
+    }
+}

@@ -1,0 +1,80 @@
+import Foundation
+import Testing
+import Worker
+import XMPP
+
+@Suite struct WorkerConfigurationTests {
+    private let base = ["FCM_SENDER_ID": "123", "FCM_SERVER_KEY": "k"]
+
+    @Test func defaultsMatchTheDocumentedTable() throws {
+        let configuration = try WorkerConfiguration.parse(arguments: [], environment: base)
+        #expect(configuration.host == "fcm-xmpp.googleapis.com")
+        #expect(configuration.port == 5235)
+        #expect(configuration.xmppDomain == "gcm.googleapis.com")
+        #expect(configuration.caFile == nil)
+        #expect(configuration.connections == 1)
+        #expect(configuration.handlers == ["store"])
+        #expect(configuration.xmppClient.credentials.authenticationIdentity == "123@gcm.googleapis.com")
+        #expect(configuration.xmppClient.trust == .systemDefault)
+    }
+
+    @Test func flagsWinOverEnvironment() throws {
+        let environment = base.merging(["FCM_ENDPOINT": "env.example:1", "FCM_CONNECTIONS": "2"]) { $1 }
+        let configuration = try WorkerConfiguration.parse(
+            arguments: ["--endpoint", "127.0.0.1:5236", "--connections=4", "--xmpp-domain", "fcm.googleapis.com", "--handlers", "store, echo"],
+            environment: environment)
+        #expect(configuration.host == "127.0.0.1" && configuration.port == 5236)
+        #expect(configuration.connections == 4)
+        #expect(configuration.xmppDomain == "fcm.googleapis.com")
+        #expect(configuration.handlers == ["store", "echo"])
+        // The domain is never derived from the TCP host.
+        #expect(configuration.xmppClient.credentials.domain == "fcm.googleapis.com")
+    }
+
+    @Test func endpointsParse() throws {
+        let cases: [(String, String, Int)] = [("host:1", "host", 1), ("[::1]:5236", "::1", 5236), ("bare.example", "bare.example", 5235)]
+        for (text, host, port) in cases {
+            let configuration = try WorkerConfiguration.parse(arguments: ["--endpoint", text], environment: base)
+            #expect(configuration.host == host && configuration.port == port, "\(text)")
+        }
+    }
+
+    @Test func serverKeyFromFile() throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("key-\(UUID())").path
+        try "  file-key\n".write(toFile: path, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let configuration = try WorkerConfiguration.parse(arguments: ["--server-key-file", path], environment: ["FCM_SENDER_ID": "1"])
+        #expect(configuration.serverKey == "file-key")
+    }
+
+    @Test func eachBadSettingGetsOneClearLine() {
+        let cases: [([String], [String: String], String)] = [
+            ([], [:], "missing sender ID"),
+            ([], ["FCM_SENDER_ID": "1"], "missing server key"),
+            (["--endpoint", "host:99999"], base, "invalid endpoint port"),
+            (["--endpoint", "host:abc"], base, "invalid endpoint port"),
+            (["--connections", "0"], base, "invalid connection count"),
+            (["--connections", "many"], base, "invalid connection count"),
+            (["--ca-file", "/nonexistent/ca.pem"], base, "does not exist"),
+            (["--server-key-file", "/nonexistent/key"], ["FCM_SENDER_ID": "1"], "cannot read the server key file"),
+            (["--bogus", "1"], base, "unknown option --bogus"),
+            (["--sender-id"], base, "needs a value"),
+            (["--sender-id", "12 3"], base, "invalid sender ID"),
+            (["--ping-interval", "-1"], base, "invalid ping interval"),
+        ]
+        for (arguments, environment, expected) in cases {
+            do {
+                _ = try WorkerConfiguration.parse(arguments: arguments, environment: environment)
+                Issue.record("accepted \(arguments) \(environment)")
+            } catch {
+                #expect(error.description.contains(expected), "\(arguments): \(error.description)")
+                #expect(!error.description.contains("\n"))
+            }
+        }
+    }
+
+    @Test func descriptionNeverShowsTheServerKey() throws {
+        let configuration = try WorkerConfiguration.parse(arguments: ["--server-key", "SECRET-KEY-VALUE"], environment: ["FCM_SENDER_ID": "1"])
+        #expect(!configuration.description.contains("SECRET-KEY-VALUE"))
+    }
+}

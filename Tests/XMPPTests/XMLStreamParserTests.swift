@@ -1,0 +1,146 @@
+import Testing
+@testable import XMPP
+
+private let header = "<?xml version='1.0'?><stream:stream from=\"gcm.googleapis.com\" id=\"1\" version=\"1.0\" xmlns:stream=\"http://etherx.jabber.org/streams\" xmlns=\"jabber:client\">"
+
+private func stanzas(_ events: [XMLStreamEvent]) -> [XMLElement] {
+    events.compactMap { if case .stanza(let element) = $0 { element } else { nil } }
+}
+
+@Suite struct XMLStreamParserTests {
+    @Test func prefixedAndDefaultNamespacesAreTheSameElement() throws {
+        let parser = XMLStreamParser()
+        let events = try parser.feed(header
+            + "<message id=\"a\"><data:gcm xmlns:data=\"google:mobile:data\">{\"x\":1}</data:gcm></message>"
+            + "<message id=\"b\"><gcm xmlns=\"google:mobile:data\">{\"x\":2}</gcm></message>")
+        guard case .streamOpened(let root) = events.first else {
+            Issue.record("no stream header event")
+            return
+        }
+        #expect(root.name == "stream" && root.namespace == XMPPNamespace.streams)
+        let messages = stanzas(events)
+        #expect(messages.count == 2)
+        #expect(messages.map { $0.namespace } == [XMPPNamespace.client, XMPPNamespace.client])
+        #expect(messages[0].child("gcm", namespace: XMPPNamespace.gcm)?.text == "{\"x\":1}")
+        #expect(messages[1].child("gcm", namespace: XMPPNamespace.gcm)?.text == "{\"x\":2}")
+    }
+
+    /// Every split of a stream into two reads yields the same stanzas, once each.
+    @Test func stanzasComeOutWholeAtEveryByteBoundary() throws {
+        let body = "<message id=\"m&amp;1\"><gcm xmlns=\"google:mobile:data\">{\"t\":\"&lt;é€😀&gt;\"}</gcm></message> "
+            + "<iq type=\"get\" id=\"p1\"><ping xmlns=\"urn:xmpp:ping\"/></iq></stream:stream>"
+        let bytes = Array((header + body).utf8)
+        let whole = try XMLStreamParser().feed(bytes)
+        #expect(stanzas(whole).count == 2)
+        #expect(whole.last == .streamClosed)
+        for split in 1..<bytes.count {
+            let parser = XMLStreamParser()
+            let events = try parser.feed(Array(bytes[..<split])) + parser.feed(Array(bytes[split...]))
+            #expect(events == whole, "split at byte \(split)")
+        }
+        // And one byte per read.
+        let parser = XMLStreamParser()
+        var events: [XMLStreamEvent] = []
+        for byte in bytes { events += try parser.feed([byte]) }
+        #expect(events == whole)
+        #expect(stanzas(whole)[0].child("gcm")?.text == "{\"t\":\"<é€😀>\"}")
+        #expect(stanzas(whole)[0].attribute("id") == "m&1")
+    }
+
+    @Test func aThousandStanzasInOneRead() throws {
+        let parser = XMLStreamParser()
+        var text = header
+        for index in 0..<1000 { text += "<message id=\"\(index)\"><gcm xmlns=\"google:mobile:data\">{}</gcm></message>" }
+        let messages = stanzas(try parser.feed(text))
+        #expect(messages.count == 1000)
+        #expect(messages.map { $0.attribute("id")! } == (0..<1000).map(String.init))
+    }
+
+    @Test func whitespaceKeepalivesBetweenStanzasAreIgnored() throws {
+        let parser = XMLStreamParser()
+        _ = try parser.feed(header)
+        #expect(try parser.feed(" ").isEmpty)
+        #expect(try parser.feed(" \n\t ").isEmpty)
+        #expect(stanzas(try parser.feed("<message/> ")).count == 1)
+    }
+
+    @Test func textOutsideAStanzaIsRefused() throws {
+        let parser = XMLStreamParser()
+        _ = try parser.feed(header)
+        #expect(throws: XMLStreamError.textOutsideStanza) { try parser.feed("hello<message/>") }
+    }
+
+    @Test func oversizedStanzaIsRefusedBeforeItCompletes() throws {
+        let parser = XMLStreamParser(maxStanzaBytes: 1024)
+        _ = try parser.feed(header)
+        _ = try parser.feed("<message><body>")
+        #expect(throws: XMLStreamError.stanzaTooLarge(limit: 1024)) {
+            try parser.feed(String(repeating: "a", count: 2000))
+        }
+        // The error sticks.
+        #expect(throws: XMLStreamError.stanzaTooLarge(limit: 1024)) { try parser.feed("</body></message>") }
+    }
+
+    @Test func stanzasJustUnderTheLimitPass() throws {
+        let parser = XMLStreamParser(maxStanzaBytes: 1024)
+        _ = try parser.feed(header)
+        for _ in 0..<20 {  // the limit applies per stanza, not to the stream
+            let stanza = "<message><body>" + String(repeating: "a", count: 900) + "</body></message>"
+            #expect(stanzas(try parser.feed(stanza)).count == 1)
+        }
+    }
+
+    @Test func deepNestingIsRefused() throws {
+        let parser = XMLStreamParser(maxDepth: 8)
+        _ = try parser.feed(header)
+        #expect(throws: XMLStreamError.tooDeep(limit: 8)) {
+            try parser.feed(String(repeating: "<a>", count: 9))
+        }
+    }
+
+    @Test func entityBombIsRefusedNotExpanded() throws {
+        let bomb = """
+            <?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;">\
+            <!ENTITY lol3 "&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;">]>\
+            <stream:stream xmlns:stream="http://etherx.jabber.org/streams">&lol3;
+            """
+        #expect(throws: XMLStreamError.declarationForbidden) { try XMLStreamParser().feed(bomb) }
+    }
+
+    @Test func malformedXMLIsAnErrorNamingThePlace() throws {
+        let parser = XMLStreamParser()
+        _ = try parser.feed(header)
+        do {
+            _ = try parser.feed("<message><gcm></message>")
+            Issue.record("mismatched tags were accepted")
+        } catch {
+            guard case .malformed(let reason) = error else {
+                Issue.record("wrong error \(error)")
+                return
+            }
+            #expect(reason.contains("mismatched tag"))
+            #expect(reason.contains("line 1"))
+        }
+    }
+
+    @Test func aRootOtherThanTheStreamIsRefused() {
+        #expect(throws: XMLStreamError.notAStream("html")) { try XMLStreamParser().feed("<html>") }
+    }
+}
+
+@Suite struct XMLSerializationTests {
+    @Test func textAndAttributesAreEscaped() throws {
+        var element = XMLElement("message", namespace: XMPPNamespace.client, attributes: ["id": "a\"b<c>&'\n"])
+        element.children = [.element(XMLElement("gcm", namespace: XMPPNamespace.gcm, children: [.text("{\"a\":\"<&>\"}")]))]
+        let text = element.serialized()
+        #expect(text == "<message id=\"a&quot;b&lt;c&gt;&amp;&apos;&#10;\"><gcm xmlns=\"google:mobile:data\">{\"a\":\"&lt;&amp;&gt;\"}</gcm></message>")
+        // Round trip through the parser gives the same element.
+        let parser = XMLStreamParser()
+        _ = try parser.feed(header)
+        #expect(try parser.feed(text) == [.stanza(element)])
+    }
+
+    @Test func controlCharactersXMLCannotCarryAreReplaced() {
+        #expect(XMLEscaping.escapeText("a\u{1}b\u{0}c\td\r") == "a\u{FFFD}b\u{FFFD}c\td&#13;")
+    }
+}

@@ -1,0 +1,89 @@
+# Shared by scripts/test and scripts/demo: installs what is missing and runs a throwaway
+# PostgreSQL 15 cluster owned by an unprivileged OS user. Source it; do not run it.
+
+# Debian packages the project needs to build, test and demo.
+FCM_APT_PACKAGES=(pkg-config libpq-dev libssl-dev libexpat1-dev postgresql-15 openssl ca-certificates)
+
+log() { printf '%s: %s\n' "${FCM_SCRIPT_NAME:-fcm-worker}" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+ensure_packages() {
+  local missing=()
+  for pkg in "${FCM_APT_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
+      missing+=("$pkg")
+    fi
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    die "missing Debian packages: ${missing[*]}; install them with: sudo apt-get install -y ${missing[*]}"
+  fi
+  log "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null || die "apt-get update failed"
+  # Debian's postgresql-common would create and start a cluster of its own: we only want the binaries.
+  mkdir -p /etc/postgresql-common
+  [ -f /etc/postgresql-common/createcluster.conf ] || echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.conf
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || die "apt-get install ${missing[*]} failed"
+}
+
+pg_bindir() {
+  local dir
+  for dir in /usr/lib/postgresql/15/bin $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -rV); do
+    [ -x "$dir/initdb" ] && { echo "$dir"; return 0; }
+  done
+  die "no PostgreSQL server binaries (initdb) under /usr/lib/postgresql"
+}
+
+# As root, PostgreSQL must run as someone else: an unprivileged system user made once.
+FCM_PG_OS_USER=fcmworker-pg
+as_pg_user() {
+  if [ "$(id -u)" -eq 0 ]; then
+    runuser -u "$FCM_PG_OS_USER" -- "$@"
+  else
+    "$@"
+  fi
+}
+
+ensure_pg_os_user() {
+  [ "$(id -u)" -eq 0 ] || return 0
+  id "$FCM_PG_OS_USER" >/dev/null 2>&1 && return 0
+  useradd --system --no-create-home --shell /usr/sbin/nologin "$FCM_PG_OS_USER" \
+    || die "could not create the OS user $FCM_PG_OS_USER for PostgreSQL"
+}
+
+# start_cluster DB_NAME: initdb into a fresh temporary folder, start on a free loopback port,
+# create DB_NAME, and export DATABASE_URL, PGHOST, PGPORT, FCM_PG_DIR. stop_cluster undoes it.
+start_cluster() {
+  local db=$1 bindir port attempt
+  bindir=$(pg_bindir)
+  ensure_pg_os_user
+  FCM_PG_DIR=$(mktemp -d /tmp/fcm-worker-pg.XXXXXX)
+  export FCM_PG_DIR
+  [ "$(id -u)" -eq 0 ] && chown "$FCM_PG_OS_USER" "$FCM_PG_DIR"
+  as_pg_user "$bindir/initdb" -D "$FCM_PG_DIR/data" -U postgres --auth=trust --no-sync \
+    -E UTF8 --locale=C >"$FCM_PG_DIR/initdb.log" 2>&1 \
+    || { cat "$FCM_PG_DIR/initdb.log" >&2; die "initdb failed"; }
+  for attempt in $(seq 1 20); do
+    port=$(( 20000 + RANDOM % 40000 ))
+    if as_pg_user "$bindir/pg_ctl" -D "$FCM_PG_DIR/data" -l "$FCM_PG_DIR/server.log" -w -t 30 \
+        -o "-c listen_addresses=127.0.0.1 -p $port -k $FCM_PG_DIR -c fsync=on -c max_connections=200" \
+        start >/dev/null 2>&1; then
+      export PGHOST=127.0.0.1 PGPORT=$port PGUSER=postgres
+      "$bindir/psql" -q -X -h 127.0.0.1 -p "$port" -U postgres -d postgres \
+        -c "CREATE DATABASE $db" >/dev/null || die "could not create database $db"
+      export DATABASE_URL="postgresql://postgres@127.0.0.1:$port/$db"
+      log "PostgreSQL $("$bindir/postgres" --version | awk '{print $3}') on 127.0.0.1:$port (data in $FCM_PG_DIR)"
+      return 0
+    fi
+  done
+  cat "$FCM_PG_DIR/server.log" >&2 2>/dev/null
+  die "could not start PostgreSQL on a free loopback port"
+}
+
+stop_cluster() {
+  [ -n "${FCM_PG_DIR:-}" ] && [ -d "$FCM_PG_DIR" ] || return 0
+  as_pg_user "$(pg_bindir)/pg_ctl" -D "$FCM_PG_DIR/data" -m immediate -w stop >/dev/null 2>&1 || true
+  rm -rf "$FCM_PG_DIR"
+  FCM_PG_DIR=
+}
