@@ -189,7 +189,8 @@ public final class CCSSimulator: Sendable {
     /// The ids of the sessions that are bound and still open, oldest first.
     public var boundSessions: [Int] { state.withLock { $0.boundSessions } }
 
-    /// Waits until `predicate` holds for the event log.
+    /// Waits until `predicate` holds for the event log. The predicate runs under the
+    /// simulator's lock: it may only look at the events it is given.
     /// - Throws: `SimulatorError` naming `what` if it does not within `timeout`.
     public func wait(for what: String, timeout: Duration = .seconds(10),
                      until predicate: @escaping @Sendable ([SimulatorEvent]) -> Bool) async throws {
@@ -220,9 +221,7 @@ public final class CCSSimulator: Sendable {
     /// Waits until `count` sessions are bound and open; returns their ids.
     @discardableResult
     public func waitForBoundSessions(_ count: Int, timeout: Duration = .seconds(10)) async throws -> [Int] {
-        try await wait(for: "\(count) bound sessions", timeout: timeout) { [self] _ in
-            boundSessions.count >= count
-        }
+        try await wait(for: "\(count) bound sessions", timeout: timeout) { $0.openBoundSessions.count >= count }
         return boundSessions
     }
 

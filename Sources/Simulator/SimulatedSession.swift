@@ -44,6 +44,7 @@ final class SimulatedSession: StreamDriver {
     private var unackedUpstream: Set<String> = []
     private var scheduled: [Scheduled] = []
     private var nextKeepalive: ContinuousClock.Instant?
+    private var sentPreamble = false
     private var config: SimulatorConfiguration { simulator.configuration }
 
     init(id: Int, simulator: CCSSimulator, mailbox: SessionMailbox) {
@@ -72,7 +73,12 @@ final class SimulatedSession: StreamDriver {
         guard !muted else { return }
         for action in negotiation.handle(event) {
             switch action {
-            case .send(let text): loop.write(text)
+            case .send(let text):
+                if let preamble = config.preamble, !sentPreamble {
+                    sentPreamble = true
+                    loop.write(preamble)
+                }
+                loop.write(text)
             case .restartStream: loop.restartParser()
             case .authenticated: break
             case .refused(let reason):

@@ -25,6 +25,9 @@ public struct SimulatorConfiguration: Sendable {
     /// Keep every event in memory for `events` and `wait(for:)` (off for long benchmarks,
     /// which read `counters` instead).
     public var recordsEvents = true
+    /// Bytes sent before the first stream header, to play a hostile server in tests (for
+    /// instance a DOCTYPE with an entity bomb). Nil for a well-behaved server.
+    public var preamble: String?
     /// Called with every event as it happens (the `simulate` command prints them).
     public var onEvent: (@Sendable (SimulatorEvent) -> Void)?
 

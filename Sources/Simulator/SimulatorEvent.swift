@@ -62,3 +62,18 @@ public struct SimulatorCounters: Sendable, Equatable {
     public var downstreamNacked = 0
     public var violations = 0
 }
+
+extension Array where Element == SimulatorEvent {
+    /// Sessions that have bound and not closed, in binding order.
+    public var openBoundSessions: [Int] {
+        var open: [Int] = []
+        for event in self {
+            switch event {
+            case .bound(let session, _): open.append(session)
+            case .closed(let session, _): open.removeAll { $0 == session }
+            default: break
+            }
+        }
+        return open
+    }
+}

@@ -50,6 +50,7 @@ public struct SessionNegotiation: Sendable {
     public private(set) var state: State = .idle
     private let credentials: Credentials
     private var sessionRequired = false
+    private var heldDuringSessionStart: [XMLElement] = []
     private var nextID = 0
 
     public init(credentials: Credentials) {
@@ -172,6 +173,12 @@ public struct SessionNegotiation: Sendable {
             return [.established(jid: jid)]
 
         case .startingSession(let id, let jid):
+            // The server may start sending messages as soon as the resource is bound:
+            // hold them until the session is established, then deliver them in order.
+            if element.name == "message" {
+                heldDuringSessionStart.append(element)
+                return []
+            }
             guard element.name == "iq", element.attribute("id") == id else {
                 return fail(.protocolViolation("expected the session result, got <\(element.name)>"))
             }
@@ -179,7 +186,8 @@ public struct SessionNegotiation: Sendable {
                 return fail(.protocolViolation("session establishment failed"))
             }
             state = .established(jid: jid)
-            return [.established(jid: jid)]
+            defer { heldDuringSessionStart.removeAll() }
+            return [.established(jid: jid)] + heldDuringSessionStart.map { .deliver($0) }
 
         case .established:
             guard element.name == "iq" else { return [.deliver(element)] }

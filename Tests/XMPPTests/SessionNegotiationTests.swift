@@ -56,6 +56,17 @@ private let bindFeatures = "<stream:features><bind xmlns=\"urn:ietf:params:xml:n
         #expect(negotiation.state == .established(jid: "123@gcm.googleapis.com/R1"))
     }
 
+    @Test func messagesArrivingBeforeTheSessionResultAreDeliveredAfterIt() throws {
+        var (negotiation, bindID) = try negotiateToBind()
+        _ = negotiation.handle(.stanza(try element(
+            "<iq type=\"result\" id=\"\(bindID)\"><bind xmlns=\"urn:ietf:params:xml:ns:xmpp-bind\"><jid>j@d/r</jid></bind></iq>")))
+        guard case .startingSession(let sessionID, _) = negotiation.state else { Issue.record("no session step"); return }
+        let early = try element("<message id=\"early\"><gcm xmlns=\"google:mobile:data\">{}</gcm></message>")
+        #expect(negotiation.handle(.stanza(early)) == [])
+        #expect(negotiation.handle(.stanza(try element("<iq type=\"result\" id=\"\(sessionID)\"/>")))
+                == [.established(jid: "j@d/r"), .deliver(early)])
+    }
+
     @Test func optionalSessionIsSkipped() throws {
         var negotiation = SessionNegotiation(credentials: credentials)
         _ = negotiation.start()

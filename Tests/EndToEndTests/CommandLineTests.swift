@@ -1,0 +1,94 @@
+import Foundation
+import Simulator
+import Testing
+
+/// The `fcm-worker` executable as an operator runs it.
+@Suite struct CommandLineTests {
+    struct Outcome {
+        var status: Int32
+        var standardError: String
+    }
+
+    /// The built `fcm-worker`, next to the test bundle.
+    static var executable: URL {
+        get throws {
+            let url = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("fcm-worker")
+            guard FileManager.default.isExecutableFile(atPath: url.path) else {
+                throw SimulatorError("\(url.path) is missing: build the package (swift build) before the tests")
+            }
+            return url
+        }
+    }
+
+    /// Runs `fcm-worker` with `arguments` and a clean environment plus `environment`;
+    /// sends SIGTERM after `terminateAfter` if given; kills it after 20 s in any case.
+    static func run(_ arguments: [String], environment: [String: String] = [:],
+                    terminateAfter: Duration? = nil, whenReady ready: (@Sendable () async throws -> Void)? = nil) async throws -> Outcome {
+        let process = Process()
+        process.executableURL = try executable
+        process.arguments = arguments
+        process.environment = ["PATH": "/usr/bin:/bin"].merging(environment) { $1 }
+        let errorPipe = Pipe()
+        process.standardError = errorPipe
+        process.standardOutput = FileHandle.nullDevice
+        try process.run()
+        let watchdog = Task {
+            try await Task.sleep(for: .seconds(20))
+            process.terminate()
+        }
+        if let ready { try await ready() }
+        if let terminateAfter {
+            try await Task.sleep(for: terminateAfter)
+            kill(process.processIdentifier, SIGTERM)
+        }
+        let errorData = errorPipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        watchdog.cancel()
+        return Outcome(status: process.terminationStatus, standardError: String(decoding: errorData, as: UTF8.self))
+    }
+
+    @Test func aMissingSettingExitsWithStatus2AndOneLine() async throws {
+        let outcome = try await Self.run(["run"], environment: ["FCM_SERVER_KEY": "k"])
+        #expect(outcome.status == 2)
+        #expect(outcome.standardError == "fcm-worker: missing sender ID: pass --sender-id or set FCM_SENDER_ID\n")
+    }
+
+    @Test func refusedCredentialsExitWithinSecondsWithStatus3() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let configuration = try ccs.worker()
+        let started = ContinuousClock.now
+        let outcome = try await Self.run([
+            "run", "--sender-id", TestCCS.senderID, "--server-key", "wrong-key-value",
+            "--endpoint", "127.0.0.1:\(ccs.simulator.port)", "--ca-file", configuration.caFile!,
+        ])
+        #expect(ContinuousClock.now - started < .seconds(10))
+        #expect(outcome.status == 3)
+        let lastLine = outcome.standardError.split(separator: "\n").last.map(String.init) ?? ""
+        #expect(lastLine.hasPrefix("fcm-worker: authentication refused"), "\(outcome.standardError)")
+        #expect(lastLine.contains("sender ID or server key"))
+        #expect(!outcome.standardError.contains("wrong-key-value"))
+    }
+
+    @Test func runConnectsStaysUpThroughADropAndStopsCleanlyOnSIGTERM() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let configuration = try ccs.worker()
+        let simulator = ccs.simulator
+        let outcome = try await Self.run(["run"], environment: [
+            "FCM_SENDER_ID": TestCCS.senderID, "FCM_SERVER_KEY": TestCCS.serverKey,
+            "FCM_ENDPOINT": "127.0.0.1:\(simulator.port)", "FCM_CA_FILE": configuration.caFile!,
+        ], terminateAfter: .zero) {
+            let first = try await simulator.waitForBoundSessions(1)[0]
+            simulator.injectUpstream(messageID: "cli-1")
+            try await simulator.wait(for: "the ack") { $0.acked.contains("cli-1") }
+            simulator.drop(session: first)
+            try await simulator.wait(for: "the reconnect", timeout: .seconds(5)) { $0.openBoundSessions.contains { $0 != first } }
+            simulator.injectUpstream(messageID: "cli-2")
+            try await simulator.wait(for: "the second ack") { $0.acked.contains("cli-2") }
+        }
+        #expect(outcome.status == 0, "\(outcome.standardError)")
+        #expect(outcome.standardError.contains("received SIGTERM"))
+        #expect(simulator.violations.isEmpty)
+    }
+}

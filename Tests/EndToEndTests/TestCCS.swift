@@ -1,0 +1,79 @@
+import FCM
+import Foundation
+import Simulator
+import Testing
+import Worker
+import XMPP
+
+/// A simulator with a fresh CA, and client settings that trust it.
+struct TestCCS {
+    static let senderID = "123456789012"
+    static let serverKey = "test-server-key"
+
+    let authority: CertificateAuthority
+    let simulator: CCSSimulator
+
+    init(identity: ((CertificateAuthority) throws -> TLSIdentity)? = nil,
+         configure: (inout SimulatorConfiguration) -> Void = { _ in }) throws {
+        authority = try CertificateAuthority()
+        let serverIdentity = try identity?(authority) ?? authority.issueServerIdentity()
+        var configuration = SimulatorConfiguration(senderID: Self.senderID, serverKey: Self.serverKey, identity: serverIdentity)
+        configure(&configuration)
+        simulator = try CCSSimulator(configuration: configuration)
+    }
+
+    /// Client settings for this simulator (host 127.0.0.1 unless given).
+    func client(host: String = "127.0.0.1", serverKey: String = TestCCS.serverKey,
+                trust: TLSTrust? = nil) -> XMPPClientConfiguration {
+        var configuration = XMPPClientConfiguration(
+            host: host, port: simulator.port,
+            credentials: .init(domain: "gcm.googleapis.com", authenticationIdentity: "\(Self.senderID)@gcm.googleapis.com", password: serverKey),
+            trust: trust ?? .caPEM(authority.rootCertificatePEM))
+        configuration.negotiationTimeout = .seconds(10)
+        return configuration
+    }
+
+    /// Worker settings for this simulator, with the CA written to a file.
+    func worker(serverKey: String = TestCCS.serverKey) throws -> WorkerConfiguration {
+        let caPath = FileManager.default.temporaryDirectory.appendingPathComponent("ca-\(UUID()).pem").path
+        try authority.rootCertificatePEM.write(toFile: caPath, atomically: true, encoding: .utf8)
+        var configuration = WorkerConfiguration(senderID: Self.senderID, serverKey: serverKey)
+        configuration.host = "127.0.0.1"
+        configuration.port = simulator.port
+        configuration.caFile = caPath
+        return configuration
+    }
+
+    /// Connects a client and returns it with the id of its session on the simulator.
+    func connect(_ configuration: XMPPClientConfiguration? = nil) async throws -> (XMPPConnection, Int) {
+        let before = Set(simulator.boundSessions)
+        let connection = try await XMPPConnection.connect(configuration ?? client())
+        try await simulator.wait(for: "the session to be bound") { !Set($0.openBoundSessions).subtracting(before).isEmpty }
+        let session = Set(simulator.boundSessions).subtracting(before).min()!
+        return (connection, session)
+    }
+}
+
+/// Collects worker events for assertions and lets a test wait on them.
+final class WorkerEvents: Sendable {
+    private let state = Mutex<[WorkerEvent]>([])
+    var all: [WorkerEvent] { state.withLock { $0 } }
+    func record(_ event: WorkerEvent) { state.withLock { $0.append(event) } }
+
+    /// Polls the collected events until `predicate` holds (worker events have no waiters).
+    func wait(for what: String, timeout: Duration = .seconds(10), until predicate: ([WorkerEvent]) -> Bool) async throws {
+        let deadline = ContinuousClock.now + timeout
+        while !predicate(all) {
+            guard ContinuousClock.now < deadline else { throw SimulatorError("timed out waiting for \(what): \(all)") }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+    }
+}
+
+import Synchronization
+
+extension Array where Element == SimulatorEvent {
+    var acked: [String] { compactMap { if case .upstreamAcked(_, let id, _) = $0 { id } else { nil } } }
+    var violations: [ProtocolViolation] { compactMap { if case .violation(_, let v) = $0 { v } else { nil } } }
+    func count(_ predicate: (SimulatorEvent) -> Bool) -> Int { filter(predicate).count }
+}

@@ -1,0 +1,133 @@
+import FCM
+import Foundation
+import Simulator
+import Testing
+import Worker
+import XMPP
+
+/// `FCMWorker` (the `run` command's engine) against the simulator.
+@Suite struct WorkerSessionTests {
+    /// Starts a worker; returns its task and its event log.
+    private func start(_ configuration: WorkerConfiguration) -> (Task<Void, any Error>, WorkerEvents) {
+        let events = WorkerEvents()
+        let worker = FCMWorker(configuration: configuration, logger: Logger(label: "test", minimumLevel: .warning) { _ in },
+                               observer: { events.record($0) })
+        return (Task { try await worker.run() }, events)
+    }
+
+    @Test func everyUpstreamMessageAndReceiptIsAckedOnceOnItsOwnConnection() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        var configuration = try ccs.worker()
+        configuration.connections = 3
+        let (task, _) = start(configuration)
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(3)
+        var ids: [String] = []
+        for index in 0..<300 {
+            ids.append(ccs.simulator.injectUpstream(from: "device-\(index % 7)", data: ["n": .string("\(index)")]))
+        }
+        ccs.simulator.injectRaw(
+            json: "{\"message_type\":\"receipt\",\"message_id\":\"dr2:r1\",\"from\":\"gcm.googleapis.com\",\"category\":\"c\",\"data\":{\"message_status\":\"MESSAGE_SENT_TO_DEVICE\"}}",
+            messageID: "dr2:r1", from: "gcm.googleapis.com")
+        try await ccs.simulator.wait(for: "301 acks") { $0.acked.count >= 301 }
+        let events = ccs.simulator.events
+        #expect(Set(events.acked) == Set(ids + ["dr2:r1"]))
+        #expect(events.acked.count == 301)
+        // Spread over the connections, each acked where it arrived (the simulator checks).
+        let sessionsUsed = Set(events.compactMap { if case .upstreamAcked(let session, _, _) = $0 { session } else { nil } })
+        #expect(sessionsUsed.count > 1)
+        #expect(events.violations.isEmpty, "\(events.violations)")
+    }
+
+    @Test func aDropLeadsToAReconnectWithinTheBackoffAndUnackedMessagesAreRedelivered() async throws {
+        let ccs = try TestCCS(configure: { $0.maxUnackedUpstream = 1000 })
+        defer { ccs.simulator.stop() }
+        var configuration = try ccs.worker()
+        configuration.reconnectBase = .milliseconds(300)
+        let (task, events) = start(configuration)
+        defer { task.cancel() }
+        let first = try await ccs.simulator.waitForBoundSessions(1)[0]
+        ccs.simulator.injectUpstream(messageID: "before-drop")
+        try await ccs.simulator.wait(for: "the first ack") { $0.acked.contains("before-drop") }
+
+        ccs.simulator.drop(session: first)
+        // Messages sent while no connection is up wait in CCS and arrive after the reconnect.
+        ccs.simulator.injectUpstream(messageID: "during-outage")
+        try await ccs.simulator.wait(for: "a second session") { $0.openBoundSessions.contains { $0 != first } }
+        try await ccs.simulator.wait(for: "the outage message's ack") { $0.acked.contains("during-outage") }
+        try await events.wait(for: "the reconnect to be recorded") { events in
+            events.contains { if case .reconnectScheduled = $0 { true } else { false } }
+        }
+        let delays = events.all.compactMap { if case .reconnectScheduled(_, let delay) = $0 { delay } else { nil } }
+        #expect(delays.count == 1)
+        #expect(delays.allSatisfy { $0 >= .zero && $0 <= .milliseconds(300) }, "\(delays)")
+        #expect(ccs.simulator.violations.isEmpty)
+    }
+
+    @Test func refusedCredentialsStopTheWorkerWithoutRetrying() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let (task, _) = start(try ccs.worker(serverKey: "not-the-key"))
+        do {
+            try await task.value
+            Issue.record("the worker ran with a refused key")
+        } catch let error as XMPPError {
+            #expect(error == .authenticationRefused(condition: "not-authorized"))
+        }
+        let refusals = ccs.simulator.events.count { if case .authenticationRefused = $0 { true } else { false } }
+        #expect(refusals == 1)
+    }
+
+    @Test func drainingIsFollowedByAnImmediateNewConnection() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        var configuration = try ccs.worker()
+        configuration.reconnectBase = .seconds(30)  // a backoff would show as a timeout here
+        let (task, events) = start(configuration)
+        defer { task.cancel() }
+        let first = try await ccs.simulator.waitForBoundSessions(1)[0]
+        ccs.simulator.sendConnectionDraining(session: first, closeAfter: .milliseconds(200))
+        try await ccs.simulator.wait(for: "a replacement session") { $0.openBoundSessions.contains { $0 != first } }
+        let delays = events.all.compactMap { if case .reconnectScheduled(_, let delay) = $0 { delay } else { nil } }
+        #expect(delays == [.zero])
+        #expect(ccs.simulator.violations.isEmpty)
+    }
+
+    @Test func cancellingTheWorkerClosesEveryStreamCleanly() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        var configuration = try ccs.worker()
+        configuration.connections = 2
+        let (task, events) = start(configuration)
+        let sessions = try await ccs.simulator.waitForBoundSessions(2)
+        try await events.wait(for: "both slots connected") { events in
+            events.count { if case .connected = $0 { true } else { false } } == 2
+        }
+        task.cancel()
+        try await task.value
+        try await ccs.simulator.wait(for: "both sessions closed by the client") { events in
+            sessions.allSatisfy { session in
+                events.contains { if case .closed(session, let reason) = $0 { reason == XMPPError.closedByPeer.description } else { false } }
+            }
+        }
+    }
+
+    @Test func messagesThatCannotBeAckedOrReadAreReportedAndTheConnectionStaysUp() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let (task, events) = start(try ccs.worker())
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        ccs.simulator.injectRaw(json: "{\"from\":\"device\",\"category\":\"c\",\"data\":{}}", messageID: nil, from: "device")
+        ccs.simulator.injectRaw(json: "{not json", messageID: nil, from: nil)
+        ccs.simulator.injectUpstream(messageID: "after-the-bad-ones")
+        try await ccs.simulator.wait(for: "the good message's ack") { $0.acked.contains("after-the-bad-ones") }
+        try await events.wait(for: "both reports") { events in
+            events.contains { if case .unackable = $0 { true } else { false } }
+                && events.contains { if case .unreadable = $0 { true } else { false } }
+        }
+        #expect(ccs.simulator.events.acked == ["after-the-bad-ones"])
+        #expect(ccs.simulator.boundSessions.count == 1)
+    }
+}

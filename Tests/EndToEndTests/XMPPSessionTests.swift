@@ -1,0 +1,213 @@
+import FCM
+import Foundation
+import Simulator
+import Testing
+import XMPP
+
+/// The XMPP client against the simulator over real TLS on loopback.
+@Suite struct XMPPSessionTests {
+    @Test func handshakeAuthenticatesAndBinds() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let (connection, session) = try await ccs.connect()
+        #expect(connection.boundJID.hasPrefix("\(TestCCS.senderID)@gcm.googleapis.com/"))
+        #expect(ccs.simulator.events.contains(.bound(session: session, jid: connection.boundJID)))
+        await connection.close()
+        #expect(ccs.simulator.violations.isEmpty)
+    }
+
+    @Test func aWrongServerKeyIsRefusedAsAConfigurationError() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        do {
+            _ = try await XMPPConnection.connect(ccs.client(serverKey: "wrong"))
+            Issue.record("connected with a wrong key")
+        } catch let error as XMPPError {
+            #expect(error == .authenticationRefused(condition: "not-authorized"))
+            #expect(error.isConfigurationError)
+            #expect(!error.description.contains("wrong"))
+        }
+        #expect(ccs.simulator.events.contains { if case .authenticationRefused = $0 { true } else { false } })
+    }
+
+    @Test func anUntrustedCertificateIsRefused() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let stranger = try CertificateAuthority(commonName: "some other CA")
+        do {
+            _ = try await XMPPConnection.connect(ccs.client(trust: .caPEM(stranger.rootCertificatePEM)))
+            Issue.record("connected to an untrusted server")
+        } catch let error as XMPPError {
+            guard case .certificateRejected(let reason) = error else {
+                Issue.record("wrong error: \(error)")
+                return
+            }
+            #expect(reason.contains("local issuer"), "\(reason)")
+            #expect(error.isConfigurationError)
+        }
+        // The system store does not trust the simulator's CA either.
+        await #expect(throws: XMPPError.self) { _ = try await XMPPConnection.connect(ccs.client(trust: .systemDefault)) }
+    }
+
+    @Test func aCertificateForAnotherHostIsRefused() async throws {
+        let ccs = try TestCCS(identity: { try $0.issueServerIdentity(commonName: "other.invalid", dnsNames: ["other.invalid"], ipAddresses: []) })
+        defer { ccs.simulator.stop() }
+        for host in ["localhost", "127.0.0.1"] {
+            do {
+                _ = try await XMPPConnection.connect(ccs.client(host: host))
+                Issue.record("accepted a certificate for other.invalid at \(host)")
+            } catch let error as XMPPError {
+                guard case .certificateRejected(let reason) = error else {
+                    Issue.record("wrong error at \(host): \(error)")
+                    continue
+                }
+                #expect(reason.contains("mismatch"), "\(host): \(reason)")
+            }
+        }
+    }
+
+    @Test func aStanzaSentOneByteAtATimeArrivesWhole() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let (connection, session) = try await ccs.connect()
+        let stanza = "<message id=\"split\"><data:gcm xmlns:data=\"google:mobile:data\">{\"from\":\"t\",\"message_id\":\"m\",\"data\":{\"é\":\"😀 &amp; &lt;\"}}</data:gcm></message>"
+        ccs.simulator.sendRaw(session: session, Array(stanza.utf8), recordSize: 1)
+        let received = await connection.next()
+        #expect(received?.attribute("id") == "split")
+        #expect(received.flatMap(CCSStanza.payload) == "{\"from\":\"t\",\"message_id\":\"m\",\"data\":{\"é\":\"😀 & <\"}}")
+        await connection.close()
+    }
+
+    @Test func aThousandStanzasInOneWriteArriveInOrder() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let (connection, session) = try await ccs.connect()
+        var burst = ""
+        for index in 0..<1000 { burst += "<message id=\"b\(index)\"><gcm xmlns=\"google:mobile:data\">{}</gcm></message>" }
+        ccs.simulator.sendRaw(session: session, Array(burst.utf8))
+        var ids: [String] = []
+        while ids.count < 1000, let stanza = await connection.next() { ids.append(stanza.attribute("id") ?? "?") }
+        #expect(ids == (0..<1000).map { "b\($0)" })
+        await connection.close()
+    }
+
+    @Test func anOversizedStanzaEndsTheConnectionWithAReason() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        var configuration = ccs.client()
+        configuration.maxStanzaBytes = 4096
+        let (connection, session) = try await ccs.connect(configuration)
+        ccs.simulator.sendRaw(session: session, Array(("<message><body>" + String(repeating: "x", count: 10_000) + "</body></message>").utf8))
+        #expect(await connection.closed() == .malformedStream(.stanzaTooLarge(limit: 4096)))
+        #expect(await connection.next() == nil)
+    }
+
+    @Test func malformedXMLEndsTheConnectionWithAReason() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let (connection, session) = try await ccs.connect()
+        ccs.simulator.sendRaw(session: session, Array("<message><gcm></message>".utf8))
+        guard case .malformedStream(.malformed(let reason)) = await connection.closed() else {
+            Issue.record("malformed XML did not end the stream as malformed")
+            return
+        }
+        #expect(reason.contains("mismatched tag"))
+    }
+
+    @Test func anEntityBombFromTheServerIsRefusedNotExpanded() async throws {
+        let bomb = "<?xml version=\"1.0\"?><!DOCTYPE lolz [<!ENTITY lol \"lol\"><!ENTITY lol2 \"&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;\">]>"
+        let ccs = try TestCCS(configure: { $0.preamble = bomb })
+        defer { ccs.simulator.stop() }
+        do {
+            _ = try await XMPPConnection.connect(ccs.client())
+            Issue.record("negotiated through a DOCTYPE")
+        } catch let error as XMPPError {
+            #expect(error == .malformedStream(.declarationForbidden))
+        }
+    }
+
+    @Test func aStreamErrorIsSurfacedWithItsCondition() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let (connection, session) = try await ccs.connect()
+        ccs.simulator.sendStreamError(session: session, condition: "system-shutdown", text: "maintenance")
+        #expect(await connection.closed() == .streamError(condition: "system-shutdown", text: "maintenance"))
+    }
+
+    @Test func aDeadPeerIsDetectedByThePingTimeout() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        var configuration = ccs.client()
+        configuration.pingInterval = .milliseconds(200)
+        configuration.pingTimeout = .milliseconds(300)
+        let (connection, session) = try await ccs.connect(configuration)
+        // A live server answers the idle ping.
+        try await ccs.simulator.wait(for: "a ping") { $0.contains(.pingAnswered(session: session)) }
+        #expect(!connection.isClosed)
+        ccs.simulator.mute(session: session)
+        guard case .peerUnresponsive(let silence) = await connection.closed() else {
+            Issue.record("the hung peer was not declared dead")
+            return
+        }
+        #expect(silence >= .milliseconds(300))
+    }
+
+    @Test func whitespaceKeepalivesCountAsLife() async throws {
+        let ccs = try TestCCS(configure: { $0.whitespaceKeepaliveInterval = .milliseconds(50) })
+        defer { ccs.simulator.stop() }
+        var configuration = ccs.client()
+        configuration.pingInterval = .milliseconds(300)
+        let (connection, session) = try await ccs.connect(configuration)
+        // Over several ping intervals, keepalives alone keep the client from pinging.
+        ccs.simulator.injectUpstream(messageID: "marker", session: session)
+        _ = await connection.next()
+        let start = ContinuousClock.now
+        while ContinuousClock.now - start < .seconds(1) {
+            ccs.simulator.injectRaw(json: "{}", messageID: nil, from: nil, session: session)
+            _ = await connection.next()
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        #expect(!ccs.simulator.events.contains(.pingAnswered(session: session)))
+        #expect(!connection.isClosed)
+        await connection.close()
+    }
+
+    @Test func cleanShutdownClosesTheStreamAndTLS() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let (connection, session) = try await ccs.connect()
+        try await connection.send(serialized: CCSStanza.message(json: "{\"to\":\"t\",\"message_id\":\"last\"}", id: "last"))
+        await connection.close()
+        #expect(await connection.closed() == .closedLocally)
+        try await ccs.simulator.wait(for: "the session to close") { events in
+            events.contains { if case .closed(session, let reason) = $0 { reason == XMPPError.closedByPeer.description } else { false } }
+        }
+        // What was queued before close() went out first.
+        #expect(ccs.simulator.events.contains(.downstreamReceived(session: session, messageID: "last")))
+        await #expect(throws: XMPPError.self) { try await connection.send(serialized: "<message/>") }
+    }
+
+    @Test func aDroppedConnectionEndsAsLost() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let (connection, session) = try await ccs.connect()
+        ccs.simulator.drop(session: session)
+        guard case .connectionLost = await connection.closed() else {
+            Issue.record("a drop did not end as connection lost")
+            return
+        }
+    }
+
+    @Test func nothingListeningIsAConnectError() async throws {
+        var configuration = try TestCCS().client()
+        configuration.port = 1
+        do {
+            _ = try await XMPPConnection.connect(configuration)
+            Issue.record("connected to port 1")
+        } catch let error as XMPPError {
+            guard case .connectFailed(_, 1, let reason) = error else { Issue.record("wrong error \(error)"); return }
+            #expect(reason.contains("refused"))
+            #expect(!error.isConfigurationError)
+        }
+    }
+}
