@@ -119,6 +119,9 @@ package final class OutboundBuffer: Sendable {
         return chunks
     }
 
+    /// Senders waiting for room (for tests and metrics).
+    var waiterCount: Int { state.withLock { $0.waiters.count } }
+
     /// True when nothing is queued.
     var isEmpty: Bool { state.withLock { $0.chunks.isEmpty } }
 

@@ -41,6 +41,9 @@ final class StanzaInbox: Sendable {
     /// True while the consumer has room for more.
     var hasRoom: Bool { state.withLock { $0.items.count - $0.head < capacity } }
 
+    /// True while the consumer is suspended in `next()`.
+    var hasWaiter: Bool { state.withLock { $0.waiting != nil } }
+
     /// Ends the sequence after the stanzas already queued.
     func finish() {
         let waiter = state.withLock { state -> CheckedContinuation<XMLElement?, Never>? in
