@@ -125,7 +125,8 @@ package final class OutboundBuffer: Sendable {
     /// True when nothing is queued.
     var isEmpty: Bool { state.withLock { $0.chunks.isEmpty } }
 
-    /// Refuses further chunks and fails the waiting senders with `error`.
+    /// Refuses further chunks and fails the waiting senders with `error`; chunks already
+    /// queued can still be taken.
     func close(with error: XMPPError) {
         let waiters = state.withLock { state -> [Waiter] in
             if state.closedWith == nil { state.closedWith = error }

@@ -66,6 +66,7 @@ package final class StreamLoop: @unchecked Sendable {
     private var readWaitsFor: Int16 = Int16(POLLIN)
     private var closing: (reason: XMPPError, deadline: ContinuousClock.Instant, notifySent: Bool)?
     private var ended = false
+    private var socketHungUp = false
     private var parserReplaced = false
     /// When bytes last arrived from the peer (whitespace keepalives included).
     package private(set) var lastReadAt: ContinuousClock.Instant = .now
@@ -145,6 +146,8 @@ package final class StreamLoop: @unchecked Sendable {
     /// TLS close_notify; the socket closes once the peer closes too or a second has passed.
     package func close(reason: XMPPError) {
         guard closing == nil, !ended else { return }
+        // Refuse new sends (waiting senders fail with the reason), then send what was queued.
+        outbound.close(with: reason)
         for chunk in outbound.takeAll() { appendPending(chunk) }
         write("</stream:stream>")
         closing = (reason, .now + .seconds(1), false)
@@ -259,8 +262,12 @@ package final class StreamLoop: @unchecked Sendable {
             } else {
                 timeout = -1
             }
+            // poll(2) reports a hang-up whatever was asked for: while not reading, a socket
+            // that hung up would wake the loop forever, so then only the wake pipe is watched
+            // (reading resumes through a wakeup, and the read then sees the end).
+            let watchSocket = !(socketHungUp && events & Int16(POLLIN) == 0 && writeWaitsFor == 0)
             var descriptors = [
-                pollfd(fd: tls!.fd, events: events, revents: 0),
+                pollfd(fd: watchSocket ? tls!.fd : -1, events: events, revents: 0),
                 pollfd(fd: wakeReadFD, events: Int16(POLLIN), revents: 0),
             ]
             let result = poll(&descriptors, 2, timeout)
@@ -268,10 +275,12 @@ package final class StreamLoop: @unchecked Sendable {
                 end(.connectionLost("poll failed: \(String(cString: strerror(errno)))"))
                 return
             }
-            if result > 0 && descriptors[0].revents & Int16(POLLNVAL) != 0 {
+            let revents = descriptors[0].revents
+            if result > 0 && revents & Int16(POLLNVAL) != 0 {
                 end(.connectionLost("socket became invalid"))
                 return
             }
+            if revents & Int16(POLLHUP | POLLERR) != 0 { socketHungUp = true }
         }
     }
 

@@ -130,4 +130,23 @@ import XMPP
         #expect(ccs.simulator.events.acked == ["after-the-bad-ones"])
         #expect(ccs.simulator.boundSessions.count == 1)
     }
+
+    @Test func aHungConnectionIsDeclaredDeadAndReplaced() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        var configuration = try ccs.worker()
+        configuration.pingInterval = .milliseconds(200)
+        configuration.pingTimeout = .milliseconds(300)
+        configuration.reconnectBase = .milliseconds(100)
+        let (task, events) = start(configuration)
+        defer { task.cancel() }
+        let first = try await ccs.simulator.waitForBoundSessions(1)[0]
+        ccs.simulator.mute(session: first)
+        try await events.wait(for: "the dead peer") { events in
+            events.contains { if case .disconnected(_, .peerUnresponsive) = $0 { true } else { false } }
+        }
+        try await ccs.simulator.wait(for: "a replacement") { $0.openBoundSessions.contains { $0 != first } }
+        ccs.simulator.injectUpstream(messageID: "after-the-hang")
+        try await ccs.simulator.wait(for: "its ack") { $0.acked.contains("after-the-hang") }
+    }
 }

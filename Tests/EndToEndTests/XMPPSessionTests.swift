@@ -210,4 +210,78 @@ import XMPP
             #expect(!error.isConfigurationError)
         }
     }
+
+    @Test func connectsOverIPv6() async throws {
+        let ccs = try TestCCS(configure: { $0.host = "::1" })
+        defer { ccs.simulator.stop() }
+        let (connection, _) = try await ccs.connect(ccs.client(host: "::1"))
+        #expect(connection.boundJID.hasPrefix(TestCCS.senderID))
+        await connection.close()
+    }
+
+    @Test func aServerThatNeverAnswersTimesOutTheNegotiation() async throws {
+        // A TCP listener that accepts (through the kernel backlog) and never speaks TLS.
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+                bind(fd, pointer, length) == 0 && listen(fd, 4) == 0 && getsockname(fd, pointer, &length) == 0
+            }
+        }
+        #expect(bound)
+        var configuration = try TestCCS().client()
+        configuration.port = Int(UInt16(bigEndian: address.sin_port))
+        configuration.negotiationTimeout = .milliseconds(400)
+        let started = ContinuousClock.now
+        do {
+            _ = try await XMPPConnection.connect(configuration)
+            Issue.record("connected to a silent server")
+        } catch let error as XMPPError {
+            #expect(error == .tlsFailed("the TLS handshake timed out"))
+        }
+        #expect(ContinuousClock.now - started < .seconds(5))
+    }
+}
+
+/// A consumer that stops reading applies backpressure all the way to the server.
+@Suite struct InboundBackpressureTests {
+    @Test func aFullInboxStopsReadingAndResumesWithoutLoss() async throws {
+        let ccs = try TestCCS(configure: { $0.maxUnackedUpstream = 100_000 })
+        defer { ccs.simulator.stop() }
+        var configuration = ccs.client()
+        configuration.inboundCapacity = 8
+        let (connection, session) = try await ccs.connect(configuration)
+        let total = 3000
+        var burst = ""
+        for index in 0..<total { burst += "<message id=\"p\(index)\"><gcm xmlns=\"google:mobile:data\">{\"pad\":\"\(String(repeating: "x", count: 200))\"}</gcm></message>" }
+        ccs.simulator.sendRaw(session: session, Array(burst.utf8))
+        var ids: [String] = []
+        while ids.count < total, let stanza = await connection.next() {
+            ids.append(stanza.attribute("id") ?? "?")
+            if ids.count % 500 == 0 { try await Task.sleep(for: .milliseconds(20)) }  // a slow consumer
+        }
+        #expect(ids == (0..<total).map { "p\($0)" })
+        await connection.close()
+    }
+
+    @Test func aPeerThatHangsUpWhileTheConsumerIsSlowEndsTheStreamAfterTheQueuedStanzas() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        var configuration = ccs.client()
+        configuration.inboundCapacity = 2
+        let (connection, session) = try await ccs.connect(configuration)
+        var burst = ""
+        for index in 0..<50 { burst += "<message id=\"h\(index)\"/>" }
+        ccs.simulator.sendRaw(session: session, Array(burst.utf8))
+        ccs.simulator.closeStream(session: session)
+        try await ccs.simulator.wait(for: "the server side to close") { $0.contains { if case .closed(session, _) = $0 { true } else { false } } }
+        var count = 0
+        while await connection.next() != nil { count += 1 }
+        #expect(count == 50)
+        #expect(await connection.closed() == .closedByPeer)
+    }
 }
