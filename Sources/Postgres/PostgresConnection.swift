@@ -3,8 +3,10 @@ import Foundation
 
 /// One libpq connection, owned by a thread of its own.
 ///
-/// Every libpq call for this connection runs on that thread; callers await the results.
-/// The `PGconn` is closed when the connection is closed or deallocated.
+/// Every libpq call for this connection runs on that thread; callers await the results,
+/// so the cooperative pool never blocks on the database. The `PGconn` is closed by
+/// `close()` or when the connection is deallocated. One task uses a connection at a time
+/// (a pool hands it out exclusively); sessions set `TimeZone` to UTC.
 public final class PostgresConnection: Sendable {
     private let thread: DedicatedThread
     private let handle: ConnectionHandle
@@ -29,14 +31,76 @@ public final class PostgresConnection: Sendable {
         }
     }
 
-    /// Runs one statement with text parameters `$1…` (never spliced into the SQL) and returns
-    /// the rows as text values, `nil` for SQL NULL.
-    public func query(_ sql: String, _ parameters: [String?] = []) async throws -> [[String?]] {
-        let handle = self.handle
-        return try await thread.run { try handle.execute(sql, parameters) }
+    /// Runs one statement and returns its rows (text values, nil for NULL).
+    public func query(_ sql: String, _ parameters: [PostgresValue] = []) async throws -> [PostgresRow] {
+        try await run(PostgresStatement(sql, parameters)).rows
     }
 
-    /// Closes the connection; later queries fail.
+    /// Runs one statement and returns how many rows it affected.
+    @discardableResult
+    public func execute(_ sql: String, _ parameters: [PostgresValue] = []) async throws -> Int {
+        try await run(PostgresStatement(sql, parameters)).affectedRows
+    }
+
+    /// Runs one statement.
+    public func run(_ statement: PostgresStatement) async throws -> PostgresResult {
+        let handle = self.handle
+        return try await thread.run { try handle.execute(statement) }
+    }
+
+    /// Sends every statement at once in libpq's pipeline mode (one round trip) and returns
+    /// their results in order.
+    /// - Throws: the first statement's error (its index is in the message); statements
+    ///   after it did not run. Inside a transaction the transaction is then aborted.
+    public func pipeline(_ statements: [PostgresStatement]) async throws -> [PostgresResult] {
+        let handle = self.handle
+        return try await thread.run { try handle.pipeline(statements) }
+    }
+
+    /// Runs `body` inside BEGIN … COMMIT; rolls back and rethrows if it throws.
+    public func transaction<T: Sendable>(_ body: (PostgresConnection) async throws -> T) async throws -> T {
+        try await execute("BEGIN")
+        do {
+            let value = try await body(self)
+            try await execute("COMMIT")
+            return value
+        } catch {
+            _ = try? await execute("ROLLBACK")
+            throw error
+        }
+    }
+
+    /// Runs `body` inside a savepoint of the current transaction; on error rolls back to it
+    /// (the transaction goes on) and rethrows.
+    public func savepoint<T: Sendable>(_ name: String = "fcm_sp", _ body: (PostgresConnection) async throws -> T) async throws -> T {
+        let identifier = Self.quoteIdentifier(name)
+        try await execute("SAVEPOINT \(identifier)")
+        do {
+            let value = try await body(self)
+            try await execute("RELEASE SAVEPOINT \(identifier)")
+            return value
+        } catch {
+            _ = try? await execute("ROLLBACK TO SAVEPOINT \(identifier)")
+            throw error
+        }
+    }
+
+    /// Starts listening for NOTIFY on `channel`.
+    public func listen(_ channel: String) async throws {
+        try await execute("LISTEN \(Self.quoteIdentifier(channel))")
+    }
+
+    /// Waits up to `timeout` for a notification on a channel this connection listens to.
+    /// Blocks only this connection's own thread.
+    public func nextNotification(timeout: Duration) async throws -> PostgresNotification? {
+        let handle = self.handle
+        return try await thread.run { try handle.nextNotification(timeout: timeout) }
+    }
+
+    /// False once the connection is known to be broken (a pool then replaces it).
+    public var isHealthy: Bool { handle.isHealthy }
+
+    /// Closes the connection; later calls fail.
     public func close() async {
         let handle = self.handle
         _ = try? await thread.run { handle.finish() }
@@ -44,15 +108,21 @@ public final class PostgresConnection: Sendable {
     }
 
     deinit { thread.shutdown() }
+
+    /// `name` as a double-quoted SQL identifier.
+    public static func quoteIdentifier(_ name: String) -> String {
+        "\"" + name.replacingOccurrences(of: "\"", with: "\"\"") + "\""
+    }
 }
 
-/// Owns the `PGconn`; touched only on the connection's thread.
+/// Owns the `PGconn`; touched only on the connection's thread (`isHealthy` reads a flag).
 final class ConnectionHandle: @unchecked Sendable {
     private var connection: OpaquePointer?
+    private let healthy = AtomicFlag(true)
 
     init(conninfo: String, timeout: Duration) throws {
         let seconds = max(1, Int(timeout.components.seconds))
-        // libpq reads connect_timeout from the conninfo; keyword strings and URLs take it differently.
+        // libpq reads connect_timeout from the conninfo; URLs and keyword strings take it differently.
         let withTimeout: String
         if conninfo.hasPrefix("postgres://") || conninfo.hasPrefix("postgresql://") {
             withTimeout = conninfo + (conninfo.contains("?") ? "&" : "?") + "connect_timeout=\(seconds)"
@@ -64,57 +134,160 @@ final class ConnectionHandle: @unchecked Sendable {
             throw PostgresError(kind: .connection, message: "libpq could not allocate a connection")
         }
         guard PQstatus(connection) == CONNECTION_OK else {
-            let message = String(cString: PQerrorMessage(connection)).trimmingCharacters(in: .whitespacesAndNewlines)
+            let message = Self.redact(String(cString: PQerrorMessage(connection)))
             PQfinish(connection)
             self.connection = nil
             throw PostgresError(kind: .connection, message: message)
         }
+        let setup = PQexec(connection, "SET TimeZone = 'UTC'; SET DateStyle = 'ISO'")
+        PQclear(setup)
     }
 
-    func execute(_ sql: String, _ parameters: [String?]) throws -> [[String?]] {
-        guard let connection else {
-            throw PostgresError(kind: .connection, message: "the connection is closed")
-        }
-        let result = withCStringArray(parameters) { values in
-            PQexecParams(connection, sql, Int32(parameters.count), nil, values, nil, nil, 0)
+    var isHealthy: Bool { healthy.value }
+
+    func execute(_ statement: PostgresStatement) throws -> PostgresResult {
+        let connection = try live()
+        let result = withParameters(statement.parameters) { values in
+            PQexecParams(connection, statement.sql, Int32(values.count), nil, values, nil, nil, 0)
         }
         defer { PQclear(result) }
-        switch PQresultStatus(result) {
-        case PGRES_TUPLES_OK, PGRES_COMMAND_OK, PGRES_EMPTY_QUERY:
-            var rows: [[String?]] = []
-            let rowCount = PQntuples(result), columnCount = PQnfields(result)
-            rows.reserveCapacity(Int(rowCount))
-            for row in 0..<rowCount {
-                var values: [String?] = []
-                values.reserveCapacity(Int(columnCount))
-                for column in 0..<columnCount {
-                    values.append(PQgetisnull(result, row, column) == 1
-                        ? nil : String(cString: PQgetvalue(result, row, column)))
+        return try decode(result, statement: 0)
+    }
+
+    func pipeline(_ statements: [PostgresStatement]) throws -> [PostgresResult] {
+        let connection = try live()
+        guard !statements.isEmpty else { return [] }
+        guard PQenterPipelineMode(connection) == 1 else { throw connectionError("cannot enter pipeline mode") }
+        defer { PQexitPipelineMode(connection) }
+        for statement in statements {
+            let sent = withParameters(statement.parameters) { values in
+                PQsendQueryParams(connection, statement.sql, Int32(values.count), nil, values, nil, nil, 0)
+            }
+            guard sent == 1 else { throw connectionError("sending a pipelined statement failed") }
+        }
+        guard PQpipelineSync(connection) == 1 else { throw connectionError("pipeline sync failed") }
+        var results: [PostgresResult] = []
+        results.reserveCapacity(statements.count)
+        var firstError: PostgresError?
+        // Each statement's results end with a NULL; then comes the sync marker.
+        for index in statements.indices {
+            var outcome: PostgresResult?
+            while let result = PQgetResult(connection) {
+                defer { PQclear(result) }
+                if PQresultStatus(result) == PGRES_PIPELINE_ABORTED { continue }
+                do {
+                    outcome = try decode(result, statement: index)
+                } catch let error as PostgresError {
+                    if firstError == nil { firstError = error }
                 }
-                rows.append(values)
             }
-            return rows
-        default:
-            let sqlState = PQresultErrorField(result, Int32(UInt8(ascii: "C"))).map { String(cString: $0) }
-            let message = String(cString: PQresultErrorMessage(result)).trimmingCharacters(in: .whitespacesAndNewlines)
-            if PQstatus(connection) != CONNECTION_OK {
-                throw PostgresError(kind: .connection, sqlState: sqlState, message: message)
+            if let outcome { results.append(outcome) }
+            if PQstatus(connection) != CONNECTION_OK { break }
+        }
+        while let result = PQgetResult(connection) {
+            let status = PQresultStatus(result)
+            PQclear(result)
+            if status == PGRES_PIPELINE_SYNC { break }
+        }
+        if PQstatus(connection) != CONNECTION_OK {
+            healthy.value = false
+            throw firstError ?? connectionError("the connection broke during a pipeline")
+        }
+        if let firstError { throw firstError }
+        return results
+    }
+
+    func nextNotification(timeout: Duration) throws -> PostgresNotification? {
+        let connection = try live()
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            guard PQconsumeInput(connection) == 1 else { throw connectionError("reading notifications failed") }
+            if let notification = PQnotifies(connection) {
+                defer { PQfreemem(notification) }
+                return PostgresNotification(channel: String(cString: notification.pointee.relname),
+                                            payload: String(cString: notification.pointee.extra))
             }
-            throw PostgresError(kind: .statement, sqlState: sqlState, message: message)
+            let remaining = deadline - .now
+            if remaining <= .zero { return nil }
+            var descriptor = pollfd(fd: PQsocket(connection), events: Int16(POLLIN), revents: 0)
+            let milliseconds = remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000 + 1
+            _ = poll(&descriptor, 1, Int32(min(milliseconds, 60_000)))
         }
     }
 
     func finish() {
         if let connection { PQfinish(connection) }
         connection = nil
+        healthy.value = false
     }
 
     deinit { finish() }
+
+    private func live() throws -> OpaquePointer {
+        guard let connection, healthy.value else {
+            throw PostgresError(kind: .connection, message: "the connection is closed")
+        }
+        return connection
+    }
+
+    private func connectionError(_ what: String) -> PostgresError {
+        let detail = connection.map { String(cString: PQerrorMessage($0)) } ?? ""
+        if let connection, PQstatus(connection) != CONNECTION_OK { healthy.value = false }
+        return PostgresError(kind: .connection, message: Self.redact("\(what): \(detail)"))
+    }
+
+    private func decode(_ result: OpaquePointer?, statement index: Int) throws -> PostgresResult {
+        guard let result else { throw connectionError("no result") }
+        switch PQresultStatus(result) {
+        case PGRES_TUPLES_OK, PGRES_COMMAND_OK, PGRES_EMPTY_QUERY:
+            let rowCount = PQntuples(result), columnCount = PQnfields(result)
+            var columns: [String] = []
+            columns.reserveCapacity(Int(columnCount))
+            for column in 0..<columnCount { columns.append(String(cString: PQfname(result, column))) }
+            var rows: [PostgresRow] = []
+            rows.reserveCapacity(Int(rowCount))
+            for row in 0..<rowCount {
+                var values: [String?] = []
+                values.reserveCapacity(Int(columnCount))
+                for column in 0..<columnCount {
+                    values.append(PQgetisnull(result, row, column) == 1 ? nil : String(cString: PQgetvalue(result, row, column)))
+                }
+                rows.append(PostgresRow(columns: columns, values: values))
+            }
+            let affected = Int(String(cString: PQcmdTuples(result))) ?? 0
+            return PostgresResult(rows: rows, affectedRows: affected)
+        default:
+            let sqlState = PQresultErrorField(result, Int32(UInt8(ascii: "C"))).map { String(cString: $0) }
+            let message = String(cString: PQresultErrorMessage(result)).trimmingCharacters(in: .whitespacesAndNewlines)
+            if let connection, PQstatus(connection) != CONNECTION_OK {
+                healthy.value = false
+                throw PostgresError(kind: .connection, sqlState: sqlState, message: Self.redact(message))
+            }
+            // Class 08 is "connection exception"; 57P01-03 are shutdowns.
+            if let sqlState, sqlState.hasPrefix("08") || sqlState.hasPrefix("57P") {
+                healthy.value = false
+                throw PostgresError(kind: .connection, sqlState: sqlState, message: message)
+            }
+            throw PostgresError(kind: .statement, sqlState: sqlState, message: message, statementIndex: index)
+        }
+    }
+
+    /// Removes `password=…` and URL passwords from libpq messages.
+    static func redact(_ message: String) -> String {
+        var text = message.trimmingCharacters(in: .whitespacesAndNewlines)
+        if let range = text.range(of: #"://[^:@/\s]+:[^@/\s]+@"#, options: .regularExpression) {
+            text.replaceSubrange(range, with: "://***@")
+        }
+        if let range = text.range(of: #"password=\S+"#, options: .regularExpression) {
+            text.replaceSubrange(range, with: "password=***")
+        }
+        return text
+    }
 }
 
-/// Calls `body` with a C array of C strings (NULL for nil) valid for the call's duration.
-private func withCStringArray<R>(_ strings: [String?], _ body: ([UnsafePointer<CChar>?]) -> R) -> R {
-    let storage: [UnsafeMutablePointer<CChar>?] = strings.map { $0.map { strdup($0) } ?? nil }
+/// Calls `body` with a C array of text-format parameters (NULL for SQL NULL).
+private func withParameters<R>(_ parameters: [PostgresValue], _ body: ([UnsafePointer<CChar>?]) -> R) -> R {
+    let storage: [UnsafeMutablePointer<CChar>?] = parameters.map { $0.textEncoding.map { strdup($0) } ?? nil }
     defer { for pointer in storage { free(pointer) } }
     return body(storage.map { $0.map { UnsafePointer($0) } })
 }

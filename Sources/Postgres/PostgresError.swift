@@ -18,10 +18,14 @@ public struct PostgresError: Error, CustomStringConvertible, Sendable {
     /// The server's or libpq's message.
     public let message: String
 
-    public init(kind: Kind, sqlState: String? = nil, message: String) {
+    /// In a pipeline, the index of the statement that failed.
+    public let statementIndex: Int?
+
+    public init(kind: Kind, sqlState: String? = nil, message: String, statementIndex: Int? = nil) {
         self.kind = kind
         self.sqlState = sqlState
         self.message = message
+        self.statementIndex = statementIndex
     }
 
     /// True for SQLSTATE 23505.

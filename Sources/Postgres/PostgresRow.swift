@@ -1,0 +1,92 @@
+import Foundation
+
+/// One result row. Values arrive in text format; the accessors decode them by the
+/// column's type, returning nil for SQL NULL.
+public struct PostgresRow: Sendable, Equatable {
+    /// The column names, shared by every row of a result.
+    public let columns: [String]
+    /// The raw text of each value, nil for NULL.
+    public let values: [String?]
+
+    public init(columns: [String], values: [String?]) {
+        self.columns = columns
+        self.values = values
+    }
+
+    public subscript(_ index: Int) -> String? { values[index] }
+
+    /// The index of the column named `name`.
+    public func index(of name: String) -> Int? { columns.firstIndex(of: name) }
+
+    public func string(_ index: Int) -> String? { values[index] }
+    public func string(_ name: String) -> String? { index(of: name).flatMap { values[$0] } }
+
+    public func int(_ index: Int) -> Int64? { values[index].flatMap { Int64($0) } }
+    public func int(_ name: String) -> Int64? { index(of: name).flatMap(int) }
+
+    public func double(_ index: Int) -> Double? { values[index].flatMap { Double($0) } }
+
+    public func bool(_ index: Int) -> Bool? { values[index].map { $0 == "t" || $0 == "true" } }
+    public func bool(_ name: String) -> Bool? { index(of: name).flatMap(bool) }
+
+    /// A `bytea` value (hex output format).
+    public func bytes(_ index: Int) -> [UInt8]? {
+        guard let text = values[index], text.hasPrefix("\\x") else { return nil }
+        var result: [UInt8] = []
+        result.reserveCapacity((text.utf8.count - 2) / 2)
+        var high: UInt8?
+        for byte in text.utf8.dropFirst(2) {
+            let nibble: UInt8
+            switch byte {
+            case 48...57: nibble = byte - 48
+            case 97...102: nibble = byte - 87
+            case 65...70: nibble = byte - 55
+            default: return nil
+            }
+            if let h = high { result.append(h << 4 | nibble); high = nil } else { high = nibble }
+        }
+        return result
+    }
+
+    /// A `json`/`jsonb` value as JSON text.
+    public func json(_ index: Int) -> String? { values[index] }
+    public func json(_ name: String) -> String? { string(name) }
+
+    /// A `timestamptz` value.
+    public func date(_ index: Int) -> Date? { values[index].flatMap(PostgresTimestamp.parse) }
+    public func date(_ name: String) -> Date? { index(of: name).flatMap(date) }
+}
+
+/// The outcome of one statement.
+public struct PostgresResult: Sendable, Equatable {
+    public let rows: [PostgresRow]
+    /// Rows inserted, updated or deleted (the command tag's count), 0 when not applicable.
+    public let affectedRows: Int
+
+    public init(rows: [PostgresRow], affectedRows: Int) {
+        self.rows = rows
+        self.affectedRows = affectedRows
+    }
+}
+
+/// One statement with its parameters.
+public struct PostgresStatement: Sendable, Equatable {
+    public var sql: String
+    public var parameters: [PostgresValue]
+
+    public init(_ sql: String, _ parameters: [PostgresValue] = []) {
+        self.sql = sql
+        self.parameters = parameters
+    }
+}
+
+/// A NOTIFY received on a LISTENing connection.
+public struct PostgresNotification: Sendable, Equatable {
+    public let channel: String
+    public let payload: String
+
+    public init(channel: String, payload: String) {
+        self.channel = channel
+        self.payload = payload
+    }
+}

@@ -1,0 +1,117 @@
+import Foundation
+
+/// A statement parameter. Values travel separately from the SQL text (never spliced into
+/// it), in PostgreSQL's text format; cast in SQL where the type is not obvious
+/// (`$1::jsonb`, `$2::text[]`).
+public enum PostgresValue: Sendable, Equatable {
+    case null
+    case text(String)
+    case int(Int64)
+    case bool(Bool)
+    case double(Double)
+    case bytea([UInt8])
+    /// JSON text for a `jsonb` or `json` parameter.
+    case jsonb(String)
+    case timestamptz(Date)
+    /// A one-dimensional array (for `unnest($1::text[])` and friends).
+    case array([PostgresValue])
+
+    /// The text-format encoding, nil for SQL NULL.
+    public var textEncoding: String? {
+        switch self {
+        case .null: nil
+        case .text(let value), .jsonb(let value): value
+        case .int(let value): String(value)
+        case .bool(let value): value ? "t" : "f"
+        case .double(let value): value.isNaN ? "NaN" : value == .infinity ? "Infinity" : value == -.infinity ? "-Infinity" : "\(value)"
+        case .bytea(let bytes): "\\x" + bytes.map { String(format: "%02x", $0) }.joined()
+        case .timestamptz(let date): PostgresTimestamp.format(date)
+        case .array(let values): Self.arrayLiteral(values)
+        }
+    }
+
+    private static func arrayLiteral(_ values: [PostgresValue]) -> String {
+        var literal = "{"
+        for (index, value) in values.enumerated() {
+            if index > 0 { literal += "," }
+            guard let text = value.textEncoding else {
+                literal += "NULL"
+                continue
+            }
+            literal += "\""
+            for character in text.unicodeScalars {
+                if character == "\"" || character == "\\" { literal += "\\" }
+                literal.unicodeScalars.append(character)
+            }
+            literal += "\""
+        }
+        return literal + "}"
+    }
+}
+
+extension PostgresValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, ExpressibleByBooleanLiteral, ExpressibleByNilLiteral {
+    public init(stringLiteral value: String) { self = .text(value) }
+    public init(integerLiteral value: Int64) { self = .int(value) }
+    public init(booleanLiteral value: Bool) { self = .bool(value) }
+    public init(nilLiteral: ()) { self = .null }
+}
+
+/// `timestamptz` text in and out (ISO 8601, UTC, microseconds).
+enum PostgresTimestamp {
+    static func format(_ date: Date) -> String {
+        let microseconds = (date.timeIntervalSince1970 * 1_000_000).rounded()
+        let seconds = Int64((microseconds / 1_000_000).rounded(.down))
+        let fraction = Int64(microseconds) - seconds * 1_000_000
+        var time = time_t(seconds)
+        var parts = tm()
+        gmtime_r(&time, &parts)
+        return String(format: "%04d-%02d-%02d %02d:%02d:%02d.%06lld+00", parts.tm_year + 1900, parts.tm_mon + 1, parts.tm_mday,
+                      parts.tm_hour, parts.tm_min, parts.tm_sec, fraction)
+    }
+
+    /// Parses `YYYY-MM-DD HH:MM:SS[.ffffff][+HH[:MM[:SS]]]` as PostgreSQL prints it with DateStyle ISO.
+    static func parse(_ text: String) -> Date? {
+        let bytes = Array(text.utf8)
+        guard bytes.count >= 19 else { return nil }
+        func number(_ range: Range<Int>) -> Int? {
+            var value = 0
+            for index in range {
+                guard index < bytes.count, (48...57).contains(bytes[index]) else { return nil }
+                value = value * 10 + Int(bytes[index] - 48)
+            }
+            return value
+        }
+        guard let year = number(0..<4), let month = number(5..<7), let day = number(8..<10),
+              let hour = number(11..<13), let minute = number(14..<16), let second = number(17..<19) else { return nil }
+        var index = 19
+        var fraction = 0.0
+        if index < bytes.count, bytes[index] == UInt8(ascii: ".") {
+            index += 1
+            var scale = 0.1
+            while index < bytes.count, (48...57).contains(bytes[index]) {
+                fraction += Double(bytes[index] - 48) * scale
+                scale /= 10
+                index += 1
+            }
+        }
+        var offset = 0
+        if index < bytes.count, bytes[index] == UInt8(ascii: "+") || bytes[index] == UInt8(ascii: "-") {
+            let sign = bytes[index] == UInt8(ascii: "-") ? -1 : 1
+            guard let hours = number((index + 1)..<(index + 3)) else { return nil }
+            offset = hours * 3600
+            if index + 6 <= bytes.count, bytes[index + 3] == UInt8(ascii: ":"), let minutes = number((index + 4)..<(index + 6)) {
+                offset += minutes * 60
+            }
+            offset *= sign
+        }
+        var parts = tm()
+        parts.tm_year = Int32(year - 1900)
+        parts.tm_mon = Int32(month - 1)
+        parts.tm_mday = Int32(day)
+        parts.tm_hour = Int32(hour)
+        parts.tm_min = Int32(minute)
+        parts.tm_sec = Int32(second)
+        let epoch = timegm(&parts)
+        return Date(timeIntervalSince1970: Double(epoch - offset) + fraction)
+    }
+}

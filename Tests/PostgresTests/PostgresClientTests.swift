@@ -1,0 +1,162 @@
+import Foundation
+import Postgres
+import Synchronization
+import Testing
+
+@Suite struct PostgresClientTests {
+    private func connect() async throws -> PostgresConnection {
+        try await PostgresConnection.connect(try testDatabaseURL())
+    }
+
+    @Test func valuesRoundTripThroughEveryDecodedType() async throws {
+        let connection = try await connect()
+        defer { Task { await connection.close() } }
+        let date = Date(timeIntervalSince1970: 1_764_500_000.123456)
+        let rows = try await connection.query(
+            "SELECT $1::text, $2::bigint, $3::bool, $4::bytea, $5::jsonb, $6::timestamptz, $7::text, $8::float8",
+            [.text("héllo 'quoted' \"x\" \\ 😀"), .int(-9_007_199_254_740_993), .bool(true), .bytea([0, 1, 0xFE, 0xFF]),
+             .jsonb("{\"b\": [1, 2], \"a\": \"x\"}"), .timestamptz(date), .null, .double(2.5)])
+        let row = try #require(rows.first)
+        #expect(row.string(0) == "héllo 'quoted' \"x\" \\ 😀")
+        #expect(row.int(1) == -9_007_199_254_740_993)
+        #expect(row.bool(2) == true)
+        #expect(row.bytes(3) == [0, 1, 0xFE, 0xFF])
+        #expect(row.json(4) == "{\"a\": \"x\", \"b\": [1, 2]}")
+        #expect(abs(try #require(row.date(5)).timeIntervalSince(date)) < 0.000_001)
+        #expect(row.string(6) == nil)
+        #expect(row.double(7) == 2.5)
+    }
+
+    @Test func arrayParametersFeedUnnest() async throws {
+        let connection = try await connect()
+        defer { Task { await connection.close() } }
+        let values: [PostgresValue] = [.text("a,b"), .text("with \"quotes\" and \\"), .null, .text("{brace}")]
+        let rows = try await connection.query("SELECT x FROM unnest($1::text[]) AS x", [.array(values)])
+        #expect(rows.map { $0.string(0) } == ["a,b", "with \"quotes\" and \\", nil, "{brace}"])
+    }
+
+    @Test func parametersAreNeverSplicedIntoSQL() async throws {
+        let connection = try await connect()
+        defer { Task { await connection.close() } }
+        let hostile = "x'); DROP TABLE pg_class; --"
+        let rows = try await connection.query("SELECT $1::text = $2::text", [.text(hostile), .text(hostile)])
+        #expect(rows.first?.bool(0) == true)
+    }
+
+    @Test func transactionsCommitOrRollBackAndSavepointsIsolate() async throws {
+        let connection = try await connect()
+        defer { Task { await connection.close() } }
+        let table = "tx_test_\(UInt32.random(in: 0...UInt32.max))"
+        try await connection.execute("CREATE TABLE \(table) (id int primary key)")
+        defer { Task { try? await connection.execute("DROP TABLE \(table)") } }
+        try await connection.transaction { tx in
+            try await tx.execute("INSERT INTO \(table) VALUES (1)")
+            await #expect(throws: PostgresError.self) {
+                try await tx.savepoint { sp in try await sp.execute("INSERT INTO \(table) VALUES (1)") }
+            }
+            try await tx.execute("INSERT INTO \(table) VALUES (2)")
+        }
+        await #expect(throws: PostgresError.self) {
+            try await connection.transaction { tx in
+                try await tx.execute("INSERT INTO \(table) VALUES (3)")
+                try await tx.execute("INSERT INTO \(table) VALUES (1)")
+            }
+        }
+        let ids = try await connection.query("SELECT id FROM \(table) ORDER BY id").compactMap { $0.int(0) }
+        #expect(ids == [1, 2])
+        do {
+            try await connection.execute("INSERT INTO \(table) VALUES (1)")
+        } catch let error as PostgresError {
+            #expect(error.isUniqueViolation)
+        }
+    }
+
+    @Test func pipelinesRunManyStatementsAndReportTheFailingOne() async throws {
+        let connection = try await connect()
+        defer { Task { await connection.close() } }
+        let table = "pipe_test_\(UInt32.random(in: 0...UInt32.max))"
+        try await connection.execute("CREATE TABLE \(table) (id int primary key)")
+        defer { Task { try? await connection.execute("DROP TABLE \(table)") } }
+        var statements = [PostgresStatement("BEGIN")]
+        statements += (1...500).map { PostgresStatement("INSERT INTO \(table) VALUES ($1)", [.int(Int64($0))]) }
+        statements.append(PostgresStatement("COMMIT"))
+        let results = try await connection.pipeline(statements)
+        #expect(results.count == 502)
+        #expect(results[1].affectedRows == 1)
+        #expect(try await connection.query("SELECT count(*) FROM \(table)").first?.int(0) == 500)
+
+        do {
+            _ = try await connection.pipeline([
+                PostgresStatement("BEGIN"),
+                PostgresStatement("INSERT INTO \(table) VALUES (1000)"),
+                PostgresStatement("INSERT INTO \(table) VALUES (1)"),
+                PostgresStatement("INSERT INTO \(table) VALUES (1001)"),
+                PostgresStatement("COMMIT"),
+            ])
+            Issue.record("a duplicate key went through")
+        } catch let error as PostgresError {
+            #expect(error.statementIndex == 2)
+            #expect(error.isUniqueViolation)
+        }
+        try await connection.execute("ROLLBACK")
+        #expect(try await connection.query("SELECT count(*) FROM \(table)").first?.int(0) == 500)
+    }
+
+    @Test func notificationsArriveOnAListeningConnection() async throws {
+        let listener = try await connect()
+        let sender = try await connect()
+        defer { Task { await listener.close(); await sender.close() } }
+        try await listener.listen("fcm_test_channel")
+        try await sender.execute("SELECT pg_notify('fcm_test_channel', $1)", [.text("hello")])
+        let notification = try await listener.nextNotification(timeout: .seconds(5))
+        #expect(notification == PostgresNotification(channel: "fcm_test_channel", payload: "hello"))
+        #expect(try await listener.nextNotification(timeout: .milliseconds(50)) == nil)
+    }
+
+    @Test func thePoolBoundsConnectionsAndReplacesBrokenOnes() async throws {
+        let pool = PostgresPool(conninfo: try testDatabaseURL(), size: 2)
+        let gauge = InFlightGauge()
+        let pids = try await withThrowingTaskGroup(of: Int64.self) { group in
+            for _ in 0..<6 {
+                group.addTask {
+                    try await pool.withConnection { connection in
+                        gauge.enter()
+                        defer { gauge.leave() }
+                        try await connection.execute("SELECT pg_sleep(0.05)")
+                        return try await connection.query("SELECT pg_backend_pid()").first?.int(0) ?? 0
+                    }
+                }
+            }
+            return try await group.reduce(into: Set<Int64>()) { $0.insert($1) }
+        }
+        #expect(gauge.maximum == 2)
+        #expect(pids.count == 2)  // six jobs, two connections reused
+        // A connection killed by the server is replaced transparently on the next checkout.
+        let pid = try await pool.withConnection { try await $0.query("SELECT pg_backend_pid()").first?.int(0) ?? 0 }
+        let admin = try await connect()
+        try await admin.execute("SELECT pg_terminate_backend($1::int)", [.int(pid)])
+        for _ in 0..<2 {
+            _ = try? await pool.withConnection { try await $0.query("SELECT 1") }
+        }
+        let answer = try await pool.withConnection { try await $0.query("SELECT 42").first?.int(0) }
+        #expect(answer == 42)
+        await admin.close()
+        await pool.close()
+    }
+
+    @Test func passwordsAreRedactedFromErrors() async throws {
+        do {
+            _ = try await PostgresConnection.connect("postgresql://someone:hunter2secret@127.0.0.1:1/db", timeout: .seconds(2))
+        } catch let error as PostgresError {
+            #expect(!error.description.contains("hunter2secret"))
+        }
+    }
+}
+
+/// Counts how many tasks hold a connection at once.
+final class InFlightGauge: Sendable {
+    private let state = Mutex((current: 0, maximum: 0))
+    func enter() { state.withLock { $0.current += 1; $0.maximum = max($0.maximum, $0.current) } }
+    func leave() { state.withLock { $0.current -= 1 } }
+    var maximum: Int { state.withLock { $0.maximum } }
+}
