@@ -6,6 +6,7 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .library(name: "Worker", targets: ["Worker"]),
+        .library(name: "Handlers", targets: ["Handlers"]),
         .library(name: "XMPP", targets: ["XMPP"]),
         .library(name: "FCM", targets: ["FCM"]),
         .library(name: "Postgres", targets: ["Postgres"]),
@@ -27,11 +28,12 @@ let package = Package(
         .target(name: "Postgres", dependencies: ["CLibPQ"]),
         .target(name: "Simulator", dependencies: ["XMPP", "FCM", "COpenSSL"]),
         .target(name: "Worker", dependencies: ["XMPP", "FCM", "Postgres"]),
-        .executableTarget(name: "fcm-worker", dependencies: ["Worker", "Simulator"]),
+        .target(name: "Handlers", dependencies: ["Worker", "FCM", "Postgres"]),
+        .executableTarget(name: "fcm-worker", dependencies: ["Worker", "Handlers", "Simulator"]),
         .testTarget(name: "XMPPTests", dependencies: ["XMPP"]),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres"]),
         .testTarget(name: "WorkerTests", dependencies: ["Worker", "FCM"]),
-        .testTarget(name: "EndToEndTests", dependencies: ["Worker", "Simulator", "XMPP", "FCM"]),
+        .testTarget(name: "EndToEndTests", dependencies: ["Worker", "Handlers", "Simulator", "XMPP", "FCM", "Postgres"]),
     ],
     swiftLanguageModes: [.v6]
 )

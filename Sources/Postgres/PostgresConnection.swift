@@ -48,6 +48,12 @@ public final class PostgresConnection: Sendable {
         return try await thread.run { try handle.execute(statement) }
     }
 
+    /// Runs SQL text that may hold several statements and no parameters (migrations).
+    public func simpleQuery(_ sql: String) async throws {
+        let handle = self.handle
+        try await thread.run { try handle.simpleQuery(sql) }
+    }
+
     /// Sends every statement at once in libpq's pipeline mode (one round trip) and returns
     /// their results in order.
     /// - Throws: the first statement's error (its index is in the message); statements
@@ -152,6 +158,13 @@ final class ConnectionHandle: @unchecked Sendable {
         }
         defer { PQclear(result) }
         return try decode(result, statement: 0)
+    }
+
+    func simpleQuery(_ sql: String) throws {
+        let connection = try live()
+        let result = PQexec(connection, sql)
+        defer { PQclear(result) }
+        _ = try decode(result, statement: 0)
     }
 
     func pipeline(_ statements: [PostgresStatement]) throws -> [PostgresResult] {

@@ -56,6 +56,9 @@ public final class CCSSimulator: Sendable {
         var recentlyAckedOrder: [String] = []
         var nextUpstreamNumber = 0
         var stopped = false
+        var checkScheduled = false
+        /// Every upstream ack's latency in microseconds, for benchmarks.
+        var ackLatencies: [UInt32] = []
     }
 
     public let configuration: SimulatorConfiguration
@@ -181,6 +184,13 @@ public final class CCSSimulator: Sendable {
     /// Totals so far.
     public var counters: SimulatorCounters { state.withLock { $0.counters } }
 
+    /// The latency of every upstream ack so far (delivery written → ack read), in
+    /// microseconds, in arrival order.
+    public var ackLatencyMicroseconds: [UInt32] { state.withLock { $0.ackLatencies } }
+
+    /// Forgets the recorded ack latencies (between benchmark phases).
+    public func resetAckLatencies() { state.withLock { $0.ackLatencies.removeAll() } }
+
     /// The protocol violations recorded so far.
     public var violations: [ProtocolViolation] {
         events.compactMap { if case .violation(_, let violation) = $0 { violation } else { nil } }
@@ -229,11 +239,14 @@ public final class CCSSimulator: Sendable {
 
     func record(_ event: SimulatorEvent) {
         configuration.onEvent?(event)
-        let ready = state.withLock { state -> [Waiter] in
+        let ready = state.withLock { state -> Bool in
             switch event {
             case .bound: state.counters.sessionsBound += 1
             case .upstreamDelivered: state.counters.upstreamDelivered += 1
-            case .upstreamAcked: state.counters.upstreamAcked += 1
+            case .upstreamAcked(_, _, let latency):
+                state.counters.upstreamAcked += 1
+                let micros = latency.components.seconds * 1_000_000 + latency.components.attoseconds / 1_000_000_000_000
+                state.ackLatencies.append(UInt32(clamping: micros))
             case .downstreamReceived: state.counters.downstreamReceived += 1
             case .downstreamAnswered(_, _, let response):
                 if case .ack = response { state.counters.downstreamAcked += 1 }
@@ -244,7 +257,23 @@ public final class CCSSimulator: Sendable {
             if configuration.recordsEvents || state.waiters.isEmpty == false {
                 state.events.append(event)
             }
-            guard !state.waiters.isEmpty else { return [] }
+            // Waiters are checked by one coalesced pass a moment later, not on every event:
+            // a predicate reads the whole log, and per-event checks would be quadratic.
+            guard !state.waiters.isEmpty, !state.checkScheduled else { return false }
+            state.checkScheduled = true
+            return true
+        }
+        if ready {
+            Task { [weak self] in
+                try? await Task.sleep(for: .milliseconds(2))
+                self?.checkWaiters()
+            }
+        }
+    }
+
+    private func checkWaiters() {
+        let ready = state.withLock { state -> [Waiter] in
+            state.checkScheduled = false
             let events = state.events
             var ready: [Waiter] = []
             state.waiters.removeAll { waiter in
@@ -303,9 +332,9 @@ public final class CCSSimulator: Sendable {
             state.inFlight[messageID] = nil
             state.recentlyAcked.insert(messageID)
             state.recentlyAckedOrder.append(messageID)
-            if state.recentlyAckedOrder.count > 200_000 {
-                for old in state.recentlyAckedOrder.prefix(100_000) { state.recentlyAcked.remove(old) }
-                state.recentlyAckedOrder.removeFirst(100_000)
+            if state.recentlyAckedOrder.count > 100_000 {
+                for old in state.recentlyAckedOrder.prefix(50_000) { state.recentlyAcked.remove(old) }
+                state.recentlyAckedOrder.removeFirst(50_000)
             }
             return .accepted(latency: .now - inFlight.deliveredAt)
         }

@@ -1,71 +1,87 @@
 import FCM
+import Foundation
+import Synchronization
 import XMPP
 
 /// Keeps one CCS connection alive: connects, serves it until it ends, and reconnects with
-/// exponential backoff and full jitter. Stops (throws) only for configuration errors
-/// (credentials or certificate refused), which retrying cannot fix.
-struct CCSConnectionSlot: Sendable {
+/// exponential backoff and full jitter. Every upstream message goes to the pipeline; its
+/// ack is sent at once (immediate mode) or after the commit (durable mode).
+///
+/// Stops for configuration errors (credentials or certificate refused), which retrying
+/// cannot fix, and on shutdown, when it stops reading and hands back the open connection
+/// so that its acks can be flushed after the pipeline drains.
+final class CCSConnectionSlot: Sendable {
     let index: Int
     let configuration: WorkerConfiguration
     let tls: TLSContext
     let logger: Logger
     let observer: WorkerObserver?
+    let pipeline: UpstreamPipeline
+    let shutdown: ShutdownSignal
+    private let current = Mutex<XMPPConnection?>(nil)
 
-    /// Runs until the task is cancelled (then closes the stream gracefully and returns).
-    func run() async throws {
+    init(index: Int, configuration: WorkerConfiguration, tls: TLSContext, logger: Logger, observer: WorkerObserver?,
+         pipeline: UpstreamPipeline, shutdown: ShutdownSignal) {
+        self.index = index
+        self.configuration = configuration
+        self.tls = tls
+        self.logger = logger
+        self.observer = observer
+        self.pipeline = pipeline
+        self.shutdown = shutdown
+    }
+
+    private var label: String { "ccs#\(index)" }
+
+    /// Runs until shutdown; returns the connection still open then (nil if none).
+    func run() async throws -> XMPPConnection? {
         var backoff = ReconnectBackoff(base: configuration.reconnectBase, cap: configuration.reconnectCap)
-        while !Task.isCancelled {
+        let slot = self
+        shutdown.onRequest { slot.current.withLock { $0 }?.stopReceiving() }
+        while !shutdown.isRequested {
             let started = ContinuousClock.now
             var reconnectAtOnce = false
             do {
-                let connection = try await XMPPConnection.connect(configuration.xmppClient, tls: tls, label: "ccs#\(index)")
+                let connection = try await XMPPConnection.connect(configuration.xmppClient, tls: tls, label: label)
+                current.withLock { $0 = connection }
+                if shutdown.isRequested { connection.stopReceiving() }
                 logger.info("connected to \(configuration.host):\(configuration.port), bound as \(connection.boundJID)")
                 observer?(.connected(slot: index, jid: connection.boundJID))
-                let outcome = await serve(connection)
+                let drained = await serve(connection)
+                if shutdown.isRequested { return connection }
+                current.withLock { $0 = nil }
+                let reason = await connection.closed()
                 backoff.sessionEnded(after: .now - started)
-                if Task.isCancelled { return }
-                reconnectAtOnce = outcome.drained
-                logger.warning("connection ended: \(outcome.reason)")
-                observer?(.disconnected(slot: index, reason: outcome.reason))
+                reconnectAtOnce = drained
+                logger.warning("connection ended: \(reason)")
+                observer?(.disconnected(slot: index, reason: reason))
             } catch let error as XMPPError where error.isConfigurationError {
                 logger.error("\(error)")
                 throw error
             } catch let error as XMPPError {
-                if Task.isCancelled { return }
+                if shutdown.isRequested { return nil }
                 logger.warning("connecting failed: \(error)")
                 observer?(.disconnected(slot: index, reason: error))
             } catch {
-                if Task.isCancelled { return }
+                if shutdown.isRequested { return nil }
                 logger.warning("connecting failed: \(error)")
             }
             let delay = reconnectAtOnce ? .zero : backoff.nextDelay()
             logger.info(reconnectAtOnce ? "reconnecting now (the old connection was drained)"
                                         : "reconnecting in \(delay.formattedSeconds) (attempt \(backoff.attempt))")
             observer?(.reconnectScheduled(slot: index, delay: delay))
-            do {
-                try await Task.sleep(for: delay)
-            } catch {
-                return
-            }
+            await shutdown.sleep(for: delay)
         }
+        return nil
     }
 
-    private struct Outcome {
-        var reason: XMPPError
-        var drained: Bool
-    }
-
-    /// Reads stanzas until the stream ends; acks upstream messages and receipts at once.
-    private func serve(_ connection: XMPPConnection) async -> Outcome {
+    /// Reads stanzas until the stream ends or receiving stops; true if CCS drained it.
+    private func serve(_ connection: XMPPConnection) async -> Bool {
         var drained = false
-        await withTaskCancellationHandler {
-            while let stanza = await connection.next() {
-                if await handle(stanza, on: connection) { drained = true }
-            }
-        } onCancel: {
-            connection.requestClose()
+        while let stanza = await connection.next() {
+            if await handle(stanza, on: connection) { drained = true }
         }
-        return Outcome(reason: await connection.closed(), drained: drained)
+        return drained
     }
 
     /// Returns true when CCS announced it is draining this connection.
@@ -80,29 +96,48 @@ struct CCSConnectionSlot: Sendable {
             logger.debug("ignored stanza <\(stanza.name)>")
             return false
         }
+        let receivedAt = Date()
         let message: CCSMessage
         do {
             message = try CCSMessage.decode(json: payload)
         } catch {
-            logger.warning("unreadable CCS message: \(error)")
+            logger.warning("unreadable CCS message, dead-lettered: \(error)")
             observer?(.unreadable(slot: index, reason: error.description))
+            await pipeline.submit(UpstreamWork(kind: .deadLetter(.init(
+                rawPayload: payload, reason: "unreadable", error: error.description, attempts: 0, receivedAt: receivedAt))))
             return false
         }
         switch message {
-        case .upstream(let upstream), .receipt(let upstream):
+        case .upstream(let upstream):
             guard let messageID = upstream.messageID, let from = upstream.from else {
-                logger.warning("cannot ack a message without message_id or from: \(upstream.raw.serialized.prefix(200))")
-                observer?(.unackable(slot: index, raw: upstream.raw.serialized))
+                logger.warning("cannot ack a message without message_id or from; dead-lettered: \(payload.prefix(200))")
+                observer?(.unackable(slot: index, raw: payload))
+                await pipeline.submit(UpstreamWork(kind: .deadLetter(.init(
+                    messageID: upstream.messageID, from: upstream.from, category: upstream.category, rawPayload: payload,
+                    reason: "unackable", error: "missing \(upstream.messageID == nil ? "message_id" : "from")",
+                    attempts: 0, receivedAt: receivedAt))))
                 return false
             }
-            do {
-                try await connection.send(serialized: CCSStanza.ack(to: from, messageID: messageID))
-            } catch {
-                logger.warning("could not ack \(messageID): \(error); CCS will redeliver it")
+            let work = UpstreamWork(kind: .message(UpstreamMessage(
+                messageID: messageID, from: from, category: upstream.category, rawData: upstream.data,
+                raw: upstream.raw, rawPayload: payload, connection: label, receivedAt: receivedAt)))
+            let ack = CCSStanza.ack(to: from, messageID: messageID)
+            switch configuration.ackMode {
+            case .immediate:
+                await send(ack, messageID: messageID, on: connection, message: message)
+                await pipeline.submit(work)
+            case .durable:
+                var durable = work
+                let slot = self
+                durable.ack = { await slot.send(ack, messageID: messageID, on: connection, message: message) }
+                await pipeline.submit(durable)
+            }
+        case .receipt(let receipt):
+            guard let messageID = receipt.messageID, let from = receipt.from else {
+                logger.warning("a receipt without message_id or from: \(payload.prefix(200))")
                 return false
             }
-            logger.debug("acked \(messageID) from \(from)")
-            observer?(.acked(slot: index, messageID: messageID, message: message))
+            await send(CCSStanza.ack(to: from, messageID: messageID), messageID: messageID, on: connection, message: message)
         case .ack(let messageID, _, _):
             logger.debug("CCS acked \(messageID)")
         case .nack(let messageID, _, let error, let description, _):
@@ -116,6 +151,15 @@ struct CCSConnectionSlot: Sendable {
         }
         return false
     }
+
+    private func send(_ ack: String, messageID: String, on connection: XMPPConnection, message: CCSMessage) async {
+        do {
+            try await connection.send(serialized: ack)
+            observer?(.acked(slot: index, messageID: messageID, message: message))
+        } catch {
+            logger.warning("could not ack \(messageID): \(error); CCS will redeliver it")
+        }
+    }
 }
 
 /// What the worker did, for tests and embedding applications.
@@ -126,6 +170,12 @@ public enum WorkerEvent: Sendable {
     case acked(slot: Int, messageID: String, message: CCSMessage)
     case unackable(slot: Int, raw: String)
     case unreadable(slot: Int, reason: String)
+    /// A batch committed: the messages handled (id, arrival), duplicates skipped, dead letters written.
+    case committed(handled: [(String, Date)], duplicates: Int, deadLettered: [String])
+    case retryScheduled(messageID: String, attempt: Int, delay: Duration)
+    case databaseUnavailable(String)
+    case spooled(count: Int, path: String)
+    case replayed(count: Int)
 }
 
 /// Receives `WorkerEvent`s as they happen, from any task.

@@ -29,6 +29,30 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     /// Ping CCS after this much silence, and give up this long after the ping.
     public var pingInterval: Duration = .seconds(60)
     public var pingTimeout: Duration = .seconds(15)
+    /// When upstream messages are acked.
+    public enum AckMode: String, Sendable {
+        /// As soon as the stanza is parsed, before any database work (lowest latency; an
+        /// acked message not yet committed at shutdown goes to the spool file).
+        case immediate
+        /// Only after the message is committed to PostgreSQL (nothing acked is lost even on
+        /// kill -9; CCS redelivers what was not acked).
+        case durable
+    }
+    public var ackMode = AckMode.immediate
+    /// Lanes handling upstream messages in parallel (a device's messages keep one lane).
+    public var concurrency = 4
+    /// Handling attempts before a failing message is dead-lettered.
+    public var maxAttempts = 5
+    /// Where acked-but-unpersisted messages go when the database is down at shutdown.
+    public var spoolFile = "fcm-worker.spool"
+    /// Apply pending migrations at start instead of refusing to start.
+    public var migrate = false
+    /// The folder of `NNNN_name.sql` migration files.
+    public var migrationsDirectory = Migrator.defaultDirectory()
+    /// How long shutdown waits for queued messages to commit before spooling them.
+    public var shutdownTimeout: Duration = .seconds(10)
+    /// Batching and retry tuning of the upstream pipeline (`concurrency` sets its lanes).
+    public var pipeline = PipelineSettings()
     /// Reconnect delays: full jitter from `reconnectBase` doubling to `reconnectCap`.
     public var reconnectBase: Duration = .seconds(1)
     public var reconnectCap: Duration = .seconds(60)
@@ -51,6 +75,13 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         --handlers a,b            FCM_HANDLERS          handlers to run (default store)
         --ping-interval SECONDS   FCM_PING_INTERVAL     ping after this much silence (default 60)
         --ping-timeout SECONDS    FCM_PING_TIMEOUT      dead if no answer within (default 15)
+        --ack-mode MODE           FCM_ACK_MODE          immediate (default) or durable
+        --concurrency N           FCM_CONCURRENCY       parallel handling lanes (default 4)
+        --max-attempts N          FCM_MAX_ATTEMPTS      tries before dead-lettering (default 5)
+        --spool-file PATH         FCM_SPOOL_FILE        default ./fcm-worker.spool
+        --shutdown-timeout SECS   FCM_SHUTDOWN_TIMEOUT  drain time on SIGTERM (default 10)
+        --migrations-dir PATH     FCM_MIGRATIONS_DIR    default ./migrations
+        --migrate                 FCM_MIGRATE=1         apply pending migrations at start
       """
 
     private static let flags: [String: String] = [
@@ -58,7 +89,12 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         "--endpoint": "FCM_ENDPOINT", "--xmpp-domain": "FCM_XMPP_DOMAIN", "--ca-file": "FCM_CA_FILE",
         "--database-url": "DATABASE_URL", "--connections": "FCM_CONNECTIONS", "--handlers": "FCM_HANDLERS",
         "--ping-interval": "FCM_PING_INTERVAL", "--ping-timeout": "FCM_PING_TIMEOUT",
+        "--ack-mode": "FCM_ACK_MODE", "--concurrency": "FCM_CONCURRENCY", "--max-attempts": "FCM_MAX_ATTEMPTS",
+        "--spool-file": "FCM_SPOOL_FILE", "--shutdown-timeout": "FCM_SHUTDOWN_TIMEOUT",
+        "--migrations-dir": "FCM_MIGRATIONS_DIR", "--migrate": "FCM_MIGRATE",
     ]
+    /// Flags that take no value.
+    private static let switches: Set<String> = ["--migrate"]
 
     /// Parses `arguments` (flags only, `--flag value` or `--flag=value`) over `environment`.
     /// - Throws: `ConfigurationError` naming the first missing or invalid setting.
@@ -75,7 +111,9 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             guard let variable = flags[flag] else {
                 throw ConfigurationError("unknown option \(flag) (see fcm-worker --help)")
             }
-            if value == nil {
+            if value == nil && switches.contains(flag) {
+                value = "1"
+            } else if value == nil {
                 index += 1
                 guard index < arguments.count else { throw ConfigurationError("\(flag) needs a value") }
                 value = arguments[index]
@@ -141,6 +179,37 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         if let timeout = setting("FCM_PING_TIMEOUT") {
             configuration.pingTimeout = try parseSeconds(timeout, name: "ping timeout")
         }
+        if let mode = setting("FCM_ACK_MODE") {
+            guard let ackMode = AckMode(rawValue: mode) else {
+                throw ConfigurationError("invalid ack mode \(mode): expected immediate or durable")
+            }
+            configuration.ackMode = ackMode
+        }
+        if let text = setting("FCM_CONCURRENCY") {
+            guard let value = Int(text), (1...64).contains(value) else {
+                throw ConfigurationError("invalid concurrency \(text): expected 1 to 64")
+            }
+            configuration.concurrency = value
+        }
+        configuration.pipeline.partitions = configuration.concurrency
+        if let text = setting("FCM_MAX_ATTEMPTS") {
+            guard let value = Int(text), (1...100).contains(value) else {
+                throw ConfigurationError("invalid max attempts \(text): expected 1 to 100")
+            }
+            configuration.maxAttempts = value
+        }
+        configuration.pipeline.maxAttempts = configuration.maxAttempts
+        if let path = setting("FCM_SPOOL_FILE") { configuration.spoolFile = path }
+        if let timeout = setting("FCM_SHUTDOWN_TIMEOUT") {
+            configuration.shutdownTimeout = try parseSeconds(timeout, name: "shutdown timeout")
+        }
+        if let directory = setting("FCM_MIGRATIONS_DIR") { configuration.migrationsDirectory = directory }
+        if let migrate = setting("FCM_MIGRATE") {
+            guard ["1", "true", "yes", "0", "false", "no"].contains(migrate.lowercased()) else {
+                throw ConfigurationError("invalid FCM_MIGRATE \(migrate): expected 1 or 0")
+            }
+            configuration.migrate = ["1", "true", "yes"].contains(migrate.lowercased())
+        }
         return configuration
     }
 
@@ -187,6 +256,19 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
 
     public var description: String {
         "sender \(senderID), endpoint \(host):\(port), domain \(xmppDomain), \(connections) connection(s), "
-            + "trust \(caFile ?? "system store"), handlers \(handlers.joined(separator: ","))"
+            + "trust \(caFile ?? "system store"), handlers \(handlers.joined(separator: ",")), ack mode \(ackMode.rawValue), "
+            + "concurrency \(concurrency), database \(databaseURL.map(Self.redactedDatabaseURL) ?? "none")"
+    }
+
+    /// The database URL without its password.
+    static func redactedDatabaseURL(_ url: String) -> String {
+        var text = url
+        if let range = text.range(of: #"://[^:@/\s]+:[^@/\s]+@"#, options: .regularExpression) {
+            text.replaceSubrange(range, with: "://***@")
+        }
+        if let range = text.range(of: #"password=\S+"#, options: .regularExpression) {
+            text.replaceSubrange(range, with: "password=***")
+        }
+        return text
     }
 }

@@ -13,6 +13,7 @@ final class StanzaInbox: Sendable {
         var head = 0
         var waiting: CheckedContinuation<XMLElement?, Never>?
         var finished = false
+        var stopped = false
     }
 
     let capacity: Int
@@ -27,6 +28,7 @@ final class StanzaInbox: Sendable {
     /// Adds a stanza; returns false when the inbox is now full (the caller pauses reading).
     func push(_ stanza: XMLElement) -> Bool {
         let (waiter, hasRoom) = state.withLock { state -> (CheckedContinuation<XMLElement?, Never>?, Bool) in
+            if state.stopped { return (nil, false) }
             if let waiter = state.waiting {
                 state.waiting = nil
                 return (waiter, true)
@@ -39,7 +41,23 @@ final class StanzaInbox: Sendable {
     }
 
     /// True while the consumer has room for more.
-    var hasRoom: Bool { state.withLock { $0.items.count - $0.head < capacity } }
+    var hasRoom: Bool { state.withLock { !$0.stopped && $0.items.count - $0.head < capacity } }
+
+    /// Ends the sequence now, discarding what is queued (the consumer stops receiving).
+    func stop() {
+        let waiter = state.withLock { state -> CheckedContinuation<XMLElement?, Never>? in
+            state.finished = true
+            state.stopped = true
+            state.items.removeAll()
+            state.head = 0
+            defer { state.waiting = nil }
+            return state.waiting
+        }
+        waiter?.resume(returning: nil)
+    }
+
+    /// True after `stop()`.
+    var isStopped: Bool { state.withLock { $0.stopped } }
 
     /// True while the consumer is suspended in `next()`.
     var hasWaiter: Bool { state.withLock { $0.waiting != nil } }

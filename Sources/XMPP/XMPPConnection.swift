@@ -75,6 +75,13 @@ public final class XMPPConnection: Sendable {
         _ = try? await ending.value()
     }
 
+    /// Stops handing out stanzas: `next()` returns nil from now on and the socket is no
+    /// longer read (stanzas not yet taken are discarded; CCS redelivers what was not
+    /// acked). Sending still works, so acks can be flushed before `close()`.
+    public func stopReceiving() {
+        inbox.stop()
+    }
+
     /// Starts a graceful close without waiting for it (usable from a cancellation handler).
     public func requestClose() {
         loop.requestClose(.graceful(.closedLocally))

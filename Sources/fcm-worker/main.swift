@@ -1,47 +1,61 @@
 import Foundation
+import Handlers
+import Postgres
 import Worker
-import XMPP
 
 let usage = """
     fcm-worker: a backend worker for Firebase Cloud Messaging's XMPP connection server (CCS)
 
     usage:
-      fcm-worker run [options]        connect to CCS and ack every upstream message
+      fcm-worker run [options]        connect to CCS, ack upstream messages, run the handlers
     \(WorkerConfiguration.usage)
+      fcm-worker migrate [--database-url URL] [--migrations-dir PATH]
+                                      apply pending database migrations
     \(SimulateCommand.usage)
+    \(BenchCommand.usage)
       fcm-worker --help               this text
 
+    Built-in handlers: \(BuiltInHandlers.all.keys.sorted().joined(separator: ", ")).
     Flags win over environment variables. Exit status: 0 after SIGTERM/SIGINT, 2 for a
-    missing or invalid setting, 3 when FCM refuses the credentials or the certificate, 1 otherwise.
+    missing or invalid setting or pending migrations, 3 when FCM refuses the credentials or
+    the certificate, 1 otherwise.
     """
 
-func printError(_ line: String) {
-    FileHandle.standardError.write(Data("fcm-worker: \(line)\n".utf8))
-}
-
-func runWorker(_ arguments: [String]) async -> Int32 {
-    let configuration: WorkerConfiguration
-    do {
-        configuration = try WorkerConfiguration.parse(arguments: arguments, environment: ProcessInfo.processInfo.environment)
-    } catch {
-        printError(error.description)
+func migrate(_ arguments: [String]) async -> Int32 {
+    var databaseURL = ProcessInfo.processInfo.environment["DATABASE_URL"]
+    var directory = Migrator.defaultDirectory()
+    var index = 0
+    while index < arguments.count {
+        guard index + 1 < arguments.count else {
+            WorkerMain.printError("migrate: \(arguments[index]) needs a value")
+            return 2
+        }
+        switch arguments[index] {
+        case "--database-url": databaseURL = arguments[index + 1]
+        case "--migrations-dir": directory = arguments[index + 1]
+        default:
+            WorkerMain.printError("migrate: unknown option \(arguments[index])")
+            return 2
+        }
+        index += 2
+    }
+    guard let databaseURL, !databaseURL.isEmpty else {
+        WorkerMain.printError("missing database URL: pass --database-url or set DATABASE_URL")
         return 2
     }
-    let worker = FCMWorker(configuration: configuration)
-    let task = Task { try await worker.run() }
-    let trap = SignalTrap { signal in
-        worker.logger.info("received \(signal == SIGTERM ? "SIGTERM" : "SIGINT"), shutting down")
-        task.cancel()
-    }
-    defer { _ = trap }
     do {
-        try await task.value
+        let migrator = try Migrator(directory: directory)
+        let connection = try await PostgresConnection.connect(databaseURL)
+        let applied = try await migrator.migrate(connection)
+        await connection.close()
+        print(applied.isEmpty ? "the database is up to date (\(migrator.migrations.count) migration(s))"
+                              : "applied: \(applied.joined(separator: ", "))")
         return 0
-    } catch let error as XMPPError where error.isConfigurationError {
-        printError("\(error)")
-        return 3
+    } catch let error as Migrator.MigrationError {
+        WorkerMain.printError(error.description)
+        return 2
     } catch {
-        printError("\(error)")
+        WorkerMain.printError("\(error)")
         return 1
     }
 }
@@ -50,13 +64,18 @@ var arguments = Array(CommandLine.arguments.dropFirst())
 let command = arguments.isEmpty ? "--help" : arguments.removeFirst()
 let status: Int32
 switch command {
-case "run": status = await runWorker(arguments)
+case "run":
+    status = await WorkerMain.run(arguments: arguments, environment: ProcessInfo.processInfo.environment) { configuration throws(ConfigurationError) in
+        try BuiltInHandlers.resolve(configuration.handlers)
+    }
+case "migrate": status = await migrate(arguments)
 case "simulate": status = await SimulateCommand.run(arguments)
+case "bench": status = await BenchCommand.run(arguments)
 case "--help", "-h", "help":
     print(usage)
     status = 0
 default:
-    printError("unknown command \(command) (see fcm-worker --help)")
+    WorkerMain.printError("unknown command \(command) (see fcm-worker --help)")
     status = 2
 }
 exit(status)

@@ -56,11 +56,12 @@ import Testing
     @Test func refusedCredentialsExitWithinSecondsWithStatus3() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
-        let configuration = try ccs.worker()
+        let configuration = try ccs.worker(database: await TestDatabase.make())
         let started = ContinuousClock.now
         let outcome = try await Self.run([
             "run", "--sender-id", TestCCS.senderID, "--server-key", "wrong-key-value",
             "--endpoint", "127.0.0.1:\(ccs.simulator.port)", "--ca-file", configuration.caFile!,
+            "--database-url", configuration.databaseURL!, "--migrations-dir", TestDatabase.migrationsDirectory,
         ])
         #expect(ContinuousClock.now - started < .seconds(10))
         #expect(outcome.status == 3)
@@ -73,11 +74,14 @@ import Testing
     @Test func runConnectsStaysUpThroughADropAndStopsCleanlyOnSIGTERM() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
-        let configuration = try ccs.worker()
+        let database = try await TestDatabase.make()
+        let configuration = try ccs.worker(database: database)
         let simulator = ccs.simulator
         let outcome = try await Self.run(["run"], environment: [
             "FCM_SENDER_ID": TestCCS.senderID, "FCM_SERVER_KEY": TestCCS.serverKey,
             "FCM_ENDPOINT": "127.0.0.1:\(simulator.port)", "FCM_CA_FILE": configuration.caFile!,
+            "DATABASE_URL": database.url, "FCM_MIGRATIONS_DIR": TestDatabase.migrationsDirectory,
+            "FCM_SPOOL_FILE": configuration.spoolFile,
         ], terminateAfter: .zero) {
             let first = try await simulator.waitForBoundSessions(1)[0]
             simulator.injectUpstream(messageID: "cli-1")
@@ -90,5 +94,6 @@ import Testing
         #expect(outcome.status == 0, "\(outcome.standardError)")
         #expect(outcome.standardError.contains("received SIGTERM"))
         #expect(simulator.violations.isEmpty)
+        #expect(try await database.count("upstream_messages", where: "message_id IN ('cli-1', 'cli-2')") == 2)
     }
 }

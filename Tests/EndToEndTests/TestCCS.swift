@@ -33,14 +33,19 @@ struct TestCCS {
         return configuration
     }
 
-    /// Worker settings for this simulator, with the CA written to a file.
-    func worker(serverKey: String = TestCCS.serverKey) throws -> WorkerConfiguration {
+    /// Worker settings for this simulator and `database`, with the CA written to a file and
+    /// a spool file of its own.
+    func worker(serverKey: String = TestCCS.serverKey, database: TestDatabase) throws -> WorkerConfiguration {
         let caPath = FileManager.default.temporaryDirectory.appendingPathComponent("ca-\(UUID()).pem").path
         try authority.rootCertificatePEM.write(toFile: caPath, atomically: true, encoding: .utf8)
         var configuration = WorkerConfiguration(senderID: Self.senderID, serverKey: serverKey)
         configuration.host = "127.0.0.1"
         configuration.port = simulator.port
         configuration.caFile = caPath
+        configuration.databaseURL = database.url
+        configuration.migrationsDirectory = TestDatabase.migrationsDirectory
+        configuration.spoolFile = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID()).jsonl").path
+        configuration.shutdownTimeout = .seconds(5)
         return configuration
     }
 

@@ -1,5 +1,6 @@
 import FCM
 import Foundation
+import Handlers
 import Simulator
 import Testing
 import Worker
@@ -10,7 +11,10 @@ import XMPP
     /// Starts a worker; returns its task and its event log.
     private func start(_ configuration: WorkerConfiguration) -> (Task<Void, any Error>, WorkerEvents) {
         let events = WorkerEvents()
-        let worker = FCMWorker(configuration: configuration, logger: Logger(label: "test", minimumLevel: .warning) { _ in },
+        var handlers = UpstreamHandlers()
+        handlers.register("store", StoreHandler())
+        let worker = FCMWorker(configuration: configuration, handlers: handlers,
+                               logger: Logger(label: "test", minimumLevel: .warning) { _ in },
                                observer: { events.record($0) })
         return (Task { try await worker.run() }, events)
     }
@@ -18,7 +22,7 @@ import XMPP
     @Test func everyUpstreamMessageAndReceiptIsAckedOnceOnItsOwnConnection() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
-        var configuration = try ccs.worker()
+        var configuration = try ccs.worker(database: await TestDatabase.make())
         configuration.connections = 3
         let (task, _) = start(configuration)
         defer { task.cancel() }
@@ -43,7 +47,7 @@ import XMPP
     @Test func aDropLeadsToAReconnectWithinTheBackoffAndUnackedMessagesAreRedelivered() async throws {
         let ccs = try TestCCS(configure: { $0.maxUnackedUpstream = 1000 })
         defer { ccs.simulator.stop() }
-        var configuration = try ccs.worker()
+        var configuration = try ccs.worker(database: await TestDatabase.make())
         configuration.reconnectBase = .milliseconds(300)
         let (task, events) = start(configuration)
         defer { task.cancel() }
@@ -68,7 +72,7 @@ import XMPP
     @Test func refusedCredentialsStopTheWorkerWithoutRetrying() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
-        let (task, _) = start(try ccs.worker(serverKey: "not-the-key"))
+        let (task, _) = start(try ccs.worker(serverKey: "not-the-key", database: await TestDatabase.make()))
         do {
             try await task.value
             Issue.record("the worker ran with a refused key")
@@ -82,7 +86,7 @@ import XMPP
     @Test func drainingIsFollowedByAnImmediateNewConnection() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
-        var configuration = try ccs.worker()
+        var configuration = try ccs.worker(database: await TestDatabase.make())
         configuration.reconnectBase = .seconds(30)  // a backoff would show as a timeout here
         let (task, events) = start(configuration)
         defer { task.cancel() }
@@ -97,7 +101,7 @@ import XMPP
     @Test func cancellingTheWorkerClosesEveryStreamCleanly() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
-        var configuration = try ccs.worker()
+        var configuration = try ccs.worker(database: await TestDatabase.make())
         configuration.connections = 2
         let (task, events) = start(configuration)
         let sessions = try await ccs.simulator.waitForBoundSessions(2)
@@ -116,7 +120,7 @@ import XMPP
     @Test func messagesThatCannotBeAckedOrReadAreReportedAndTheConnectionStaysUp() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
-        let (task, events) = start(try ccs.worker())
+        let (task, events) = start(try ccs.worker(database: await TestDatabase.make()))
         defer { task.cancel() }
         try await ccs.simulator.waitForBoundSessions(1)
         ccs.simulator.injectRaw(json: "{\"from\":\"device\",\"category\":\"c\",\"data\":{}}", messageID: nil, from: "device")
@@ -134,7 +138,7 @@ import XMPP
     @Test func aHungConnectionIsDeclaredDeadAndReplaced() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
-        var configuration = try ccs.worker()
+        var configuration = try ccs.worker(database: await TestDatabase.make())
         configuration.pingInterval = .milliseconds(200)
         configuration.pingTimeout = .milliseconds(300)
         configuration.reconnectBase = .milliseconds(100)

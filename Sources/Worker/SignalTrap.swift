@@ -1,11 +1,12 @@
 import Dispatch
 import Foundation
 
-/// Runs `handler` once on SIGTERM or SIGINT instead of letting them kill the process.
-final class SignalTrap {
+/// Runs `handler` on SIGTERM or SIGINT instead of letting them kill the process; keep the
+/// trap alive as long as the handler should run.
+public final class SignalTrap {
     private let sources: [any DispatchSourceSignal]
 
-    init(_ handler: @escaping @Sendable (Int32) -> Void) {
+    public init(_ handler: @escaping @Sendable (Int32) -> Void) {
         signal(SIGTERM, SIG_IGN)
         signal(SIGINT, SIG_IGN)
         sources = [SIGTERM, SIGINT].map { number in

@@ -1,0 +1,31 @@
+import FCM
+import Postgres
+import Worker
+
+/// The built-in `store` handler: keeps every upstream message in
+/// `upstream_messages(message_id, from_token, category, data, received_at)`.
+///
+/// A batch is written with one multi-row statement, so storing costs one statement per
+/// batch, not per message. It is also the example to copy for a handler of your own.
+public struct StoreHandler: BatchUpstreamHandler {
+    public init() {}
+
+    public func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws {
+        context.execute("""
+            INSERT INTO upstream_messages (message_id, from_token, category, data, received_at)
+            VALUES ($1, $2, $3, $4::jsonb, $5) ON CONFLICT (message_id) DO NOTHING
+            """, [.text(message.messageID), .text(message.from), message.category.map { .text($0) } ?? .null,
+                  .jsonb(JSONValue.object(message.rawData).serialized), .timestamptz(message.receivedAt)])
+    }
+
+    public func handle(batch messages: [UpstreamMessage], in context: BatchContext) async throws {
+        context.execute("""
+            INSERT INTO upstream_messages (message_id, from_token, category, data, received_at)
+            SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::timestamptz[])
+            ON CONFLICT (message_id) DO NOTHING
+            """, [.array(messages.map { .text($0.messageID) }), .array(messages.map { .text($0.from) }),
+                  .array(messages.map { $0.category.map { .text($0) } ?? .null }),
+                  .array(messages.map { .jsonb(JSONValue.object($0.rawData).serialized) }),
+                  .array(messages.map { .timestamptz($0.receivedAt) })])
+    }
+}

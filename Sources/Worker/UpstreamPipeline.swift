@@ -1,0 +1,292 @@
+import FCM
+import Foundation
+import Postgres
+import Synchronization
+
+/// How the upstream pipeline batches, parallelises and retries.
+public struct PipelineSettings: Sendable {
+    /// Independent lanes; a device's messages always take the same lane, so they are
+    /// handled in arrival order while different devices proceed in parallel.
+    public var partitions = 4
+    /// Messages waiting per lane before submitters (the connections) wait.
+    public var queueCapacity = 4096
+    /// Most messages committed in one transaction.
+    public var batchSize = 1000
+    /// Handling attempts before a failing message is dead-lettered.
+    public var maxAttempts = 5
+    /// First retry delay of a failing message (doubling, with jitter, up to `retryCap`).
+    public var retryBase: Duration = .seconds(1)
+    public var retryCap: Duration = .seconds(60)
+    /// First wait while the database is unreachable (doubling up to `databaseRetryCap`).
+    public var databaseRetryBase: Duration = .milliseconds(250)
+    public var databaseRetryCap: Duration = .seconds(10)
+
+    public init() {}
+}
+
+/// Takes upstream work from the connections, commits it in batches (one transaction per
+/// batch: de-duplication records, dead letters and every handler's writes), and retries
+/// what fails. Nothing submitted is dropped: after `abandon()` what was not committed
+/// comes back from `run()` for the spool.
+final class UpstreamPipeline: Sendable {
+    private final class Lane: Sendable {
+        let index: Int
+        let queue: BoundedQueue<UpstreamWork>
+        let retries = Mutex<[UpstreamWork]>([])
+
+        init(index: Int, capacity: Int) {
+            self.index = index
+            self.queue = BoundedQueue(capacity: capacity)
+        }
+
+        func takeDueRetries(now: ContinuousClock.Instant, maximum: Int) -> [UpstreamWork] {
+            retries.withLock { retries in
+                var due: [UpstreamWork] = []
+                retries.removeAll { work in
+                    guard due.count < maximum, let at = work.retryAt, at <= now else { return false }
+                    due.append(work)
+                    return true
+                }
+                return due
+            }
+        }
+
+        var earliestRetry: ContinuousClock.Instant? { retries.withLock { $0.compactMap(\.retryAt).min() } }
+        var hasRetries: Bool { retries.withLock { !$0.isEmpty } }
+    }
+
+    let pool: PostgresPool
+    let handlers: UpstreamHandlers
+    let settings: PipelineSettings
+    let logger: Logger
+    let observer: WorkerObserver?
+    private let lanes: [Lane]
+    private let abandoned = Atomic(false)
+
+    init(pool: PostgresPool, handlers: UpstreamHandlers, settings: PipelineSettings, logger: Logger, observer: WorkerObserver?) {
+        self.pool = pool
+        self.handlers = handlers
+        self.settings = settings
+        self.logger = logger
+        self.observer = observer
+        self.lanes = (0..<max(1, settings.partitions)).map { Lane(index: $0, capacity: settings.queueCapacity) }
+    }
+
+    /// Queues `work` on its device's lane, waiting while that lane is full.
+    func submit(_ work: UpstreamWork) async {
+        await lanes[lane(for: work.orderingKey)].queue.push(work)
+    }
+
+    /// Work queued or waiting for a retry, across lanes.
+    var backlog: Int { lanes.reduce(0) { $0 + $1.queue.count + $1.retries.withLock { $0.count } } }
+
+    /// Processes until `close()` has been called and everything is committed, or until
+    /// `abandon()`; returns what was not committed (empty unless abandoned).
+    func run() async -> [UpstreamWork] {
+        await withTaskGroup(of: [UpstreamWork].self) { group in
+            for lane in lanes { group.addTask { await self.run(lane) } }
+            var leftovers: [UpstreamWork] = []
+            for await rest in group { leftovers += rest }
+            return leftovers
+        }
+    }
+
+    /// No more work will be submitted: `run()` returns once what is queued is done.
+    func close() {
+        for lane in lanes { lane.queue.close() }
+    }
+
+    /// Stop as soon as possible: `run()` returns the uncommitted work.
+    func abandon() {
+        abandoned.store(true, ordering: .releasing)
+        for lane in lanes {
+            lane.queue.close()
+            lane.queue.poke()
+        }
+    }
+
+    private var isAbandoned: Bool { abandoned.load(ordering: .acquiring) }
+
+    private func lane(for key: String) -> Int {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325  // FNV-1a: stable across runs
+        for byte in key.utf8 {
+            hash ^= UInt64(byte)
+            hash = hash &* 0x100_0000_01b3
+        }
+        return Int(hash % UInt64(lanes.count))
+    }
+
+    private func run(_ lane: Lane) async -> [UpstreamWork] {
+        while true {
+            if isAbandoned { return await remaining(lane) }
+            // Messages that failed before are retried alone: putting them in a batch would
+            // only make it fail again.
+            let due = lane.takeDueRetries(now: .now, maximum: settings.batchSize)
+            for (index, retry) in due.enumerated() {
+                if let leftovers = await process([retry], in: lane) {
+                    lane.retries.withLock { $0.append(contentsOf: due[(index + 1)...]) }
+                    return leftovers + (await remaining(lane))
+                }
+            }
+            // Wait for new work, waking for the next retry.
+            let batch = await lane.queue.take(maximum: settings.batchSize, deadline: due.isEmpty ? lane.earliestRetry : .now)
+            if batch.isEmpty {
+                if isAbandoned { return await remaining(lane) }
+                if !due.isEmpty { continue }
+                if lane.queue.count == 0 && !lane.hasRetries && lane.queue.isClosed { return [] }
+                continue
+            }
+            if let leftovers = await process(batch, in: lane) {
+                return leftovers + (await remaining(lane))
+            }
+        }
+    }
+
+    private func remaining(_ lane: Lane) async -> [UpstreamWork] {
+        var rest = lane.retries.withLock { retries in defer { retries.removeAll() }; return retries }
+        while true {
+            let more = await lane.queue.take(maximum: 10_000, deadline: .now)
+            if more.isEmpty { break }
+            rest += more
+        }
+        return rest
+    }
+
+    /// Commits `batch`; on a handler or statement failure isolates each piece. Returns the
+    /// batch back only when abandoned while the database was unreachable.
+    private func process(_ batch: [UpstreamWork], in lane: Lane) async -> [UpstreamWork]? {
+        var delay = settings.databaseRetryBase
+        while true {
+            do {
+                try await pool.withConnection { connection in try await self.commit(batch, on: connection) }
+                await acknowledge(batch)
+                return nil
+            } catch let error as PostgresError where error.kind == .connection {
+                logger.warning("database unavailable (\(error.message)); \(batch.count) message(s) wait, retrying in \(delay.formattedSeconds)")
+                observer?(.databaseUnavailable(error.message))
+                let until = ContinuousClock.now + delay
+                while ContinuousClock.now < until {
+                    if isAbandoned { return batch }
+                    try? await Task.sleep(for: min(.milliseconds(50), until - .now))
+                }
+                delay = min(delay * 2, settings.databaseRetryCap)
+            } catch {
+                guard batch.count > 1 else {
+                    if let leftover = await failed(batch[0], error: error, in: lane) { return leftover }
+                    return nil
+                }
+                logger.info("a batch of \(batch.count) failed (\(error)); handling its messages one by one")
+                for (index, work) in batch.enumerated() {
+                    if let leftovers = await process([work], in: lane) {
+                        return leftovers + batch[(index + 1)...]
+                    }
+                }
+                return nil
+            }
+        }
+    }
+
+    /// A single message failed: retry it later, or dead-letter it after the last attempt.
+    private func failed(_ work: UpstreamWork, error: any Error, in lane: Lane) async -> [UpstreamWork]? {
+        var work = work
+        work.attempts += 1
+        guard case .message(let message) = work.kind else {
+            logger.error("could not store a dead letter: \(error)")
+            work.retryAt = .now + settings.retryBase
+            lane.retries.withLock { $0.append(work) }
+            return nil
+        }
+        let description = String(describing: error)
+        if work.attempts >= settings.maxAttempts {
+            logger.error("message \(message.messageID) failed \(work.attempts) times, dead-lettered: \(description)")
+            var letter = work
+            letter.kind = .deadLetter(.init(messageID: message.messageID, from: message.from, category: message.category,
+                                            rawPayload: message.rawPayload, reason: "handler_failed", error: description,
+                                            attempts: work.attempts, receivedAt: message.receivedAt))
+            return await process([letter], in: lane)
+        }
+        let ceiling = min(settings.retryCap, settings.retryBase * (1 << min(work.attempts - 1, 20)))
+        let delay = ceiling * Double.random(in: 0.5...1.0)
+        work.retryAt = .now + delay
+        lane.retries.withLock { $0.append(work) }
+        lane.queue.poke()
+        logger.warning("message \(message.messageID) failed (attempt \(work.attempts) of \(settings.maxAttempts)), retrying in \(delay.formattedSeconds): \(description)")
+        observer?(.retryScheduled(messageID: message.messageID, attempt: work.attempts, delay: delay))
+        return nil
+    }
+
+    /// One transaction: de-duplication records, dead letters, then the handlers of the
+    /// messages not seen before, then COMMIT.
+    private func commit(_ batch: [UpstreamWork], on connection: PostgresConnection) async throws {
+        var messages: [UpstreamMessage] = []
+        var letters: [UpstreamWork.DeadLetter] = []
+        var seen = Set<String>()
+        var ids: [PostgresValue] = [], outcomes: [PostgresValue] = []
+        for work in batch {
+            switch work.kind {
+            case .message(let message):
+                guard seen.insert(message.messageID).inserted else { continue }
+                messages.append(message)
+                ids.append(.text(message.messageID))
+                outcomes.append(.text("handled"))
+            case .deadLetter(let letter):
+                letters.append(letter)
+                if letter.reason == "handler_failed", let id = letter.messageID, seen.insert(id).inserted {
+                    ids.append(.text(id))
+                    outcomes.append(.text("dead_lettered"))
+                }
+            }
+        }
+        let opening = try await connection.pipeline([
+            PostgresStatement("BEGIN"),
+            PostgresStatement("""
+                INSERT INTO processed_upstream (message_id, outcome)
+                SELECT * FROM unnest($1::text[], $2::text[]) ON CONFLICT DO NOTHING RETURNING message_id
+                """, [.array(ids), .array(outcomes)]),
+        ])
+        let fresh = Set(opening[1].rows.compactMap { $0.string(0) })
+        let transaction = UpstreamTransaction(connection: connection)
+        do {
+            for letter in letters {
+                if letter.reason == "handler_failed", let id = letter.messageID, !fresh.contains(id) { continue }
+                transaction.enqueue(PostgresStatement("""
+                    INSERT INTO dead_letters (message_id, from_token, category, raw_payload, reason, error, attempts, received_at)
+                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                    """, [letter.messageID.map { .text($0) } ?? .null, letter.from.map { .text($0) } ?? .null,
+                          letter.category.map { .text($0) } ?? .null, .text(letter.rawPayload), .text(letter.reason),
+                          letter.error.map { .text($0) } ?? .null, .int(Int64(letter.attempts)), .timestamptz(letter.receivedAt)]))
+            }
+            let newMessages = messages.filter { fresh.contains($0.messageID) }
+            for route in handlers.routes {
+                let matching = newMessages.filter { route.match.matches($0) }
+                guard !matching.isEmpty else { continue }
+                let handlerLogger = logger.labeled("handler \(route.name)")
+                if let batchHandler = route.handler as? any BatchUpstreamHandler, matching.count > 1 {
+                    try await batchHandler.handle(batch: matching, in: BatchContext(logger: handlerLogger, transaction: transaction))
+                } else {
+                    for message in matching {
+                        try await route.handler.handle(message, in: HandlerContext(message: message, logger: handlerLogger, transaction: transaction))
+                    }
+                }
+            }
+            transaction.enqueue(PostgresStatement("COMMIT"))
+            try await transaction.flush()
+            if let observer {
+                let arrivals = batch.count { if case .message = $0.kind { true } else { false } }
+                let written = letters.filter { $0.reason != "handler_failed" || $0.messageID.map(fresh.contains) == true }
+                observer(.committed(handled: newMessages.map { ($0.messageID, $0.receivedAt) },
+                                    duplicates: arrivals - newMessages.count,
+                                    deadLettered: written.map { $0.messageID ?? "" }))
+            }
+        } catch {
+            _ = try? await connection.execute("ROLLBACK")
+            throw error
+        }
+    }
+
+    private func acknowledge(_ batch: [UpstreamWork]) async {
+        for work in batch {
+            if let ack = work.ack { await ack() }
+        }
+    }
+}

@@ -1,0 +1,317 @@
+import FCM
+import Foundation
+import Handlers
+import Postgres
+import Simulator
+import Synchronization
+import Worker
+import XMPP
+
+/// `fcm-worker bench`: measured figures, printed.
+enum BenchCommand {
+    static let usage = """
+      fcm-worker bench upstream [options]   measure upstream throughput and latency through the
+                                      simulator over TLS into PostgreSQL (DATABASE_URL)
+        --messages N              messages per throughput run (default 200000)
+        --connections N           CCS connections (default 4)
+        --concurrency N           handling lanes (default 4)
+        --rate N                  offered load of the latency run, msgs/s (default 10000)
+        --rate-seconds N          length of the latency run (default 5)
+        --database-url URL        default $DATABASE_URL
+    """
+
+    static func run(_ arguments: [String]) async -> Int32 {
+        guard arguments.first == "upstream" else {
+            WorkerMain.printError("bench: expected `bench upstream` (see fcm-worker --help)")
+            return 2
+        }
+        var options: [String: String] = [:]
+        var index = 1
+        while index + 1 < arguments.count || index < arguments.count {
+            guard index + 1 < arguments.count else {
+                WorkerMain.printError("bench: \(arguments[index]) needs a value")
+                return 2
+            }
+            options[arguments[index]] = arguments[index + 1]
+            index += 2
+        }
+        let known: Set<String> = ["--messages", "--connections", "--concurrency", "--rate", "--rate-seconds", "--database-url"]
+        if let unknown = options.keys.first(where: { !known.contains($0) }) {
+            WorkerMain.printError("bench: unknown option \(unknown)")
+            return 2
+        }
+        func number(_ name: String, _ fallback: Int) -> Int? { options[name].map { Int($0) } ?? fallback }
+        guard let messages = number("--messages", 200_000), messages > 0,
+              let connections = number("--connections", 4), connections > 0,
+              let concurrency = number("--concurrency", 4), concurrency > 0,
+              let rate = number("--rate", 10_000), rate > 0,
+              let rateSeconds = number("--rate-seconds", 5), rateSeconds > 0 else {
+            WorkerMain.printError("bench: options take positive whole numbers")
+            return 2
+        }
+        guard let databaseURL = options["--database-url"] ?? ProcessInfo.processInfo.environment["DATABASE_URL"], !databaseURL.isEmpty else {
+            WorkerMain.printError("bench: missing database URL: pass --database-url or set DATABASE_URL")
+            return 2
+        }
+        let bench = UpstreamBench(databaseURL: databaseURL, messages: messages, connections: connections,
+                                  concurrency: concurrency, rate: rate, rateSeconds: rateSeconds)
+        do {
+            try await bench.run()
+            return 0
+        } catch {
+            WorkerMain.printError("bench: \(error)")
+            return 1
+        }
+    }
+}
+
+/// The upstream benchmark of issue 3.
+struct UpstreamBench {
+    let databaseURL: String
+    let messages: Int
+    let connections: Int
+    let concurrency: Int
+    let rate: Int
+    let rateSeconds: Int
+
+    func run() async throws {
+        print("fcm-worker bench upstream: \(messages) messages per run, \(connections) connection(s), \(concurrency) lane(s), "
+              + "\(ProcessInfo.processInfo.activeProcessorCount) cores; simulator in-process over TLS on loopback")
+        let schema = "bench_\(UInt32.random(in: 0...UInt32.max))"
+        let url = try await makeSchema(schema)
+        defer { Task { try? await dropSchema(schema) } }
+
+        let ceiling = try await rawCeiling(url: url, rows: min(messages, 200_000))
+        print(String(format: "raw PostgreSQL ceiling: %.0f rows/s (100-row INSERT transactions, one connection)", ceiling))
+
+        for mode in [WorkerConfiguration.AckMode.immediate, .durable] {
+            try await truncate(url)
+            let result = try await throughputRun(url: url, mode: mode)
+            print(String(format: "%@ ack mode: acked %.0f msgs/s, persisted %.0f msgs/s = %.0f%% of the ceiling", mode.rawValue,
+                         result.ackedPerSecond, result.persistedPerSecond, 100 * result.persistedPerSecond / ceiling))
+            print("  ack latency (simulator-measured) \(result.ackLatency); receive-to-commit \(result.commitLatency)")
+        }
+
+        try await truncate(url)
+        let paced = try await pacedRun(url: url)
+        print("latency at \(rate) msgs/s offered for \(rateSeconds) s (immediate mode): ack \(paced.ackLatency); "
+              + "receive-to-commit \(paced.commitLatency); persisted \(paced.persisted) of \(paced.offered)")
+        print("peak RSS (worker and simulator in one process): \(peakResidentMegabytes()) MB")
+    }
+
+    // MARK: Phases
+
+    private func rawCeiling(url: String, rows: Int) async throws -> Double {
+        let connection = try await PostgresConnection.connect(url)
+        defer { Task { await connection.close() } }
+        let now = Date()
+        let started = ContinuousClock.now
+        var written = 0
+        while written < rows {
+            let count = min(100, rows - written)
+            let ids = (0..<count).map { PostgresValue.text("ceiling-\(written + $0)") }
+            _ = try await connection.pipeline([
+                PostgresStatement("BEGIN"),
+                PostgresStatement("""
+                    INSERT INTO upstream_messages (message_id, from_token, category, data, received_at)
+                    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::timestamptz[])
+                    """, [.array(ids), .array((0..<count).map { .text("device-\(($0 + written) % 1000)") }),
+                          .array(Array(repeating: .text("com.example.bench"), count: count)),
+                          .array((0..<count).map { .jsonb("{\"n\":\"\(written + $0)\",\"text\":\"benchmark payload\"}") }),
+                          .array(Array(repeating: .timestamptz(now), count: count))]),
+                PostgresStatement("COMMIT"),
+            ])
+            written += count
+        }
+        return Double(rows) / (ContinuousClock.now - started).seconds
+    }
+
+    struct ThroughputResult {
+        var ackedPerSecond: Double
+        var persistedPerSecond: Double
+        var ackLatency: LatencySummary
+        var commitLatency: LatencySummary
+    }
+
+    private func throughputRun(url: String, mode: WorkerConfiguration.AckMode) async throws -> ThroughputResult {
+        let setup = try await Setup.start(url: url, connections: connections, concurrency: concurrency, mode: mode)
+        defer { setup.stop() }
+        let started = ContinuousClock.now
+        var ackedAt: ContinuousClock.Instant?
+        var injected = 0
+        while injected < messages || ackedAt == nil || setup.committed.count < messages {
+            let counters = setup.simulator.counters
+            // Keep the simulator's own queue short so that its memory is not what is measured.
+            while injected < messages && injected - counters.upstreamDelivered < 20_000 {
+                setup.simulator.injectUpstream(from: "device-\(injected % 1000)", category: "com.example.bench",
+                                               data: ["n": .string("\(injected)"), "text": .string("benchmark payload")],
+                                               messageID: "\(mode.rawValue)-\(injected)")
+                injected += 1
+            }
+            if ackedAt == nil && counters.upstreamAcked >= messages { ackedAt = .now }
+            if ContinuousClock.now - started > .seconds(600) { throw SimulatorError("the run did not finish in 10 minutes") }
+            try await Task.sleep(for: .milliseconds(1))
+        }
+        let persisted = ContinuousClock.now
+        let result = ThroughputResult(
+            ackedPerSecond: Double(messages) / (ackedAt! - started).seconds,
+            persistedPerSecond: Double(messages) / (persisted - started).seconds,
+            ackLatency: LatencySummary(microseconds: setup.simulator.ackLatencyMicroseconds),
+            commitLatency: LatencySummary(microseconds: setup.committed.latencies))
+        await setup.shutdown()
+        return result
+    }
+
+    private func pacedRun(url: String) async throws -> (ackLatency: LatencySummary, commitLatency: LatencySummary, persisted: Int, offered: Int) {
+        let setup = try await Setup.start(url: url, connections: connections, concurrency: concurrency, mode: .immediate)
+        defer { setup.stop() }
+        let total = rate * rateSeconds
+        let started = ContinuousClock.now
+        let interval = Duration.seconds(1) / rate
+        var injected = 0
+        while injected < total {
+            let due = min(total, Int((ContinuousClock.now - started) / interval) + 1)
+            while injected < due {
+                setup.simulator.injectUpstream(from: "device-\(injected % 1000)", category: "com.example.bench",
+                                               data: ["n": .string("\(injected)")], messageID: "paced-\(injected)")
+                injected += 1
+            }
+            try await Task.sleep(until: started + interval * (injected + 1), clock: .continuous)
+        }
+        let deadline = ContinuousClock.now + .seconds(60)
+        while setup.committed.count < total && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        let result = (LatencySummary(microseconds: setup.simulator.ackLatencyMicroseconds),
+                      LatencySummary(microseconds: setup.committed.latencies), setup.committed.count, total)
+        await setup.shutdown()
+        return result
+    }
+
+    // MARK: Helpers
+
+    private func makeSchema(_ schema: String) async throws -> String {
+        let admin = try await PostgresConnection.connect(databaseURL)
+        try await admin.execute("CREATE SCHEMA \(schema)")
+        await admin.close()
+        let url = databaseURL + (databaseURL.contains("?") ? "&" : "?") + "options=-csearch_path%3D\(schema)"
+        let connection = try await PostgresConnection.connect(url)
+        try await Migrator(directory: Migrator.defaultDirectory()).migrate(connection)
+        await connection.close()
+        return url
+    }
+
+    private func dropSchema(_ schema: String) async throws {
+        let admin = try await PostgresConnection.connect(databaseURL)
+        try await admin.execute("DROP SCHEMA \(schema) CASCADE")
+        await admin.close()
+    }
+
+    private func truncate(_ url: String) async throws {
+        let connection = try await PostgresConnection.connect(url)
+        try await connection.execute("TRUNCATE upstream_messages, processed_upstream, dead_letters")
+        try await connection.execute("CHECKPOINT")
+        await connection.close()
+    }
+
+    private func peakResidentMegabytes() -> Int {
+        guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
+              let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }),
+              let kilobytes = line.split(separator: " ").dropFirst().first.flatMap({ Int($0) }) else { return -1 }
+        return kilobytes / 1024
+    }
+}
+
+/// A simulator and a worker wired together for one benchmark phase.
+final class Setup: Sendable {
+    final class Commits: Sendable {
+        private let state = Mutex((count: 0, latencies: [UInt32]()))
+        var count: Int { state.withLock { $0.count } }
+        var latencies: [UInt32] { state.withLock { $0.latencies } }
+        func record(_ handled: [(String, Date)]) {
+            let now = Date()
+            state.withLock { state in
+                state.count += handled.count
+                for (_, receivedAt) in handled {
+                    state.latencies.append(UInt32(clamping: Int(now.timeIntervalSince(receivedAt) * 1_000_000)))
+                }
+            }
+        }
+    }
+
+    let simulator: CCSSimulator
+    let committed = Commits()
+    private let task = Mutex<Task<Void, any Error>?>(nil)
+
+    private init(simulator: CCSSimulator) {
+        self.simulator = simulator
+    }
+
+    static func start(url: String, connections: Int, concurrency: Int, mode: WorkerConfiguration.AckMode) async throws -> Setup {
+        let authority = try CertificateAuthority()
+        var simulatorConfiguration = SimulatorConfiguration(senderID: "123456789012", serverKey: "bench-key",
+                                                            identity: try authority.issueServerIdentity())
+        simulatorConfiguration.recordsEvents = false
+        let simulator = try CCSSimulator(configuration: simulatorConfiguration)
+        let caPath = FileManager.default.temporaryDirectory.appendingPathComponent("bench-ca-\(UUID()).pem").path
+        try authority.rootCertificatePEM.write(toFile: caPath, atomically: true, encoding: .utf8)
+        var configuration = WorkerConfiguration(senderID: "123456789012", serverKey: "bench-key")
+        configuration.host = "127.0.0.1"
+        configuration.port = simulator.port
+        configuration.caFile = caPath
+        configuration.databaseURL = url
+        configuration.connections = connections
+        configuration.concurrency = concurrency
+        configuration.pipeline.partitions = concurrency
+        configuration.ackMode = mode
+        configuration.spoolFile = FileManager.default.temporaryDirectory.appendingPathComponent("bench-spool-\(UUID())").path
+        configuration.migrationsDirectory = Migrator.defaultDirectory()
+        var handlers = UpstreamHandlers()
+        handlers.register("store", StoreHandler())
+        let setup = Setup(simulator: simulator)
+        let worker = FCMWorker(configuration: configuration, handlers: handlers, logger: Logger(label: "bench", minimumLevel: .warning),
+                               observer: { [committed = setup.committed] event in
+                                   if case .committed(let handled, _, _) = event { committed.record(handled) }
+                               })
+        setup.task.withLock { $0 = Task { try await worker.run() } }
+        try await simulator.waitForBoundSessions(connections, timeout: .seconds(30))
+        return setup
+    }
+
+    /// Stops the worker gracefully, then the simulator.
+    func shutdown() async {
+        let task = self.task.withLock { $0 }
+        task?.cancel()
+        _ = try? await task?.value
+        simulator.stop()
+    }
+
+    /// Best-effort stop on error paths.
+    func stop() {
+        task.withLock { $0 }?.cancel()
+        simulator.stop()
+    }
+}
+
+/// p50 / p99 / p99.9 / max of a set of latencies.
+struct LatencySummary: CustomStringConvertible {
+    let sorted: [UInt32]
+
+    init(microseconds: [UInt32]) {
+        sorted = microseconds.sorted()
+    }
+
+    func percentile(_ p: Double) -> Double {
+        guard !sorted.isEmpty else { return .nan }
+        let index = min(sorted.count - 1, Int((p / 100 * Double(sorted.count)).rounded(.up)) - 1)
+        return Double(sorted[max(0, index)]) / 1000
+    }
+
+    var description: String {
+        guard !sorted.isEmpty else { return "no samples" }
+        return String(format: "p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms, max %.1f ms (%d samples)",
+                      percentile(50), percentile(99), percentile(99.9), Double(sorted.last!) / 1000, sorted.count)
+    }
+}
+
+extension Duration {
+    var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
+}

@@ -1,0 +1,295 @@
+import FCM
+import Foundation
+import Handlers
+import Postgres
+import Simulator
+import Synchronization
+import Testing
+import Worker
+import XMPP
+
+/// Records the order in which it handles messages (a sequence number per handling).
+struct OrderRecorder: UpstreamHandler {
+    func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws {
+        context.execute("INSERT INTO handled_order (message_id, from_token, seq) VALUES ($1, $2, nextval('handled_seq'))",
+                        [.text(message.messageID), .text(message.from)])
+    }
+}
+
+/// Fails on purpose: `data.fail` = "always", or "N" to fail the first N attempts.
+final class FlakyHandler: UpstreamHandler {
+    struct Planned: Error, CustomStringConvertible { let description: String }
+    private let attempts = Mutex<[String: Int]>([:])
+
+    func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws {
+        guard let plan = message.data["fail"] else { return }
+        let attempt = attempts.withLock { $0[message.messageID, default: 0] += 1; return $0[message.messageID]! }
+        if plan == "always" || attempt <= Int(plan) ?? 0 {
+            context.execute("INSERT INTO handled_order (message_id, from_token, seq) VALUES ('never', 'never', 0)")
+            throw Planned(description: "planned failure \(attempt) of \(message.messageID)")
+        }
+    }
+
+    func attemptsMade(_ id: String) -> Int { attempts.withLock { $0[id] ?? 0 } }
+}
+
+@Suite struct UpstreamSemanticsTests {
+    private func start(_ configuration: WorkerConfiguration, handlers: UpstreamHandlers) -> (Task<Void, any Error>, WorkerEvents) {
+        let events = WorkerEvents()
+        let worker = FCMWorker(configuration: configuration, handlers: handlers,
+                               logger: Logger(label: "test", minimumLevel: .error) { _ in }, observer: { events.record($0) })
+        return (Task { try await worker.run() }, events)
+    }
+
+    private func storeAndRecord() -> UpstreamHandlers {
+        var handlers = UpstreamHandlers()
+        handlers.register("store", StoreHandler())
+        handlers.register("order", OrderRecorder())
+        return handlers
+    }
+
+    private func addOrderTable(_ database: TestDatabase) async throws {
+        let connection = try await database.connect()
+        try await connection.simpleQuery("CREATE SEQUENCE handled_seq; CREATE TABLE handled_order (message_id text, from_token text, seq bigint)")
+        await connection.close()
+    }
+
+    @Test func tenThousandMessagesFromAHundredDevicesAreAckedAndStoredOnceInPerDeviceOrder() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        try await addOrderTable(database)
+        var configuration = try ccs.worker(database: database)
+        configuration.concurrency = 4
+        let (task, _) = start(configuration, handlers: storeAndRecord())
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        for index in 0..<10_000 {
+            ccs.simulator.injectUpstream(from: "device-\(index % 100)", data: ["n": .string("\(index)")], messageID: "m\(index)")
+        }
+        // CCS redelivers some of them (as after a lost ack): acked again, handled once.
+        for index in stride(from: 0, to: 10_000, by: 500) {
+            ccs.simulator.injectUpstream(from: "device-\(index % 100)", data: ["n": .string("\(index)")], messageID: "m\(index)")
+        }
+        try await ccs.simulator.wait(for: "10,020 acks", timeout: .seconds(60)) { $0.acked.count >= 10_020 }
+        let deadline = ContinuousClock.now + .seconds(30)
+        while try await database.count("upstream_messages") < 10_000, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        #expect(try await database.count("upstream_messages") == 10_000)
+        #expect(try await database.count("handled_order") == 10_000)
+        #expect(try await database.count("processed_upstream") == 10_000)
+        #expect(Set(ccs.simulator.events.acked).count == 10_000)
+        #expect(ccs.simulator.violations.isEmpty)
+        // Per device, the handling sequence follows arrival (injection) order.
+        let rows = try await database.query("SELECT from_token, message_id FROM handled_order ORDER BY seq")
+        var lastIndex: [String: Int] = [:]
+        var outOfOrder = 0
+        for row in rows {
+            let device = row.string(0)!, index = Int(row.string(1)!.dropFirst())!
+            if let last = lastIndex[device], last >= index { outOfOrder += 1 }
+            lastIndex[device] = index
+        }
+        #expect(outOfOrder == 0)
+        #expect(lastIndex.count == 100)
+        let sample = try await database.query("SELECT from_token, category, data->>'n' FROM upstream_messages WHERE message_id = 'm4321'")
+        #expect(sample.first?.values == ["device-21", "com.example.app", "4321"])
+    }
+
+    @Test func aFailingHandlerIsRetriedThenDeadLetteredWhileOthersGoOn() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        try await addOrderTable(database)
+        var configuration = try ccs.worker(database: database)
+        configuration.pipeline.maxAttempts = 3
+        configuration.pipeline.retryBase = .milliseconds(50)
+        let flaky = FlakyHandler()
+        var handlers = storeAndRecord()
+        handlers.register("flaky", flaky)
+        let (task, events) = start(configuration, handlers: handlers)
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        ccs.simulator.injectUpstream(from: "dev", data: ["fail": .string("always")], messageID: "doomed")
+        ccs.simulator.injectUpstream(from: "dev", data: ["fail": .string("2")], messageID: "recovers")
+        ccs.simulator.injectUpstream(from: "dev", messageID: "after")
+        try await events.wait(for: "the dead letter", timeout: .seconds(20)) { events in
+            events.contains { if case .committed(_, _, let dead) = $0 { dead.contains("doomed") } else { false } }
+        }
+        try await events.wait(for: "the recovered message", timeout: .seconds(20)) { events in
+            events.contains { if case .committed(let handled, _, _) = $0 { handled.contains { $0.0 == "recovers" } } else { false } }
+        }
+        // Each attempt ran the handler; when the first failure happens inside a batch, that
+        // costs one more run (rolled back) before the message is isolated.
+        #expect((3...4).contains(flaky.attemptsMade("doomed")))
+        #expect(flaky.attemptsMade("recovers") == 3)
+        // The failing message's writes rolled back each time; the others' stayed.
+        #expect(try await database.count("handled_order", where: "message_id = 'never'") == 0)
+        #expect(try await database.count("upstream_messages", where: "message_id IN ('recovers', 'after')") == 2)
+        #expect(try await database.count("upstream_messages", where: "message_id = 'doomed'") == 0)
+        let letter = try await database.query("SELECT reason, attempts, error, from_token FROM dead_letters WHERE message_id = 'doomed'")
+        #expect(letter.first?.string(0) == "handler_failed")
+        #expect(letter.first?.int(1) == 3)
+        #expect(letter.first?.string(2)?.contains("planned failure \(flaky.attemptsMade("doomed")) of doomed") == true)
+        #expect(try await database.query("SELECT outcome FROM processed_upstream WHERE message_id = 'doomed'").first?.string(0) == "dead_lettered")
+        let retries = events.all.filter { if case .retryScheduled = $0 { true } else { false } }
+        #expect(retries.count == 4)  // two for each failing message before its third attempt
+        // A redelivery of the dead-lettered message is acked and not handled again.
+        ccs.simulator.injectUpstream(from: "dev", data: ["fail": .string("always")], messageID: "doomed")
+        let runsBefore = flaky.attemptsMade("doomed")
+        try await ccs.simulator.wait(for: "the redelivery's ack") { $0.acked.filter { $0 == "doomed" }.count == 2 }
+        ccs.simulator.injectUpstream(from: "dev", messageID: "marker")
+        try await events.wait(for: "a later message to commit") { events in
+            events.contains { if case .committed(let handled, _, _) = $0 { handled.contains { $0.0 == "marker" } } else { false } }
+        }
+        #expect(flaky.attemptsMade("doomed") == runsBefore)
+    }
+
+    @Test func unackableAndUnreadableMessagesAreDeadLetteredWithTheirRawPayload() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let (task, _) = start(try ccs.worker(database: database), handlers: storeAndRecordWithoutOrder())
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        ccs.simulator.injectRaw(json: "{\"from\":\"device\",\"category\":\"c\",\"data\":{\"x\":\"1\"}}", messageID: nil, from: "device")
+        ccs.simulator.injectRaw(json: "{not json", messageID: nil, from: nil)
+        let deadline = ContinuousClock.now + .seconds(10)
+        while try await database.count("dead_letters") < 2, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        let rows = try await database.query("SELECT reason, raw_payload, from_token FROM dead_letters ORDER BY id")
+        #expect(rows.map { $0.string(0) } == ["unackable", "unreadable"])
+        #expect(rows.first?.string(1) == "{\"from\":\"device\",\"category\":\"c\",\"data\":{\"x\":\"1\"}}")
+        #expect(rows.first?.string(2) == "device")
+        #expect(rows.last?.string(1) == "{not json")
+        #expect(ccs.simulator.events.acked.isEmpty)
+    }
+
+    private func storeAndRecordWithoutOrder() -> UpstreamHandlers {
+        var handlers = UpstreamHandlers()
+        handlers.register("store", StoreHandler())
+        return handlers
+    }
+
+    @Test func aDatabaseOutageMidRunLosesNoAckedMessage() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let (database, name) = try await TestDatabase.makeDedicated()
+        var configuration = try ccs.worker(database: database)
+        configuration.pipeline.databaseRetryBase = .milliseconds(50)
+        configuration.pipeline.databaseRetryCap = .milliseconds(200)
+        let (task, events) = start(configuration, handlers: storeAndRecordWithoutOrder())
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        for index in 0..<500 { ccs.simulator.injectUpstream(from: "d\(index % 10)", messageID: "a\(index)") }
+        try await ccs.simulator.wait(for: "the first acks") { $0.acked.count >= 500 }
+        try await TestDatabase.cutOff(name)
+        for index in 0..<500 { ccs.simulator.injectUpstream(from: "d\(index % 10)", messageID: "b\(index)") }
+        try await ccs.simulator.wait(for: "acks during the outage") { $0.acked.count >= 1000 }
+        try await events.wait(for: "the outage to be noticed") { events in
+            events.contains { if case .databaseUnavailable = $0 { true } else { false } }
+        }
+        try await TestDatabase.restore(name)
+        let deadline = ContinuousClock.now + .seconds(20)
+        while try await database.count("upstream_messages") < 1000, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        #expect(try await database.count("upstream_messages") == 1000)
+        #expect(try await database.count("processed_upstream") == 1000)
+    }
+
+    @Test func acksMadeWhileTheDatabaseIsDownAreSpooledAtShutdownAndReplayedAtTheNextStart() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let (database, name) = try await TestDatabase.makeDedicated()
+        var configuration = try ccs.worker(database: database)
+        configuration.shutdownTimeout = .milliseconds(500)
+        configuration.pipeline.databaseRetryBase = .milliseconds(50)
+        let (first, events) = start(configuration, handlers: storeAndRecordWithoutOrder())
+        try await ccs.simulator.waitForBoundSessions(1)
+        try await TestDatabase.cutOff(name)
+        for index in 0..<50 { ccs.simulator.injectUpstream(from: "d", messageID: "s\(index)") }
+        try await ccs.simulator.wait(for: "50 acks") { $0.acked.count >= 50 }
+        first.cancel()
+        try await first.value
+        #expect(events.all.contains { if case .spooled(50, _) = $0 { true } else { false } })
+        let spooled = try String(contentsOfFile: configuration.spoolFile, encoding: .utf8).split(separator: "\n")
+        #expect(spooled.count == 50)
+
+        try await TestDatabase.restore(name)
+        let (second, replayEvents) = start(configuration, handlers: storeAndRecordWithoutOrder())
+        defer { second.cancel() }
+        try await replayEvents.wait(for: "the replay") { events in
+            events.contains { if case .replayed(50) = $0 { true } else { false } }
+        }
+        #expect(try await database.count("upstream_messages") == 50)
+        #expect(!FileManager.default.fileExists(atPath: configuration.spoolFile))
+    }
+}
+
+@Suite struct MigrationTests {
+    @Test func migrationsAreIdempotentAndSafeWhenTwoRunAtOnce() async throws {
+        let database = try await TestDatabase.make(migrated: false)
+        let migrator = try Migrator(directory: TestDatabase.migrationsDirectory)
+        #expect(migrator.migrations.map(\.version) == [1, 2])
+        let applied = try await withThrowingTaskGroup(of: [String].self) { group in
+            for _ in 0..<2 {
+                group.addTask {
+                    let connection = try await database.connect()
+                    defer { Task { await connection.close() } }
+                    return try await migrator.migrate(connection)
+                }
+            }
+            return try await group.reduce(into: [[String]]()) { $0.append($1) }
+        }
+        #expect(applied.flatMap { $0 }.sorted() == ["0001_upstream", "0002_outbox"])
+        #expect(try await database.count("schema_migrations") == 2)
+        let connection = try await database.connect()
+        #expect(try await migrator.migrate(connection).isEmpty)
+        #expect(try await migrator.pending(connection).isEmpty)
+        await connection.close()
+    }
+
+    @Test func aChangedMigrationIsRefusedAndPendingOnesBlockTheWorker() async throws {
+        let database = try await TestDatabase.make(migrated: false)
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("migrations-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        try "CREATE TABLE a (id int);".write(toFile: directory + "/0001_a.sql", atomically: true, encoding: .utf8)
+        let connection = try await database.connect()
+        defer { Task { await connection.close() } }
+        #expect(try await Migrator(directory: directory).migrate(connection) == ["0001_a"])
+        try "CREATE TABLE b (id int);".write(toFile: directory + "/0002_b.sql", atomically: true, encoding: .utf8)
+        #expect(try await Migrator(directory: directory).pending(connection) == ["0002_b"])
+        try "CREATE TABLE a (id bigint);".write(toFile: directory + "/0001_a.sql", atomically: true, encoding: .utf8)
+        do {
+            _ = try await Migrator(directory: directory).migrate(connection)
+            Issue.record("a changed migration was accepted")
+        } catch let error as Migrator.MigrationError {
+            #expect(error.description.contains("0001_a.sql changed after it was applied"))
+        }
+        try "x".write(toFile: directory + "/12_bad.sql", atomically: true, encoding: .utf8)
+        #expect(throws: Migrator.MigrationError.self) { try Migrator(directory: directory) }
+    }
+
+    @Test func theWorkerRefusesToStartOnPendingMigrations() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make(migrated: false)
+        let configuration = try ccs.worker(database: database)
+        let worker = FCMWorker(configuration: configuration, handlers: UpstreamHandlers(), logger: Logger(label: "t", minimumLevel: .error) { _ in })
+        do {
+            try await worker.run()
+            Issue.record("started with pending migrations")
+        } catch let error as ConfigurationError {
+            #expect(error.description.contains("pending migration"))
+            #expect(error.description.contains("--migrate"))
+        }
+        var migrating = configuration
+        migrating.migrate = true
+        let task = Task { try await FCMWorker(configuration: migrating, handlers: UpstreamHandlers(),
+                                              logger: Logger(label: "t", minimumLevel: .error) { _ in }).run() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        task.cancel()
+        try await task.value
+        #expect(try await database.count("schema_migrations") == 2)
+    }
+}
