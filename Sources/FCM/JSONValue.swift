@@ -32,10 +32,10 @@ public enum JSONValue: Sendable, Equatable, Codable, CustomStringConvertible {
         }
     }
 
-    /// Parses JSON text.
-    /// - Throws: `DecodingError` for text that is not JSON.
+    /// Parses JSON text (strict RFC 8259, nesting up to 64 levels).
+    /// - Throws: an error naming the problem and its byte offset.
     public static func parse(_ text: String) throws -> JSONValue {
-        try JSONDecoder().decode(JSONValue.self, from: Data(text.utf8))
+        try JSONParser.parse(text)
     }
 
     /// The member `key` of an object.
@@ -96,6 +96,11 @@ public enum JSONValue: Sendable, Equatable, Codable, CustomStringConvertible {
     /// Appends `text` as a JSON string literal.
     public static func appendQuoted(_ text: String, to output: inout String) {
         output += "\""
+        if !text.utf8.contains(where: { $0 < 0x20 || $0 == 0x22 || $0 == 0x5C }) {
+            output += text
+            output += "\""
+            return
+        }
         for scalar in text.unicodeScalars {
             switch scalar {
             case "\"": output += "\\\""

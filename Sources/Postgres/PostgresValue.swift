@@ -31,21 +31,23 @@ public enum PostgresValue: Sendable, Equatable {
     }
 
     private static func arrayLiteral(_ values: [PostgresValue]) -> String {
-        var literal = "{"
+        var literal: [UInt8] = [UInt8(ascii: "{")]
+        literal.reserveCapacity(values.count * 24)
         for (index, value) in values.enumerated() {
-            if index > 0 { literal += "," }
+            if index > 0 { literal.append(UInt8(ascii: ",")) }
             guard let text = value.textEncoding else {
-                literal += "NULL"
+                literal.append(contentsOf: "NULL".utf8)
                 continue
             }
-            literal += "\""
-            for character in text.unicodeScalars {
-                if character == "\"" || character == "\\" { literal += "\\" }
-                literal.unicodeScalars.append(character)
+            literal.append(UInt8(ascii: "\""))
+            for byte in text.utf8 {
+                if byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") { literal.append(UInt8(ascii: "\\")) }
+                literal.append(byte)
             }
-            literal += "\""
+            literal.append(UInt8(ascii: "\""))
         }
-        return literal + "}"
+        literal.append(UInt8(ascii: "}"))
+        return String(decoding: literal, as: UTF8.self)
     }
 }
 
@@ -65,8 +67,27 @@ enum PostgresTimestamp {
         var time = time_t(seconds)
         var parts = tm()
         gmtime_r(&time, &parts)
-        return String(format: "%04d-%02d-%02d %02d:%02d:%02d.%06lld+00", parts.tm_year + 1900, parts.tm_mon + 1, parts.tm_mday,
-                      parts.tm_hour, parts.tm_min, parts.tm_sec, fraction)
+        var text: [UInt8] = []
+        text.reserveCapacity(29)
+        func digits(_ value: Int, _ width: Int) {
+            var divisor = 1
+            for _ in 1..<width { divisor *= 10 }
+            var rest = value
+            while divisor > 0 {
+                text.append(UInt8(48 + rest / divisor % 10))
+                rest %= divisor
+                divisor /= 10
+            }
+        }
+        digits(Int(parts.tm_year) + 1900, 4); text.append(UInt8(ascii: "-"))
+        digits(Int(parts.tm_mon) + 1, 2); text.append(UInt8(ascii: "-"))
+        digits(Int(parts.tm_mday), 2); text.append(UInt8(ascii: " "))
+        digits(Int(parts.tm_hour), 2); text.append(UInt8(ascii: ":"))
+        digits(Int(parts.tm_min), 2); text.append(UInt8(ascii: ":"))
+        digits(Int(parts.tm_sec), 2); text.append(UInt8(ascii: "."))
+        digits(Int(fraction), 6)
+        text.append(contentsOf: "+00".utf8)
+        return String(decoding: text, as: UTF8.self)
     }
 
     /// Parses `YYYY-MM-DD HH:MM:SS[.ffffff][+HH[:MM[:SS]]]` as PostgreSQL prints it with DateStyle ISO.

@@ -49,6 +49,9 @@ package final class StreamLoop: @unchecked Sendable {
     private let wakeReadFD: Int32
     private let wakeWriteFD: Int32
     private let closeRequest = Mutex<CloseRequest?>(nil)
+    /// True while a wake byte is in the pipe (set by wakers, cleared by the loop before it
+    /// looks at its queues, so no wakeup is lost).
+    private let wakePending: WakePendingFlag
 
     // Thread-confined state below.
     private let origin: Origin
@@ -92,7 +95,11 @@ package final class StreamLoop: @unchecked Sendable {
         self.parserLimits = (maxStanzaBytes, maxDepth)
         self.parser = XMLStreamParser(maxStanzaBytes: maxStanzaBytes, maxDepth: maxDepth)
         self.driver = driver
+        let wakePending = WakePendingFlag()
+        self.wakePending = wakePending
         self.outbound = OutboundBuffer(capacity: outboundCapacity) {
+            // One byte in the pipe is enough to wake the loop: skip the syscall while one is there.
+            guard wakePending.claim() else { return }
             var byte: UInt8 = 1
             _ = Glibc.write(writeFD, &byte, 1)
         }
@@ -113,6 +120,7 @@ package final class StreamLoop: @unchecked Sendable {
 
     /// Makes the loop turn (and call `streamDidWake`) soon. Safe from any thread.
     package func wake() {
+        guard wakePending.claim() else { return }
         var byte: UInt8 = 1
         _ = Glibc.write(wakeWriteFD, &byte, 1)
     }
@@ -374,9 +382,13 @@ package final class StreamLoop: @unchecked Sendable {
         }
     }
 
+    /// Empties the wake pipe, then allows the next wake to write again. In this order a
+    /// wake that races with the drain either leaves its byte for the next poll or finds the
+    /// flag still set, and its work was queued before it tried, so this turn sees it.
     private func drainWakePipe() {
-        var scratch = [UInt8](repeating: 0, count: 64)
-        while Glibc.read(wakeReadFD, &scratch, scratch.count) > 0 {}
+        var scratch = (UInt64(0), UInt64(0), UInt64(0), UInt64(0))
+        while withUnsafeMutableBytes(of: &scratch, { Glibc.read(wakeReadFD, $0.baseAddress, $0.count) }) > 0 {}
+        wakePending.reset()
     }
 
     private func end(_ reason: XMPPError) {
@@ -389,4 +401,15 @@ package final class StreamLoop: @unchecked Sendable {
         _ = outbound.takeAll()
         driver.streamDidEnd(self, reason: reason)
     }
+}
+
+/// Whether a wake byte is already in a loop's pipe.
+final class WakePendingFlag: Sendable {
+    private let pending = Atomic(false)
+
+    /// True if the caller must write the wake byte (nobody else has since the last reset).
+    func claim() -> Bool { !pending.exchange(true, ordering: .acquiringAndReleasing) }
+
+    /// Called by the loop before it drains the pipe and looks at its queues.
+    func reset() { pending.store(false, ordering: .sequentiallyConsistent) }
 }

@@ -75,28 +75,28 @@ struct UpstreamBench {
     let rateSeconds: Int
 
     func run() async throws {
-        print("fcm-worker bench upstream: \(messages) messages per run, \(connections) connection(s), \(concurrency) lane(s), "
+        say("fcm-worker bench upstream: \(messages) messages per run, \(connections) connection(s), \(concurrency) lane(s), "
               + "\(ProcessInfo.processInfo.activeProcessorCount) cores; simulator in-process over TLS on loopback")
         let schema = "bench_\(UInt32.random(in: 0...UInt32.max))"
         let url = try await makeSchema(schema)
         defer { Task { try? await dropSchema(schema) } }
 
         let ceiling = try await rawCeiling(url: url, rows: min(messages, 200_000))
-        print(String(format: "raw PostgreSQL ceiling: %.0f rows/s (100-row INSERT transactions, one connection)", ceiling))
+        say(String(format: "raw PostgreSQL ceiling: %.0f rows/s (100-row INSERT transactions, one connection)", ceiling))
 
         for mode in [WorkerConfiguration.AckMode.immediate, .durable] {
             try await truncate(url)
             let result = try await throughputRun(url: url, mode: mode)
-            print(String(format: "%@ ack mode: acked %.0f msgs/s, persisted %.0f msgs/s = %.0f%% of the ceiling", mode.rawValue,
+            say(String(format: "%@ ack mode: acked %.0f msgs/s, persisted %.0f msgs/s = %.0f%% of the ceiling", mode.rawValue,
                          result.ackedPerSecond, result.persistedPerSecond, 100 * result.persistedPerSecond / ceiling))
-            print("  ack latency (simulator-measured) \(result.ackLatency); receive-to-commit \(result.commitLatency)")
+            say("  ack latency (simulator-measured) \(result.ackLatency); receive-to-commit \(result.commitLatency)")
         }
 
         try await truncate(url)
         let paced = try await pacedRun(url: url)
-        print("latency at \(rate) msgs/s offered for \(rateSeconds) s (immediate mode): ack \(paced.ackLatency); "
+        say("latency at \(rate) msgs/s offered for \(rateSeconds) s (immediate mode): ack \(paced.ackLatency); "
               + "receive-to-commit \(paced.commitLatency); persisted \(paced.persisted) of \(paced.offered)")
-        print("peak RSS (worker and simulator in one process): \(peakResidentMegabytes()) MB")
+        say("peak RSS (worker and simulator in one process): \(peakResidentMegabytes()) MB")
     }
 
     // MARK: Phases
@@ -314,4 +314,9 @@ struct LatencySummary: CustomStringConvertible {
 
 extension Duration {
     var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
+}
+
+/// Prints a line at once (standard output may be a file or pipe, where `print` buffers).
+func say(_ line: String) {
+    FileHandle.standardOutput.write(Data((line + "\n").utf8))
 }

@@ -132,8 +132,13 @@ final class FlakyHandler: UpstreamHandler {
         #expect(letter.first?.int(1) == 3)
         #expect(letter.first?.string(2)?.contains("planned failure \(flaky.attemptsMade("doomed")) of doomed") == true)
         #expect(try await database.query("SELECT outcome FROM processed_upstream WHERE message_id = 'doomed'").first?.string(0) == "dead_lettered")
-        let retries = events.all.filter { if case .retryScheduled = $0 { true } else { false } }
-        #expect(retries.count == 4)  // two for each failing message before its third attempt
+        func retries(of id: String) -> Int {
+            events.all.count { if case .retryScheduled(id, _, _) = $0 { true } else { false } }
+        }
+        #expect(retries(of: "doomed") == 2)  // attempts 1 and 2 are retried, attempt 3 is final
+        // "recovers" fails its first two handler runs; whether the first was inside a batch
+        // decides whether that took one pipeline attempt or two.
+        #expect((1...2).contains(retries(of: "recovers")))
         // A redelivery of the dead-lettered message is acked and not handled again.
         ccs.simulator.injectUpstream(from: "dev", data: ["fail": .string("always")], messageID: "doomed")
         let runsBefore = flaky.attemptsMade("doomed")

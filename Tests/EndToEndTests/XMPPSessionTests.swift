@@ -285,3 +285,47 @@ import XMPP
         #expect(await connection.closed() == .closedByPeer)
     }
 }
+
+/// Many tasks sending at once: every stanza arrives (a lost wakeup of the connection's
+/// thread would strand queued stanzas until this times out).
+@Suite struct ConcurrentSendTests {
+    @Test func twentyThousandStanzasFromFourTasksAllArrive() async throws {
+        let ccs = try TestCCS(configure: { $0.maxPendingDownstream = .max; $0.responder = { _ in .noAnswer } })
+        defer { ccs.simulator.stop() }
+        let (connection, _) = try await ccs.connect()
+        // The server never answers, so nothing but the senders' wakeups turns the
+        // connection's loop: a lost wakeup stalls the senders (until a ping 60 s later).
+        let finished = try await completes(within: .seconds(20)) {
+          try await withThrowingTaskGroup(of: Void.self) { group in
+            for sender in 0..<4 {
+                group.addTask {
+                    for index in 0..<5000 {
+                        try await connection.send(serialized: CCSStanza.message(json: "{\"to\":\"t\",\"message_id\":\"s\(sender)-\(index)\"}"))
+                        if index % 100 == 0 { await Task.yield() }
+                    }
+                }
+            }
+            try await group.waitForAll()
+          }
+        }
+        #expect(finished, "the senders stalled")
+        let deadline = ContinuousClock.now + .seconds(20)
+        while ccs.simulator.counters.downstreamReceived < 20_000, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        #expect(ccs.simulator.counters.downstreamReceived == 20_000)
+        await connection.close()
+    }
+}
+
+/// Runs `body`; false if it has not finished within `limit` (it is then cancelled). A hang
+/// detector with a generous limit, not a speed assertion.
+func completes(within limit: Duration, _ body: @escaping @Sendable () async throws -> Void) async throws -> Bool {
+    try await withThrowingTaskGroup(of: Bool.self) { group in
+        group.addTask { try await body(); return true }
+        group.addTask { try await Task.sleep(for: limit); return false }
+        let first = try await group.next() ?? false
+        group.cancelAll()
+        return first
+    }
+}
