@@ -42,7 +42,9 @@ final class CCSConnectionSlot: Sendable {
             let started = ContinuousClock.now
             var reconnectAtOnce = false
             do {
-                let connection = try await XMPPConnection.connect(configuration.xmppClient, tls: tls, label: label)
+                var client = configuration.xmppClient
+                client.interceptor = CCSAckInterceptor(ackMode: configuration.ackMode)
+                let connection = try await XMPPConnection.connect(client, tls: tls, label: label)
                 current.withLock { $0 = connection }
                 if shutdown.isRequested { connection.stopReceiving() }
                 logger.info("connected to \(configuration.host):\(configuration.port), bound as \(connection.boundJID)")
@@ -78,29 +80,33 @@ final class CCSConnectionSlot: Sendable {
     /// Reads stanzas until the stream ends or receiving stops; true if CCS drained it.
     private func serve(_ connection: XMPPConnection) async -> Bool {
         var drained = false
-        while let stanza = await connection.next() {
-            if await handle(stanza, on: connection) { drained = true }
+        while let received = await connection.nextReceived() {
+            if await handle(received, on: connection) { drained = true }
         }
         return drained
     }
 
-    /// Returns true when CCS announced it is draining this connection.
-    private func handle(_ stanza: XMLElement, on connection: XMPPConnection) async -> Bool {
+    /// Returns true when CCS announced it is draining this connection. The connection's
+    /// thread already decoded the stanza and, where the mode says so, acked it.
+    private func handle(_ received: ReceivedStanza, on connection: XMPPConnection) async -> Bool {
+        let stanza = received.element
         if stanza.name == "message", stanza.attribute("type") == "error" {
             let condition = stanza.child("error")?.elements.first?.name ?? "unknown"
             let text = stanza.child("error")?.child("text")?.text ?? ""
             logger.warning("stanza error for id \(stanza.attribute("id") ?? "?"): \(condition) \(text)")
             return false
         }
-        guard let payload = CCSStanza.payload(of: stanza) else {
+        guard let intercepted = received.attachment as? InterceptedCCS, let payload = intercepted.payload,
+              let decoded = intercepted.decoded else {
             logger.debug("ignored stanza <\(stanza.name)>")
             return false
         }
-        let receivedAt = Date()
+        let receivedAt = intercepted.receivedAt
         let message: CCSMessage
-        do {
-            message = try CCSMessage.decode(json: payload)
-        } catch {
+        switch decoded {
+        case .success(let value):
+            message = value
+        case .failure(let error):
             logger.warning("unreadable CCS message, dead-lettered: \(error)")
             observer?(.unreadable(slot: index, reason: error.description))
             await pipeline.submit(UpstreamWork(kind: .deadLetter(.init(
@@ -118,26 +124,22 @@ final class CCSConnectionSlot: Sendable {
                     attempts: 0, receivedAt: receivedAt))))
                 return false
             }
-            let work = UpstreamWork(kind: .message(UpstreamMessage(
+            var work = UpstreamWork(kind: .message(UpstreamMessage(
                 messageID: messageID, from: from, category: upstream.category, rawData: upstream.data,
                 raw: upstream.raw, rawPayload: payload, connection: label, receivedAt: receivedAt)))
-            let ack = CCSStanza.ack(to: from, messageID: messageID)
-            switch configuration.ackMode {
-            case .immediate:
-                await send(ack, messageID: messageID, on: connection, message: message)
-                await pipeline.submit(work)
-            case .durable:
-                var durable = work
-                let slot = self
-                durable.ack = { await slot.send(ack, messageID: messageID, on: connection, message: message) }
-                await pipeline.submit(durable)
+            if intercepted.acked {
+                observer?(.acked(slot: index, messageID: messageID, message: message))
+            } else {
+                let ack = CCSStanza.ack(to: from, messageID: messageID)
+                work.ack = { [self] in await send(ack, messageID: messageID, on: connection, message: message) }
             }
+            await pipeline.submit(work)
         case .receipt(let receipt):
-            guard let messageID = receipt.messageID, let from = receipt.from else {
+            if intercepted.acked, let messageID = receipt.messageID {
+                observer?(.acked(slot: index, messageID: messageID, message: message))
+            } else {
                 logger.warning("a receipt without message_id or from: \(payload.prefix(200))")
-                return false
             }
-            await send(CCSStanza.ack(to: from, messageID: messageID), messageID: messageID, on: connection, message: message)
         case .ack(let messageID, _, _):
             logger.debug("CCS acked \(messageID)")
         case .nack(let messageID, _, let error, let description, _):

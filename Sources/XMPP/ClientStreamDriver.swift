@@ -12,8 +12,11 @@ final class ClientStreamDriver: StreamDriver {
     private var negotiationDeadline: ContinuousClock.Instant?
     private var established = false
 
+    private let interceptor: (any StanzaInterceptor)?
+
     init(configuration: XMPPClientConfiguration, inbox: StanzaInbox) {
         self.inbox = inbox
+        self.interceptor = configuration.interceptor
         self.negotiation = SessionNegotiation(credentials: configuration.credentials)
         self.liveness = LivenessMonitor(idleInterval: configuration.pingInterval, timeout: configuration.pingTimeout)
         self.negotiationDeadline = .now + configuration.negotiationTimeout
@@ -62,7 +65,17 @@ final class ClientStreamDriver: StreamDriver {
                 established = true
                 negotiationDeadline = nil
                 establishment.complete(.success(jid))
-            case .deliver(let stanza): _ = inbox.push(stanza)
+            case .deliver(let stanza):
+                guard let interceptor else {
+                    inbox.push(ReceivedStanza(element: stanza))
+                    continue
+                }
+                let interception = interceptor.intercept(stanza)
+                // Queue first: a reply (an ack) goes out only for a stanza the consumer gets.
+                if inbox.push(ReceivedStanza(element: stanza, attachment: interception.attachment)).accepted,
+                   let reply = interception.reply {
+                    loop.write(reply)
+                }
             case .fail(let error):
                 loop.close(reason: error)
                 return

@@ -9,9 +9,9 @@ import Synchronization
 /// capacity, never more.
 final class StanzaInbox: Sendable {
     private struct State {
-        var items: [XMLElement] = []
+        var items: [ReceivedStanza] = []
         var head = 0
-        var waiting: CheckedContinuation<XMLElement?, Never>?
+        var waiting: CheckedContinuation<ReceivedStanza?, Never>?
         var finished = false
         var stopped = false
     }
@@ -25,19 +25,28 @@ final class StanzaInbox: Sendable {
         self.onSpace = onSpace
     }
 
-    /// Adds a stanza; returns false when the inbox is now full (the caller pauses reading).
-    func push(_ stanza: XMLElement) -> Bool {
-        let (waiter, hasRoom) = state.withLock { state -> (CheckedContinuation<XMLElement?, Never>?, Bool) in
-            if state.stopped { return (nil, false) }
+    /// What became of a pushed stanza.
+    struct PushResult: Equatable {
+        /// False after `stop()`: the stanza was discarded (it must not be acked).
+        var accepted: Bool
+        /// False when the inbox is now full (the caller pauses reading).
+        var hasRoom: Bool
+    }
+
+    /// Adds a stanza for the consumer.
+    @discardableResult
+    func push(_ stanza: ReceivedStanza) -> PushResult {
+        let (waiter, result) = state.withLock { state -> (CheckedContinuation<ReceivedStanza?, Never>?, PushResult) in
+            if state.stopped { return (nil, PushResult(accepted: false, hasRoom: false)) }
             if let waiter = state.waiting {
                 state.waiting = nil
-                return (waiter, true)
+                return (waiter, PushResult(accepted: true, hasRoom: true))
             }
             state.items.append(stanza)
-            return (nil, state.items.count - state.head < capacity)
+            return (nil, PushResult(accepted: true, hasRoom: state.items.count - state.head < capacity))
         }
         waiter?.resume(returning: stanza)
-        return hasRoom
+        return result
     }
 
     /// True while the consumer has room for more.
@@ -45,7 +54,7 @@ final class StanzaInbox: Sendable {
 
     /// Ends the sequence now, discarding what is queued (the consumer stops receiving).
     func stop() {
-        let waiter = state.withLock { state -> CheckedContinuation<XMLElement?, Never>? in
+        let waiter = state.withLock { state -> CheckedContinuation<ReceivedStanza?, Never>? in
             state.finished = true
             state.stopped = true
             state.items.removeAll()
@@ -64,7 +73,7 @@ final class StanzaInbox: Sendable {
 
     /// Ends the sequence after the stanzas already queued.
     func finish() {
-        let waiter = state.withLock { state -> CheckedContinuation<XMLElement?, Never>? in
+        let waiter = state.withLock { state -> CheckedContinuation<ReceivedStanza?, Never>? in
             state.finished = true
             defer { state.waiting = nil }
             return state.waiting
@@ -74,9 +83,9 @@ final class StanzaInbox: Sendable {
 
     /// The next stanza, or nil once the stream has ended and everything was taken.
     /// Only one task may wait at a time.
-    func next() async -> XMLElement? {
+    func next() async -> ReceivedStanza? {
         await withCheckedContinuation { continuation in
-            let (item, wasFull) = state.withLock { state -> (XMLElement??, Bool) in
+            let (item, wasFull) = state.withLock { state -> (ReceivedStanza??, Bool) in
                 if state.head < state.items.count {
                     let wasFull = state.items.count - state.head >= capacity
                     let item = state.items[state.head]

@@ -18,6 +18,9 @@ public struct XMPPClientConfiguration: Sendable {
     public var inboundCapacity = 4096
     /// Bytes queued for writing before senders wait.
     public var outboundCapacityBytes = 1 << 20
+    /// Runs on the connection's thread for each received stanza (FCM acks upstream
+    /// messages from there).
+    public var interceptor: (any StanzaInterceptor)?
 
     public init(host: String, port: Int, credentials: SessionNegotiation.Credentials, trust: TLSTrust) {
         self.host = host

@@ -54,6 +54,12 @@ public final class XMPPConnection: Sendable {
 
     /// The next received stanza, or nil once the stream has ended (see `closed()`).
     public func next() async -> XMLElement? {
+        await inbox.next()?.element
+    }
+
+    /// The next received stanza with its interceptor's attachment, or nil once the stream
+    /// has ended.
+    public func nextReceived() async -> ReceivedStanza? {
         await inbox.next()
     }
 

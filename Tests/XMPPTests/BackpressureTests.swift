@@ -65,22 +65,30 @@ private func chunk(_ size: Int) -> OutboundBuffer.Chunk { .init(bytes: [UInt8](r
     @Test func aFullInboxAsksTheReaderToPauseAndWakesItWhenDrained() async {
         let wakes = Locked(0)
         let inbox = StanzaInbox(capacity: 2) { wakes.withLock { $0 += 1 } }
-        #expect(inbox.push(XMLElement("a")) == true)
-        #expect(inbox.push(XMLElement("b")) == false)   // full: stop reading
+        #expect(inbox.push(ReceivedStanza(element: XMLElement("a"))).hasRoom == true)
+        #expect(inbox.push(ReceivedStanza(element: XMLElement("b"))).hasRoom == false)   // full: stop reading
         #expect(!inbox.hasRoom)
-        #expect(await inbox.next()?.name == "a")
+        #expect(await inbox.next()?.element.name == "a")
         #expect(wakes.withLock { $0 } == 1)               // the reader is woken
         #expect(inbox.hasRoom)
         inbox.finish()
-        #expect(await inbox.next()?.name == "b")         // what was queued still comes out
+        #expect(await inbox.next()?.element.name == "b")         // what was queued still comes out
         #expect(await inbox.next() == nil)
     }
 
     @Test func aWaitingConsumerGetsTheNextStanzaDirectly() async {
         let inbox = StanzaInbox(capacity: 1) {}
-        let consumer = Task { await inbox.next()?.name }
+        let consumer = Task { await inbox.next()?.element.name }
         while !inbox.hasWaiter { await Task.yield() }
-        #expect(inbox.push(XMLElement("x")) == true)
+        #expect(inbox.push(ReceivedStanza(element: XMLElement("x"))) == .init(accepted: true, hasRoom: true))
         #expect(await consumer.value == "x")
+    }
+
+    @Test func aStoppedInboxRefusesStanzasSoThatTheyAreNotAcked() async {
+        let inbox = StanzaInbox(capacity: 4) {}
+        inbox.push(ReceivedStanza(element: XMLElement("queued")))
+        inbox.stop()
+        #expect(inbox.push(ReceivedStanza(element: XMLElement("late"))) == .init(accepted: false, hasRoom: false))
+        #expect(await inbox.next() == nil)
     }
 }
