@@ -52,13 +52,13 @@ final class StanzaInbox: Sendable {
     /// True while the consumer has room for more.
     var hasRoom: Bool { state.withLock { !$0.stopped && $0.items.count - $0.head < capacity } }
 
-    /// Ends the sequence now, discarding what is queued (the consumer stops receiving).
+    /// Refuses every further stanza (they are not acked, so CCS redelivers them) and ends
+    /// the sequence once the consumer has taken what is already queued: those may have
+    /// been acked by an interceptor and must not be dropped.
     func stop() {
         let waiter = state.withLock { state -> CheckedContinuation<ReceivedStanza?, Never>? in
             state.finished = true
             state.stopped = true
-            state.items.removeAll()
-            state.head = 0
             defer { state.waiting = nil }
             return state.waiting
         }

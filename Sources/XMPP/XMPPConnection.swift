@@ -81,9 +81,9 @@ public final class XMPPConnection: Sendable {
         _ = try? await ending.value()
     }
 
-    /// Stops handing out stanzas: `next()` returns nil from now on and the socket is no
-    /// longer read (stanzas not yet taken are discarded; CCS redelivers what was not
-    /// acked). Sending still works, so acks can be flushed before `close()`.
+    /// Stops receiving: the socket is no longer read and stanzas arriving from now on are
+    /// refused (not acked, so CCS redelivers them); `next()` returns what was already
+    /// queued, then nil. Sending still works, so acks can be flushed before `close()`.
     public func stopReceiving() {
         inbox.stop()
     }

@@ -1,0 +1,91 @@
+import FCM
+import Foundation
+import Simulator
+import Testing
+
+/// The worker as a process under signals: nothing acked is ever lost.
+@Suite struct ProcessLifecycleTests {
+    /// Starts `fcm-worker run` against `ccs` and `database` with extra flags.
+    private func startWorker(_ ccs: TestCCS, _ database: TestDatabase, spool: String, _ extra: [String]) throws -> (Process, Pipe) {
+        let configuration = try ccs.worker(database: database)
+        let process = Process()
+        process.executableURL = try CommandLineTests.executable
+        process.arguments = ["run", "--sender-id", TestCCS.senderID, "--server-key", TestCCS.serverKey,
+                             "--endpoint", "127.0.0.1:\(ccs.simulator.port)", "--ca-file", configuration.caFile!,
+                             "--database-url", database.url, "--migrations-dir", TestDatabase.migrationsDirectory,
+                             "--spool-file", spool] + extra
+        process.environment = ["PATH": "/usr/bin:/bin"]
+        let errors = Pipe()
+        process.standardError = errors
+        process.standardOutput = FileHandle.nullDevice
+        try process.run()
+        return (process, errors)
+    }
+
+    private func waitForExit(_ process: Process, limit: Duration = .seconds(30)) async throws {
+        let deadline = ContinuousClock.now + limit
+        while process.isRunning {
+            guard ContinuousClock.now < deadline else {
+                process.terminate()
+                throw SimulatorError("the worker did not exit within \(limit)")
+            }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+
+    private func storedIDs(_ database: TestDatabase) async throws -> Set<String> {
+        Set(try await database.query("SELECT message_id FROM upstream_messages").compactMap { $0.string(0) })
+    }
+
+    @Test func killDashNineInDurableModeLosesNothingAcked() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let spool = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID())").path
+        let (first, _) = try startWorker(ccs, database, spool: spool, ["--ack-mode", "durable"])
+        try await ccs.simulator.waitForBoundSessions(1)
+        for index in 0..<3000 { ccs.simulator.injectUpstream(from: "d\(index % 50)", messageID: "k\(index)") }
+        try await ccs.simulator.wait(for: "some acks", timeout: .seconds(30)) { $0.acked.count >= 300 }
+        kill(first.processIdentifier, SIGKILL)
+        try await waitForExit(first)
+        let ackedBeforeKill = Set(ccs.simulator.events.acked)
+        #expect(!ackedBeforeKill.isEmpty)
+        // Every message acked before the kill was already committed.
+        let stored = try await storedIDs(database)
+        let lostInKill = ackedBeforeKill.subtracting(stored)
+        #expect(lostInKill.isEmpty, "\(lostInKill.count) acked message(s) missing, e.g. \(lostInKill.prefix(5))")
+        #expect(!FileManager.default.fileExists(atPath: spool))
+
+        // CCS redelivers what was not acked; a new worker stores the rest, each once.
+        let (second, _) = try startWorker(ccs, database, spool: spool, ["--ack-mode", "durable"])
+        defer { if second.isRunning { second.terminate() } }
+        try await ccs.simulator.wait(for: "every message acked", timeout: .seconds(60)) { Set($0.acked).count >= 3000 }
+        kill(second.processIdentifier, SIGTERM)
+        try await waitForExit(second)
+        #expect(second.terminationStatus == 0)
+        #expect(try await database.count("upstream_messages") == 3000)
+        #expect(try await database.count("processed_upstream") == 3000)
+    }
+
+    @Test func sigtermWithWorkInFlightCommitsEverythingAckedAndExitsZero() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let spool = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID())").path
+        let (worker, errors) = try startWorker(ccs, database, spool: spool, [])
+        try await ccs.simulator.waitForBoundSessions(1)
+        for index in 0..<5000 { ccs.simulator.injectUpstream(from: "d\(index % 50)", messageID: "t\(index)") }
+        try await ccs.simulator.wait(for: "some acks", timeout: .seconds(30)) { $0.acked.count >= 500 }
+        kill(worker.processIdentifier, SIGTERM)
+        try await waitForExit(worker)
+        let log = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        #expect(worker.terminationStatus == 0, "\(log.suffix(2000))")
+        let acked = Set(ccs.simulator.events.acked)
+        let stored = try await storedIDs(database)
+        let lost = acked.subtracting(stored)
+        #expect(lost.isEmpty, "\(lost.count) acked message(s) neither stored nor spooled, e.g. \(lost.prefix(5))")
+        #expect(!FileManager.default.fileExists(atPath: spool))
+        #expect(log.contains("received SIGTERM"))
+        #expect(log.contains("stopped"))
+    }
+}
