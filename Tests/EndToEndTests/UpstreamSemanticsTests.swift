@@ -231,6 +231,54 @@ final class FlakyHandler: UpstreamHandler {
     }
 }
 
+/// Replies through the outbox, then fails when asked to (its reply must roll back too).
+struct ReplyingHandler: UpstreamHandler {
+    func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws {
+        context.reply(data: ["status": .string("registered")], options: ["time_to_live": .number(0)])
+        let rows = try await context.query("SELECT count(*) FROM downstream_messages WHERE source_message_id = $1", [.text(message.messageID)])
+        context.logger.debug("outbox rows for this message in its transaction: \(rows.first?.int(0) ?? -1)")
+        if message.data["explode"] == "yes" { throw FlakyHandler.Planned(description: "explode") }
+    }
+}
+
+@Suite struct HandlerRoutingTests {
+    @Test func routesSelectMessagesAndRepliesCommitWithTheirMessage() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        var configuration = try ccs.worker(database: database)
+        configuration.pipeline.maxAttempts = 1
+        var handlers = UpstreamHandlers()
+        handlers.register("store", StoreHandler())
+        handlers.register("register", ReplyingHandler(), for: .when { $0.data["action"] == "register" })
+        handlers.register("chat-only", ReplyingHandler(), for: .category("com.example.chat"))
+        let events = WorkerEvents()
+        let worker = FCMWorker(configuration: configuration, handlers: handlers,
+                               logger: Logger(label: "t", minimumLevel: .error) { _ in }, observer: { events.record($0) })
+        let task = Task { try await worker.run() }
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        ccs.simulator.injectUpstream(from: "tok-1", data: ["action": .string("register")], messageID: "r1")
+        ccs.simulator.injectUpstream(from: "tok-2", data: ["action": .string("other")], messageID: "o1")
+        ccs.simulator.injectUpstream(from: "tok-3", category: "com.example.chat", data: ["action": .string("register")], messageID: "c1")
+        ccs.simulator.injectUpstream(from: "tok-4", data: ["action": .string("register"), "explode": .string("yes")], messageID: "x1")
+        try await events.wait(for: "all four to be settled") { events in
+            let handled: [String] = events.flatMap { event -> [String] in
+                guard case .committed(let handled, _, let dead) = event else { return [] }
+                return handled.map(\.0) + dead
+            }
+            return Set(handled).isSuperset(of: ["r1", "o1", "c1", "x1"])
+        }
+        let replies = try await database.query("SELECT target, payload->'data'->>'status', payload->>'time_to_live', source_message_id FROM downstream_messages ORDER BY id")
+        // r1 matched the predicate; c1 matched both routes (two replies); o1 none; x1's failed and rolled back.
+        #expect(replies.map { $0.string(3) } == ["r1", "c1", "c1"])
+        #expect(replies.first?.values == ["tok-1", "registered", "0", "r1"])
+        #expect(try await database.count("upstream_messages", where: "message_id IN ('r1','o1','c1')") == 3)
+        #expect(try await database.count("upstream_messages", where: "message_id = 'x1'") == 0)
+        #expect(try await database.count("dead_letters", where: "message_id = 'x1' AND reason = 'handler_failed'") == 1)
+    }
+}
+
 @Suite struct MigrationTests {
     @Test func migrationsAreIdempotentAndSafeWhenTwoRunAtOnce() async throws {
         let database = try await TestDatabase.make(migrated: false)

@@ -1,0 +1,11 @@
+import Foundation
+import Handlers
+import Worker
+
+// Every message is stored; registrations also go to the devices table.
+var handlers = UpstreamHandlers()
+handlers.register("store", StoreHandler())
+handlers.register("register-device", RegisterDevice(), for: .when { $0.data["action"] == "register" })
+
+// Same settings, signals and exit statuses as `fcm-worker run`.
+exit(await WorkerMain.run(handlers: handlers))

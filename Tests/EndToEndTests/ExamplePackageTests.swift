@@ -1,0 +1,33 @@
+import Foundation
+import Testing
+
+/// The example of a team's own worker package builds against this package and runs.
+@Suite struct ExamplePackageTests {
+    @Test(.timeLimit(.minutes(10))) func theExamplePackageBuildsAndRunsAsAWorker() async throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let example = root.appendingPathComponent("Examples/device-registry").path
+        let build = Process()
+        build.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        build.arguments = ["swift", "build", "--package-path", example]
+        let output = Pipe()
+        build.standardOutput = output
+        build.standardError = output
+        try build.run()
+        let log = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        build.waitUntilExit()
+        #expect(build.terminationStatus == 0, "\(log.suffix(3000))")
+        guard build.terminationStatus == 0 else { return }
+
+        // Without settings it behaves like `fcm-worker run`: status 2 and one clear line.
+        let run = Process()
+        run.executableURL = URL(fileURLWithPath: example + "/.build/debug/device-registry")
+        run.environment = ["PATH": "/usr/bin:/bin"]
+        let errors = Pipe()
+        run.standardError = errors
+        try run.run()
+        let message = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        run.waitUntilExit()
+        #expect(run.terminationStatus == 2)
+        #expect(message == "fcm-worker: missing sender ID: pass --sender-id or set FCM_SENDER_ID\n")
+    }
+}
