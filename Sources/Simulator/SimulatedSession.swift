@@ -153,7 +153,8 @@ final class SimulatedSession: StreamDriver {
     /// Sends waiting upstream messages while fewer than the limit are unacked here.
     private func deliverUpstream(_ loop: StreamLoop) {
         guard !draining else { return }
-        while unackedUpstream.count < config.maxUnackedUpstream, let record = simulator.takeUpstream(for: id) {
+        let records = simulator.takeUpstream(for: id, limit: config.maxUnackedUpstream - unackedUpstream.count)
+        for record in records {
             if !record.messageID.isEmpty { unackedUpstream.insert(record.messageID) }
             loop.write(record.stanza)
             simulator.record(.upstreamDelivered(session: id, messageID: record.messageID))

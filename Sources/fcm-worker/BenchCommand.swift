@@ -142,11 +142,13 @@ struct UpstreamBench {
         while injected < messages || ackedAt == nil || setup.committed.count < messages {
             let counters = setup.simulator.counters
             // Keep the simulator's own queue short so that its memory is not what is measured.
-            while injected < messages && injected - counters.upstreamDelivered < 20_000 {
-                setup.simulator.injectUpstream(from: "device-\(injected % 1000)", category: "com.example.bench",
-                                               data: ["n": .string("\(injected)"), "text": .string("benchmark payload")],
-                                               messageID: "\(mode.rawValue)-\(injected)")
-                injected += 1
+            if injected < messages && injected - counters.upstreamDelivered < 20_000 {
+                let count = min(2000, messages - injected)
+                setup.simulator.injectUpstream(batch: (injected..<(injected + count)).map { number in
+                    ("device-\(number % 1000)", "\(mode.rawValue)-\(number)",
+                     ["n": .string("\(number)"), "text": .string("benchmark payload")])
+                }, category: "com.example.bench")
+                injected += count
             }
             if ackedAt == nil && counters.upstreamAcked >= messages { ackedAt = .now }
             if ContinuousClock.now - started > .seconds(600) { throw SimulatorError("the run did not finish in 10 minutes") }
@@ -171,10 +173,11 @@ struct UpstreamBench {
         var injected = 0
         while injected < total {
             let due = min(total, Int((ContinuousClock.now - started) / interval) + 1)
-            while injected < due {
-                setup.simulator.injectUpstream(from: "device-\(injected % 1000)", category: "com.example.bench",
-                                               data: ["n": .string("\(injected)")], messageID: "paced-\(injected)")
-                injected += 1
+            if injected < due {
+                setup.simulator.injectUpstream(batch: (injected..<due).map { number in
+                    ("device-\(number % 1000)", "paced-\(number)", ["n": .string("\(number)")])
+                }, category: "com.example.bench")
+                injected = due
             }
             try await Task.sleep(until: started + interval * (injected + 1), clock: .continuous)
         }
