@@ -115,6 +115,11 @@ public final class PostgresConnection: Sendable {
 
     deinit { thread.shutdown() }
 
+    /// `text` (a URL, conninfo or libpq message) with any password replaced by `***`.
+    public static func redactingPasswords(_ text: String) -> String {
+        ConnectionHandle.redact(text)
+    }
+
     /// `name` as a double-quoted SQL identifier.
     public static func quoteIdentifier(_ name: String) -> String {
         "\"" + name.replacingOccurrences(of: "\"", with: "\"\"") + "\""

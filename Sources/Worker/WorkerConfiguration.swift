@@ -1,4 +1,5 @@
 import Foundation
+import Postgres
 import XMPP
 
 /// A setting that is missing or invalid. `fcm-worker` prints `description` as one line and
@@ -257,18 +258,6 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     public var description: String {
         "sender \(senderID), endpoint \(host):\(port), domain \(xmppDomain), \(connections) connection(s), "
             + "trust \(caFile ?? "system store"), handlers \(handlers.joined(separator: ",")), ack mode \(ackMode.rawValue), "
-            + "concurrency \(concurrency), database \(databaseURL.map(Self.redactedDatabaseURL) ?? "none")"
-    }
-
-    /// The database URL without its password.
-    static func redactedDatabaseURL(_ url: String) -> String {
-        var text = url
-        if let range = text.range(of: #"://[^:@/\s]+:[^@/\s]+@"#, options: .regularExpression) {
-            text.replaceSubrange(range, with: "://***@")
-        }
-        if let range = text.range(of: #"password=\S+"#, options: .regularExpression) {
-            text.replaceSubrange(range, with: "password=***")
-        }
-        return text
+            + "concurrency \(concurrency), database \(databaseURL.map(PostgresConnection.redactingPasswords) ?? "none")"
     }
 }

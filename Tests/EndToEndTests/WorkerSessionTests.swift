@@ -145,6 +145,9 @@ import XMPP
         let (task, events) = start(configuration)
         defer { task.cancel() }
         let first = try await ccs.simulator.waitForBoundSessions(1)[0]
+        try await events.wait(for: "the worker's side of the session") { events in
+            events.contains { if case .connected = $0 { true } else { false } }
+        }
         ccs.simulator.mute(session: first)
         try await events.wait(for: "the dead peer") { events in
             events.contains { if case .disconnected(_, .peerUnresponsive) = $0 { true } else { false } }

@@ -39,6 +39,19 @@ import XMPP
         }
     }
 
+    @Test func upstreamSettingsParse() throws {
+        let configuration = try WorkerConfiguration.parse(
+            arguments: ["--ack-mode", "durable", "--concurrency", "8", "--max-attempts", "3", "--migrate",
+                        "--shutdown-timeout", "2.5", "--spool-file", "/tmp/x.spool"], environment: base)
+        #expect(configuration.ackMode == .durable)
+        #expect(configuration.concurrency == 8 && configuration.pipeline.partitions == 8)
+        #expect(configuration.maxAttempts == 3 && configuration.pipeline.maxAttempts == 3)
+        #expect(configuration.migrate)
+        #expect(configuration.shutdownTimeout == .milliseconds(2500))
+        #expect(configuration.spoolFile == "/tmp/x.spool")
+        #expect(throws: ConfigurationError.self) { try WorkerConfiguration.parse(arguments: ["--ack-mode", "later"], environment: base) }
+    }
+
     @Test func serverKeyFromFile() throws {
         let path = FileManager.default.temporaryDirectory.appendingPathComponent("key-\(UUID())").path
         try "  file-key\n".write(toFile: path, atomically: true, encoding: .utf8)
@@ -74,7 +87,11 @@ import XMPP
     }
 
     @Test func descriptionNeverShowsTheServerKey() throws {
-        let configuration = try WorkerConfiguration.parse(arguments: ["--server-key", "SECRET-KEY-VALUE"], environment: ["FCM_SENDER_ID": "1"])
+        let configuration = try WorkerConfiguration.parse(
+            arguments: ["--server-key", "SECRET-KEY-VALUE", "--database-url", "postgresql://fcm:db-PASSWORD@db.internal/fcm"],
+            environment: ["FCM_SENDER_ID": "1"])
         #expect(!configuration.description.contains("SECRET-KEY-VALUE"))
+        #expect(!configuration.description.contains("db-PASSWORD"))
+        #expect(configuration.description.contains("postgresql://***@db.internal/fcm"))
     }
 }
