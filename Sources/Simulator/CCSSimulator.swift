@@ -61,7 +61,7 @@ public final class CCSSimulator: Sendable {
     public let configuration: SimulatorConfiguration
     /// The port it listens on.
     public let port: Int
-    let state = Mutex(State())
+    let state = BlockingLock(State())
     /// Totals, kept apart from `state` so that counting never waits for the big lock.
     private let totals = SimulatorTotals()
     /// Every upstream ack's latency in microseconds, for benchmarks.
@@ -337,27 +337,31 @@ public final class CCSSimulator: Sendable {
 
     enum AckOutcome { case accepted(latency: Duration), violation(ProtocolViolation) }
 
-    /// Matches an ack from `session` to the message it acknowledges.
-    func acknowledge(messageID: String, to: String?, session: Int) -> AckOutcome {
-        state.withLock { state in
-            guard let inFlight = state.inFlight[messageID] else {
-                return state.recentlyAcked.contains(messageID)
-                    ? .violation(.duplicateAck(messageID)) : .violation(.ackForUnknownMessage(messageID))
+    /// Matches acks from `session` to the messages they acknowledge, under one lock.
+    func acknowledge(_ acks: [(messageID: String, to: String?)], session: Int) -> [AckOutcome] {
+        let now = ContinuousClock.now
+        return state.withLock { state in
+            acks.map { ack in
+                let messageID = ack.messageID
+                guard let inFlight = state.inFlight[messageID] else {
+                    return state.recentlyAcked.contains(messageID)
+                        ? .violation(.duplicateAck(messageID)) : .violation(.ackForUnknownMessage(messageID))
+                }
+                guard inFlight.session == session else {
+                    return .violation(.ackOnWrongConnection(messageID: messageID, deliveredOn: inFlight.session))
+                }
+                if let to = ack.to, to != inFlight.record.from {
+                    return .violation(.ackToWrongAddress(messageID: messageID, expected: inFlight.record.from, got: to))
+                }
+                state.inFlight[messageID] = nil
+                state.recentlyAcked.insert(messageID)
+                state.recentlyAckedOrder.append(messageID)
+                if state.recentlyAckedOrder.count > 100_000 {
+                    for old in state.recentlyAckedOrder.prefix(50_000) { state.recentlyAcked.remove(old) }
+                    state.recentlyAckedOrder.removeFirst(50_000)
+                }
+                return .accepted(latency: now - inFlight.deliveredAt)
             }
-            guard inFlight.session == session else {
-                return .violation(.ackOnWrongConnection(messageID: messageID, deliveredOn: inFlight.session))
-            }
-            if let to, to != inFlight.record.from {
-                return .violation(.ackToWrongAddress(messageID: messageID, expected: inFlight.record.from, got: to))
-            }
-            state.inFlight[messageID] = nil
-            state.recentlyAcked.insert(messageID)
-            state.recentlyAckedOrder.append(messageID)
-            if state.recentlyAckedOrder.count > 100_000 {
-                for old in state.recentlyAckedOrder.prefix(50_000) { state.recentlyAcked.remove(old) }
-                state.recentlyAckedOrder.removeFirst(50_000)
-            }
-            return .accepted(latency: .now - inFlight.deliveredAt)
         }
     }
 

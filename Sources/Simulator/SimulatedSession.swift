@@ -45,6 +45,7 @@ final class SimulatedSession: StreamDriver {
     private var scheduled: [Scheduled] = []
     private var nextKeepalive: ContinuousClock.Instant?
     private var sentPreamble = false
+    private var pendingAcks: [(messageID: String, to: String?)] = []
     private var config: SimulatorConfiguration { simulator.configuration }
 
     init(id: Int, simulator: CCSSimulator, mailbox: SessionMailbox) {
@@ -62,6 +63,7 @@ final class SimulatedSession: StreamDriver {
 
     func nextDeadline(_ loop: StreamLoop) -> ContinuousClock.Instant? {
         if muted { return closeAt }
+        if !pendingAcks.isEmpty { return .now }
         return [scheduled.first?.due, nextKeepalive, closeAt].compactMap { $0 }.min()
     }
 
@@ -103,6 +105,7 @@ final class SimulatedSession: StreamDriver {
     }
 
     func streamDidWake(_ loop: StreamLoop) {
+        settleAcks()
         for command in mailbox.take() {
             perform(command, loop)
             if loop.isEnded { return }
@@ -150,6 +153,22 @@ final class SimulatedSession: StreamDriver {
         }
     }
 
+    /// Matches the acks read since the last turn; their slots free up for `deliverUpstream`.
+    private func settleAcks() {
+        guard !pendingAcks.isEmpty else { return }
+        let acks = pendingAcks
+        pendingAcks.removeAll(keepingCapacity: true)
+        for (ack, outcome) in zip(acks, simulator.acknowledge(acks, session: id)) {
+            switch outcome {
+            case .accepted(let latency):
+                unackedUpstream.remove(ack.messageID)
+                simulator.record(.upstreamAcked(session: id, messageID: ack.messageID, latency: latency))
+            case .violation(let violation):
+                simulator.record(.violation(session: id, violation))
+            }
+        }
+    }
+
     /// Sends waiting upstream messages while fewer than the limit are unacked here.
     private func deliverUpstream(_ loop: StreamLoop) {
         guard !draining else { return }
@@ -185,14 +204,8 @@ final class SimulatedSession: StreamDriver {
                 simulator.record(.violation(session: id, .malformedStanza("ack without message_id")))
                 return
             }
-            switch simulator.acknowledge(messageID: messageID, to: json["to"]?.stringValue, session: id) {
-            case .accepted(let latency):
-                unackedUpstream.remove(messageID)
-                simulator.record(.upstreamAcked(session: id, messageID: messageID, latency: latency))
-                deliverUpstream(loop)
-            case .violation(let violation):
-                simulator.record(.violation(session: id, violation))
-            }
+            // Matched in one pass per loop turn (`settleAcks`), not one lock per ack.
+            pendingAcks.append((messageID, json["to"]?.stringValue))
         case "nack":
             simulator.record(.violation(session: id, .nackFromServer(messageID ?? "?")))
         case nil:
