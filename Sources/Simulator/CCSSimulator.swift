@@ -65,7 +65,7 @@ public final class CCSSimulator: Sendable {
     /// Totals, kept apart from `state` so that counting never waits for the big lock.
     private let totals = SimulatorTotals()
     /// Every upstream ack's latency in microseconds, for benchmarks.
-    private let latencies = Mutex<[UInt32]>([])
+    private let latencies = BlockingLock<[UInt32]>([])
     /// Waiters registered (read without the big lock on the hot path).
     private let waiterCount = Atomic<Int>(0)
     private let tls: TLSContext

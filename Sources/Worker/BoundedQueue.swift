@@ -1,4 +1,5 @@
 import Synchronization
+import XMPP
 
 /// A bounded multi-producer, single-consumer queue for async code.
 ///
@@ -16,7 +17,7 @@ final class BoundedQueue<Element: Sendable>: Sendable {
     }
 
     let capacity: Int
-    private let state = Mutex(State())
+    private let state = BlockingLock(State())
 
     init(capacity: Int) {
         self.capacity = capacity

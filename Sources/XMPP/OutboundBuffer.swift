@@ -34,7 +34,7 @@ package final class OutboundBuffer: Sendable {
     }
 
     let capacity: Int
-    private let state = Mutex(State())
+    private let state = BlockingLock(State())
     /// Called (outside the lock) after something was enqueued, to wake the stream's thread.
     private let onEnqueue: @Sendable () -> Void
 

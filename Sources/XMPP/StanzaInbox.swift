@@ -17,7 +17,7 @@ final class StanzaInbox: Sendable {
     }
 
     let capacity: Int
-    private let state = Mutex(State())
+    private let state = BlockingLock(State())
     private let onSpace: @Sendable () -> Void
 
     init(capacity: Int, onSpace: @escaping @Sendable () -> Void) {
