@@ -9,7 +9,7 @@ public struct PipelineSettings: Sendable {
     /// handled in arrival order while different devices proceed in parallel.
     public var partitions = 4
     /// Messages waiting per lane before submitters (the connections) wait.
-    public var queueCapacity = 4096
+    public var queueCapacity = 2048
     /// Most messages committed in one transaction.
     public var batchSize = 1000
     /// Handling attempts before a failing message is dead-lettered.
@@ -133,7 +133,13 @@ final class UpstreamPipeline: Sendable {
             if batch.isEmpty {
                 if isAbandoned { return await remaining(lane) }
                 if !due.isEmpty { continue }
-                if lane.queue.count == 0 && !lane.hasRetries && lane.queue.isClosed { return [] }
+                if lane.queue.isClosed && lane.queue.count == 0 {
+                    guard let next = lane.earliestRetry else { return [] }
+                    // Closed: `take` no longer waits, so wait here for the retry (or abandon).
+                    while ContinuousClock.now < next && !isAbandoned {
+                        try? await Task.sleep(for: min(.milliseconds(50), next - .now))
+                    }
+                }
                 continue
             }
             if let leftovers = await process(batch, in: lane) {

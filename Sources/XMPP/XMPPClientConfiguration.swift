@@ -15,7 +15,7 @@ public struct XMPPClientConfiguration: Sendable {
     public var maxStanzaBytes = XMLStreamParser.defaultMaxStanzaBytes
     public var maxDepth = XMLStreamParser.defaultMaxDepth
     /// Received stanzas held for the consumer before the connection stops reading.
-    public var inboundCapacity = 4096
+    public var inboundCapacity = 1024
     /// Bytes queued for writing before senders wait.
     public var outboundCapacityBytes = 1 << 20
     /// Runs on the connection's thread for each received stanza (FCM acks upstream

@@ -279,6 +279,34 @@ struct ReplyingHandler: UpstreamHandler {
     }
 }
 
+@Suite struct ShutdownWithRetriesTests {
+    @Test func anAckedMessageWaitingForItsRetryAtShutdownGoesToTheSpool() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        var configuration = try ccs.worker(database: database)
+        configuration.pipeline.retryBase = .seconds(30)
+        configuration.shutdownTimeout = .milliseconds(500)
+        var handlers = UpstreamHandlers()
+        handlers.register("flaky", FlakyHandler())
+        let events = WorkerEvents()
+        let worker = FCMWorker(configuration: configuration, handlers: handlers,
+                               logger: Logger(label: "t", minimumLevel: .error) { _ in }, observer: { events.record($0) })
+        let task = Task { try await worker.run() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        ccs.simulator.injectUpstream(from: "dev", data: ["fail": .string("always")], messageID: "waiting")
+        try await events.wait(for: "the retry to be scheduled") { events in
+            events.contains { if case .retryScheduled("waiting", _, _) = $0 { true } else { false } }
+        }
+        task.cancel()
+        let stopped = try await completes(within: .seconds(15)) { try await task.value }
+        #expect(stopped, "shutdown did not finish")
+        let spooled = try String(contentsOfFile: configuration.spoolFile, encoding: .utf8)
+        #expect(spooled.contains("waiting"))
+        #expect(events.all.contains { if case .spooled(1, _) = $0 { true } else { false } })
+    }
+}
+
 @Suite struct MigrationTests {
     @Test func migrationsAreIdempotentAndSafeWhenTwoRunAtOnce() async throws {
         let database = try await TestDatabase.make(migrated: false)
