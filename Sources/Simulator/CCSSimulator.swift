@@ -212,9 +212,6 @@ public final class CCSSimulator: Sendable {
     /// microseconds, in arrival order.
     public var ackLatencyMicroseconds: [UInt32] { latencies.withLock { $0 } }
 
-    /// Forgets the recorded ack latencies (between benchmark phases).
-    public func resetAckLatencies() { latencies.withLock { $0.removeAll() } }
-
     /// The protocol violations recorded so far.
     public var violations: [ProtocolViolation] {
         events.compactMap { if case .violation(_, let violation) = $0 { violation } else { nil } }

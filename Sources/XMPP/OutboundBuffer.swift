@@ -88,16 +88,6 @@ package final class OutboundBuffer: Sendable {
         }
     }
 
-    /// Queues `chunk` without waiting for room (the stream's own replies: pongs, negotiation).
-    func enqueueImmediately(_ chunk: Chunk) {
-        state.withLock { state in
-            guard state.closedWith == nil else { return }
-            state.chunks.append(chunk)
-            state.bytes += chunk.bytes.count
-        }
-        onEnqueue()
-    }
-
     /// Takes everything queued (for the stream's thread), admitting waiting senders whose
     /// chunks now fit, and resumes them.
     func takeAll() -> [Chunk] {
@@ -121,9 +111,6 @@ package final class OutboundBuffer: Sendable {
 
     /// Senders waiting for room (for tests and metrics).
     var waiterCount: Int { state.withLock { $0.waiters.count } }
-
-    /// True when nothing is queued.
-    var isEmpty: Bool { state.withLock { $0.chunks.isEmpty } }
 
     /// Refuses further chunks and fails the waiting senders with `error`; chunks already
     /// queued can still be taken.

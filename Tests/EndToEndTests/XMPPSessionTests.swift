@@ -198,6 +198,17 @@ import XMPP
         }
     }
 
+    @Test func abortDropsTheConnectionWithoutClosingTheStream() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let (connection, session) = try await ccs.connect()
+        connection.abort()
+        #expect(await connection.closed() == .closedLocally)
+        try await ccs.simulator.wait(for: "the server to see a lost connection") { events in
+            events.contains { if case .closed(session, let reason) = $0 { reason.hasPrefix("connection lost") } else { false } }
+        }
+    }
+
     @Test func nothingListeningIsAConnectError() async throws {
         var configuration = try TestCCS().client()
         configuration.port = 1
