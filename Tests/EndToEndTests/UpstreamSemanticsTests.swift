@@ -202,6 +202,43 @@ final class FlakyHandler: UpstreamHandler {
         #expect(try await database.count("processed_upstream") == 1000)
     }
 
+    @Test func whileTheDatabaseIsDownFullQueuesStopReadingSoAckingStopsThenEverythingResumes() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let (database, name) = try await TestDatabase.makeDedicated()
+        var configuration = try ccs.worker(database: database)
+        configuration.concurrency = 1
+        configuration.pipeline.partitions = 1
+        configuration.pipeline.queueCapacity = 20
+        configuration.pipeline.batchSize = 10
+        configuration.pipeline.databaseRetryBase = .milliseconds(50)
+        configuration.pipeline.databaseRetryCap = .milliseconds(100)
+        let (task, events) = start(configuration, handlers: storeAndRecordWithoutOrder())
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        try await events.wait(for: "the worker's side of the session") { events in
+            events.contains { if case .connected = $0 { true } else { false } }
+        }
+        try await TestDatabase.cutOff(name)
+        for index in 0..<3000 { ccs.simulator.injectUpstream(from: "d\(index % 7)", data: ["pad": .string(String(repeating: "x", count: 500))], messageID: "q\(index)") }
+        // CCS keeps at most 100 unacked messages on a connection: reaching that means the
+        // worker stopped acking because it stopped reading.
+        try await ccs.simulator.wait(for: "CCS's window to fill", timeout: .seconds(30)) { events in
+            let delivered = events.count { if case .upstreamDelivered = $0 { true } else { false } }
+            return delivered - events.acked.count >= 100
+        }
+        let ackedDuringOutage = ccs.simulator.events.acked.count
+        #expect(ackedDuringOutage < 3000)
+        try await TestDatabase.restore(name)
+        try await ccs.simulator.wait(for: "every ack", timeout: .seconds(60)) { $0.acked.count >= 3000 }
+        let deadline = ContinuousClock.now + .seconds(30)
+        while try await database.count("upstream_messages") < 3000, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        #expect(try await database.count("upstream_messages") == 3000)
+        #expect(ccs.simulator.violations.isEmpty)
+    }
+
     @Test func acksMadeWhileTheDatabaseIsDownAreSpooledAtShutdownAndReplayedAtTheNextStart() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
