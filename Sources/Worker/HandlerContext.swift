@@ -2,32 +2,48 @@ import FCM
 import Foundation
 import Postgres
 
-/// What a handler may touch while it handles one message: the message's transaction,
-/// downstream replies (outbox rows in the same transaction), a logger, and the message.
+/// What a batch handler may touch: the batch's transaction, replies, and a logger.
 ///
 /// Valid only during the `handle` call it was given to.
-public final class HandlerContext {
-    /// The message being handled.
-    public let message: UpstreamMessage
+public class BatchContext {
     /// A logger labelled with the handler's name.
     public let logger: Logger
     let transaction: UpstreamTransaction
 
-    init(message: UpstreamMessage, logger: Logger, transaction: UpstreamTransaction) {
-        self.message = message
+    init(logger: Logger, transaction: UpstreamTransaction) {
         self.logger = logger
         self.transaction = transaction
     }
 
-    /// Queues a statement in the message's transaction. It runs before the next `query`
-    /// or at commit; if it fails, the message's handling fails (and is retried).
+    /// Queues a statement in the transaction. It runs before the next `query` or at
+    /// commit; if it fails, the handling fails (and is retried).
     public func execute(_ sql: String, _ parameters: [PostgresValue] = []) {
         transaction.enqueue(PostgresStatement(sql, parameters))
     }
 
-    /// Runs a query now in the message's transaction and returns its rows.
+    /// Runs a query now in the transaction and returns its rows.
     public func query(_ sql: String, _ parameters: [PostgresValue] = []) async throws -> [PostgresRow] {
         try await transaction.query(PostgresStatement(sql, parameters))
+    }
+
+    /// A per-message context sharing this transaction (for `reply`).
+    public func context(for message: UpstreamMessage) -> HandlerContext {
+        HandlerContext(message: message, logger: logger, transaction: transaction)
+    }
+}
+
+/// What a handler may touch while it handles one message: the message's transaction
+/// (`execute`, `query`), downstream replies (outbox rows in the same transaction), a
+/// logger, and the message.
+///
+/// Valid only during the `handle` call it was given to.
+public final class HandlerContext: BatchContext {
+    /// The message being handled.
+    public let message: UpstreamMessage
+
+    init(message: UpstreamMessage, logger: Logger, transaction: UpstreamTransaction) {
+        self.message = message
+        super.init(logger: logger, transaction: transaction)
     }
 
     /// Queues a downstream message to the sender of this message: an outbox row written in
@@ -40,32 +56,6 @@ public final class HandlerContext {
     /// Queues a downstream message to `target` (a token, notification key or `/topics/…`).
     public func send(to target: String, data: [String: JSONValue], options: [String: JSONValue] = [:]) {
         Outbox.enqueue(target: target, data: data, options: options, source: message.messageID, into: transaction)
-    }
-}
-
-/// What a batch handler may touch: the batch's transaction, replies, and a logger.
-public final class BatchContext {
-    public let logger: Logger
-    let transaction: UpstreamTransaction
-
-    init(logger: Logger, transaction: UpstreamTransaction) {
-        self.logger = logger
-        self.transaction = transaction
-    }
-
-    /// Queues a statement in the batch's transaction (see `HandlerContext.execute`).
-    public func execute(_ sql: String, _ parameters: [PostgresValue] = []) {
-        transaction.enqueue(PostgresStatement(sql, parameters))
-    }
-
-    /// Runs a query now in the batch's transaction.
-    public func query(_ sql: String, _ parameters: [PostgresValue] = []) async throws -> [PostgresRow] {
-        try await transaction.query(PostgresStatement(sql, parameters))
-    }
-
-    /// A per-message context sharing this transaction (for `reply`).
-    public func context(for message: UpstreamMessage) -> HandlerContext {
-        HandlerContext(message: message, logger: logger, transaction: transaction)
     }
 }
 
