@@ -76,7 +76,7 @@ struct UpstreamBench {
 
     func run() async throws {
         say("fcm-worker bench upstream: \(messages) messages per run, \(connections) connection(s), \(concurrency) lane(s), "
-              + "\(ProcessInfo.processInfo.activeProcessorCount) cores; simulator in-process over TLS on loopback")
+              + "\(ProcessInfo.processInfo.activeProcessorCount) cores; simulator in its own process, TLS on loopback")
         let schema = "bench_\(UInt32.random(in: 0...UInt32.max))"
         let url = try await makeSchema(schema)
         defer { Task { try? await dropSchema(schema) } }
@@ -96,7 +96,7 @@ struct UpstreamBench {
         let paced = try await pacedRun(url: url)
         say("latency at \(rate) msgs/s offered for \(rateSeconds) s (immediate mode): ack \(paced.ackLatency); "
               + "receive-to-commit \(paced.commitLatency); persisted \(paced.persisted) of \(paced.offered)")
-        say("peak RSS (worker and simulator in one process): \(peakResidentMegabytes()) MB")
+        say("peak RSS of the worker process (the simulator runs as its own process): \(peakResidentMegabytes()) MB")
     }
 
     // MARK: Phases
@@ -129,62 +129,38 @@ struct UpstreamBench {
     struct ThroughputResult {
         var ackedPerSecond: Double
         var persistedPerSecond: Double
-        var ackLatency: LatencySummary
+        var ackLatency: String
         var commitLatency: LatencySummary
     }
 
     private func throughputRun(url: String, mode: WorkerConfiguration.AckMode) async throws -> ThroughputResult {
-        let setup = try await Setup.start(url: url, connections: connections, concurrency: concurrency, mode: mode)
+        let setup = try await Setup.start(url: url, connections: connections, concurrency: concurrency, mode: mode,
+                                          messages: messages, rate: 0)
         defer { setup.stop() }
-        let started = ContinuousClock.now
-        var ackedAt: ContinuousClock.Instant?
-        var injected = 0
-        while injected < messages || ackedAt == nil || setup.committed.count < messages {
-            let counters = setup.simulator.counters
-            // Keep the simulator's own queue short so that its memory is not what is measured.
-            if injected < messages && injected - counters.upstreamDelivered < 20_000 {
-                let count = min(2000, messages - injected)
-                setup.simulator.injectUpstream(batch: (injected..<(injected + count)).map { number in
-                    ("device-\(number % 1000)", "\(mode.rawValue)-\(number)",
-                     ["n": .string("\(number)"), "text": .string("benchmark payload")])
-                }, category: "com.example.bench")
-                injected += count
-            }
-            if ackedAt == nil && counters.upstreamAcked >= messages { ackedAt = .now }
+        let (ackedAt, stats) = try await setup.waitForAllAcked(limit: .seconds(600))
+        let started = try await setup.firstConnection()
+        while setup.committed.count < messages {
             if ContinuousClock.now - started > .seconds(600) { throw SimulatorError("the run did not finish in 10 minutes") }
             try await Task.sleep(for: .milliseconds(1))
         }
         let persisted = ContinuousClock.now
         let result = ThroughputResult(
-            ackedPerSecond: Double(messages) / (ackedAt! - started).seconds,
+            ackedPerSecond: Double(messages) / (ackedAt - started).seconds,
             persistedPerSecond: Double(messages) / (persisted - started).seconds,
-            ackLatency: LatencySummary(microseconds: setup.simulator.ackLatencyMicroseconds),
-            commitLatency: LatencySummary(microseconds: setup.committed.latencies))
+            ackLatency: stats, commitLatency: LatencySummary(microseconds: setup.committed.latencies))
         await setup.shutdown()
         return result
     }
 
-    private func pacedRun(url: String) async throws -> (ackLatency: LatencySummary, commitLatency: LatencySummary, persisted: Int, offered: Int) {
-        let setup = try await Setup.start(url: url, connections: connections, concurrency: concurrency, mode: .immediate)
-        defer { setup.stop() }
+    private func pacedRun(url: String) async throws -> (ackLatency: String, commitLatency: LatencySummary, persisted: Int, offered: Int) {
         let total = rate * rateSeconds
-        let started = ContinuousClock.now
-        let interval = Duration.seconds(1) / rate
-        var injected = 0
-        while injected < total {
-            let due = min(total, Int((ContinuousClock.now - started) / interval) + 1)
-            if injected < due {
-                setup.simulator.injectUpstream(batch: (injected..<due).map { number in
-                    ("device-\(number % 1000)", "paced-\(number)", ["n": .string("\(number)")])
-                }, category: "com.example.bench")
-                injected = due
-            }
-            try await Task.sleep(until: started + interval * (injected + 1), clock: .continuous)
-        }
+        let setup = try await Setup.start(url: url, connections: connections, concurrency: concurrency, mode: .immediate,
+                                          messages: total, rate: rate)
+        defer { setup.stop() }
+        let (_, stats) = try await setup.waitForAllAcked(limit: .seconds(Int64(rateSeconds) + 120))
         let deadline = ContinuousClock.now + .seconds(60)
         while setup.committed.count < total && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
-        let result = (LatencySummary(microseconds: setup.simulator.ackLatencyMicroseconds),
-                      LatencySummary(microseconds: setup.committed.latencies), setup.committed.count, total)
+        let result = (stats, LatencySummary(microseconds: setup.committed.latencies), setup.committed.count, total)
         await setup.shutdown()
         return result
     }
@@ -223,12 +199,17 @@ struct UpstreamBench {
     }
 }
 
-/// A simulator and a worker wired together for one benchmark phase.
+/// A simulator process and an in-process worker wired together for one benchmark phase.
+///
+/// The simulator runs as its own process (`fcm-worker simulate --upstream-rate …
+/// --exit-when-acked`), so this process's CPU profile and peak RSS are the worker's.
 final class Setup: Sendable {
     final class Commits: Sendable {
-        private let state = Mutex((count: 0, latencies: [UInt32]()))
+        private let state = Mutex((count: 0, latencies: [UInt32](), firstConnection: ContinuousClock.Instant?.none))
         var count: Int { state.withLock { $0.count } }
         var latencies: [UInt32] { state.withLock { $0.latencies } }
+        var firstConnection: ContinuousClock.Instant? { state.withLock { $0.firstConnection } }
+        func connected() { state.withLock { if $0.firstConnection == nil { $0.firstConnection = .now } } }
         func record(_ handled: [(String, Date)]) {
             let now = Date()
             state.withLock { state in
@@ -240,43 +221,99 @@ final class Setup: Sendable {
         }
     }
 
-    let simulator: CCSSimulator
     let committed = Commits()
+    private let simulator: Process
+    private let statsLine = Mutex<String?>(nil)
     private let task = Mutex<Task<Void, any Error>?>(nil)
 
-    private init(simulator: CCSSimulator) {
+    private init(simulator: Process) {
         self.simulator = simulator
     }
 
-    static func start(url: String, connections: Int, concurrency: Int, mode: WorkerConfiguration.AckMode) async throws -> Setup {
-        let authority = try CertificateAuthority()
-        var simulatorConfiguration = SimulatorConfiguration(senderID: "123456789012", serverKey: "bench-key",
-                                                            identity: try authority.issueServerIdentity())
-        simulatorConfiguration.recordsEvents = false
-        let simulator = try CCSSimulator(configuration: simulatorConfiguration)
-        let caPath = FileManager.default.temporaryDirectory.appendingPathComponent("bench-ca-\(UUID()).pem").path
-        try authority.rootCertificatePEM.write(toFile: caPath, atomically: true, encoding: .utf8)
-        var configuration = WorkerConfiguration(senderID: "123456789012", serverKey: "bench-key")
-        configuration.host = "127.0.0.1"
-        configuration.port = simulator.port
-        configuration.caFile = caPath
+    static func start(url: String, connections: Int, concurrency: Int, mode: WorkerConfiguration.AckMode,
+                      messages: Int, rate: Int) async throws -> Setup {
+        let out = FileManager.default.temporaryDirectory.appendingPathComponent("bench-sim-\(UUID())").path
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        process.arguments = ["simulate", "--out", out, "--sender-id", "123456789012", "--server-key", "bench-key",
+                             "--upstream", "\(messages)", "--upstream-rate", "\(rate)", "--exit-when-acked"]
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let setup = Setup(simulator: process)
+        Task.detached {
+            let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            let line = text.split(separator: "\n").first { $0.hasPrefix("stats ") }.map(String.init)
+            setup.statsLine.withLock { $0 = line }
+        }
+        let envPath = out + "/simulator.env"
+        let deadline = ContinuousClock.now + .seconds(20)
+        while !FileManager.default.fileExists(atPath: envPath) {
+            guard ContinuousClock.now < deadline, process.isRunning else { throw SimulatorError("the simulator did not start") }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        var environment: [String: String] = [:]
+        for line in try String(contentsOfFile: envPath, encoding: .utf8).split(separator: "\n") {
+            let parts = line.split(separator: "=", maxSplits: 1).map(String.init)
+            if parts.count == 2 { environment[parts[0]] = parts[1] }
+        }
+        var configuration = try WorkerConfiguration.parse(arguments: [], environment: environment)
         configuration.databaseURL = url
         configuration.connections = connections
         configuration.concurrency = concurrency
         configuration.pipeline.partitions = concurrency
         configuration.ackMode = mode
-        configuration.spoolFile = FileManager.default.temporaryDirectory.appendingPathComponent("bench-spool-\(UUID())").path
+        configuration.spoolFile = out + "/spool"
         configuration.migrationsDirectory = Migrator.defaultDirectory()
         var handlers = UpstreamHandlers()
         handlers.register("store", StoreHandler())
-        let setup = Setup(simulator: simulator)
-        let worker = FCMWorker(configuration: configuration, handlers: handlers, logger: Logger(label: "bench", minimumLevel: .warning),
+        let worker = FCMWorker(configuration: configuration, handlers: handlers, logger: Logger(label: "bench", minimumLevel: .error),
                                observer: { [committed = setup.committed] event in
-                                   if case .committed(let handled, _, _) = event { committed.record(handled) }
+                                   switch event {
+                                   case .committed(let handled, _, _): committed.record(handled)
+                                   case .connected: committed.connected()
+                                   default: break
+                                   }
                                })
         setup.task.withLock { $0 = Task { try await worker.run() } }
-        try await simulator.waitForBoundSessions(connections, timeout: .seconds(30))
         return setup
+    }
+
+    /// When the worker's first connection was up.
+    func firstConnection() async throws -> ContinuousClock.Instant {
+        while committed.firstConnection == nil { try await Task.sleep(for: .milliseconds(1)) }
+        return committed.firstConnection!
+    }
+
+    /// Waits until the simulator has seen every message acked (it then exits) and returns
+    /// when, with its ack-latency summary.
+    func waitForAllAcked(limit: Duration) async throws -> (ContinuousClock.Instant, String) {
+        let deadline = ContinuousClock.now + limit
+        while simulator.isRunning {
+            guard ContinuousClock.now < deadline else { throw SimulatorError("not every message was acked within \(limit)") }
+            try await Task.sleep(for: .milliseconds(1))
+        }
+        let ackedAt = ContinuousClock.now
+        var line: String?
+        for _ in 0..<500 {
+            line = statsLine.withLock { $0 }
+            if line != nil { break }
+            try await Task.sleep(for: .milliseconds(2))
+        }
+        return (ackedAt, Self.describe(line))
+    }
+
+    /// `stats acked=… p50_us=…` as "p50 x ms, p99 …".
+    private static func describe(_ line: String?) -> String {
+        guard let line else { return "no statistics from the simulator" }
+        var values: [String: Double] = [:]
+        for field in line.split(separator: " ").dropFirst() {
+            let parts = field.split(separator: "=")
+            if parts.count == 2, let value = Double(parts[1]) { values[String(parts[0])] = value }
+        }
+        func ms(_ key: String) -> String { String(format: "%.2f ms", (values[key] ?? .nan) / 1000) }
+        return "p50 \(ms("p50_us")), p99 \(ms("p99_us")), p99.9 \(ms("p999_us")), max \(ms("max_us")) (\(Int(values["acked"] ?? 0)) samples)"
     }
 
     /// Stops the worker gracefully, then the simulator.
@@ -284,34 +321,13 @@ final class Setup: Sendable {
         let task = self.task.withLock { $0 }
         task?.cancel()
         _ = try? await task?.value
-        simulator.stop()
+        if simulator.isRunning { simulator.terminate() }
     }
 
     /// Best-effort stop on error paths.
     func stop() {
         task.withLock { $0 }?.cancel()
-        simulator.stop()
-    }
-}
-
-/// p50 / p99 / p99.9 / max of a set of latencies.
-struct LatencySummary: CustomStringConvertible {
-    let sorted: [UInt32]
-
-    init(microseconds: [UInt32]) {
-        sorted = microseconds.sorted()
-    }
-
-    func percentile(_ p: Double) -> Double {
-        guard !sorted.isEmpty else { return .nan }
-        let index = min(sorted.count - 1, Int((p / 100 * Double(sorted.count)).rounded(.up)) - 1)
-        return Double(sorted[max(0, index)]) / 1000
-    }
-
-    var description: String {
-        guard !sorted.isEmpty else { return "no samples" }
-        return String(format: "p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms, max %.1f ms (%d samples)",
-                      percentile(50), percentile(99), percentile(99.9), Double(sorted.last!) / 1000, sorted.count)
+        if simulator.isRunning { simulator.terminate() }
     }
 }
 

@@ -18,13 +18,20 @@ enum SimulateCommand {
         --drop-after SECONDS      drop the first session this long after it bound (once)
         --keepalive SECONDS       send whitespace keepalives this often
         --ack-delay MS            answer downstream messages after this delay (default 0)
+        --upstream-rate R         with --upstream: inject at R msgs/s (0: as fast as CCS flow
+                                  control lets them through) instead of --upstream-interval
+        --exit-when-acked         with --upstream-rate: exit once every injected message is
+                                  acked, printing `stats acked=… p50_us=… p99_us=… p999_us=… max_us=…`
       """
 
     static func run(_ arguments: [String]) async -> Int32 {
         var options: [String: String] = [:]
+        var arguments = arguments
+        let exitWhenAcked = arguments.contains("--exit-when-acked")
+        arguments.removeAll { $0 == "--exit-when-acked" }
         var index = 0
         let known: Set<String> = ["--host", "--port", "--sender-id", "--server-key", "--out", "--upstream",
-                                  "--upstream-interval", "--drop-after", "--keepalive", "--ack-delay"]
+                                  "--upstream-interval", "--drop-after", "--keepalive", "--ack-delay", "--upstream-rate"]
         while index < arguments.count {
             let flag = arguments[index]
             guard known.contains(flag), index + 1 < arguments.count else {
@@ -38,7 +45,8 @@ enum SimulateCommand {
         guard let port = Int(options["--port"] ?? "0"), (0...65535).contains(port),
               let upstreamCount = Int(options["--upstream"] ?? "0"), upstreamCount >= 0,
               let interval = Int(options["--upstream-interval"] ?? "100"), interval >= 0,
-              let ackDelay = Int(options["--ack-delay"] ?? "0"), ackDelay >= 0 else {
+              let ackDelay = Int(options["--ack-delay"] ?? "0"), ackDelay >= 0,
+              let rate = options["--upstream-rate"].map({ Int($0) }) ?? -1 else {
             return fail("simulate: --port, --upstream, --upstream-interval and --ack-delay take whole numbers")
         }
         let dropAfter = options["--drop-after"].flatMap(Double.init)
@@ -68,14 +76,18 @@ enum SimulateCommand {
             configuration.recordsEvents = false
             configuration.whitespaceKeepaliveInterval = keepalive.map { .milliseconds(Int64($0 * 1000)) }
             if ackDelay > 0 { configuration.responder = { _ in .ack(delay: .milliseconds(ackDelay)) } }
-            let script = DemoScript(upstreamCount: upstreamCount, interval: .milliseconds(interval),
+            let load = rate >= 0 ? LoadScript(count: upstreamCount, rate: rate) : nil
+            let script = DemoScript(upstreamCount: load == nil ? upstreamCount : 0, interval: .milliseconds(interval),
                                     dropAfter: dropAfter.map { .milliseconds(Int64($0 * 1000)) })
+            if load != nil { configuration.recordsEvents = false }
             configuration.onEvent = { event in
-                logger.info(describe(event))
+                if load == nil { logger.info(describe(event)) }
                 script.observe(event)
+                load?.observe(event)
             }
             simulator = try CCSSimulator(configuration: configuration)
             script.attach(simulator)
+            load?.attach(simulator)
             let endpointHost = host.contains(":") ? "[\(host)]" : host
             let envPath = outDirectory + "/simulator.env"
             try """
@@ -100,7 +112,16 @@ enum SimulateCommand {
 
         let stopped = AsyncStream<Void>.makeStream()
         let trap = SignalTrap { _ in stopped.continuation.finish() }
+        let watcher = Task {
+            guard exitWhenAcked, upstreamCount > 0, rate >= 0 else { return }
+            while simulator.counters.upstreamAcked < upstreamCount { try await Task.sleep(for: .milliseconds(2)) }
+            let latencies = LatencySummary(microseconds: simulator.ackLatencyMicroseconds)
+            printLine("stats acked=\(simulator.counters.upstreamAcked) p50_us=\(latencies.microseconds(50)) "
+                      + "p99_us=\(latencies.microseconds(99)) p999_us=\(latencies.microseconds(99.9)) max_us=\(latencies.sorted.last ?? 0)")
+            stopped.continuation.finish()
+        }
         for await _ in stopped.stream {}
+        watcher.cancel()
         _ = trap
         simulator.stop()
         let counters = simulator.counters
@@ -178,6 +199,54 @@ final class DemoScript: @unchecked Sendable {
             Task {
                 try? await Task.sleep(for: dropAfter)
                 simulator.drop(session: session)
+            }
+        }
+    }
+}
+
+/// The `--upstream N --upstream-rate R` load of `simulate`: starts at the first bound session.
+final class LoadScript: @unchecked Sendable {
+    private let count: Int
+    private let rate: Int
+    private let lock = NSLock()
+    private var simulator: CCSSimulator?
+    private var started = false
+
+    init(count: Int, rate: Int) {
+        self.count = count
+        self.rate = rate
+    }
+
+    func attach(_ simulator: CCSSimulator) {
+        lock.withLock { self.simulator = simulator }
+    }
+
+    func observe(_ event: SimulatorEvent) {
+        guard case .bound = event else { return }
+        let simulator = lock.withLock { () -> CCSSimulator? in
+            defer { started = true }
+            return started ? nil : self.simulator
+        }
+        guard let simulator, count > 0 else { return }
+        let count = self.count, rate = self.rate
+        Task {
+            let begin = ContinuousClock.now
+            var injected = 0
+            while injected < count {
+                let target: Int
+                if rate == 0 {
+                    // As fast as flow control lets them through, with a bounded backlog.
+                    target = min(count, simulator.counters.upstreamDelivered + 20_000)
+                } else {
+                    target = min(count, Int(Double(rate) * (ContinuousClock.now - begin).seconds) + 1)
+                }
+                if target > injected {
+                    simulator.injectUpstream(batch: (injected..<target).map { number in
+                        ("device-\(number % 1000)", "load-\(number)", ["n": .string("\(number)"), "text": .string("benchmark payload")])
+                    }, category: "com.example.bench")
+                    injected = target
+                }
+                try? await Task.sleep(for: .milliseconds(1))
             }
         }
     }
