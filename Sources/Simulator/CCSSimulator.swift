@@ -47,8 +47,7 @@ public final class CCSSimulator: Sendable {
         var events: [SimulatorEvent] = []
         var waiters: [Waiter] = []
         var nextWaiterID: UInt64 = 0
-        var undelivered: [UpstreamRecord] = []
-        var undeliveredHead = 0
+        var undelivered = FIFO<UpstreamRecord>()
         var targeted: [Int: [UpstreamRecord]] = [:]
         var inFlight: [String: InFlight] = [:]
         var recentlyAcked: Set<String> = []
@@ -137,8 +136,7 @@ public final class CCSSimulator: Sendable {
             json += ",\"message_id\":"
             JSONValue.appendQuoted(message.messageID, to: &json)
             json += "}"
-            return UpstreamRecord(messageID: message.messageID, from: message.from,
-                                  stanza: "<message from=\"devices@gcm.googleapis.com\" type=\"normal\"><data:gcm xmlns:data=\"google:mobile:data\">\(XMLEscaping.escapeText(json))</data:gcm></message>")
+            return UpstreamRecord(messageID: message.messageID, from: message.from, stanza: Self.upstreamStanza(json: json))
         }
         let handles = state.withLock { state -> [SessionHandle] in
             state.undelivered.append(contentsOf: records)
@@ -151,10 +149,7 @@ public final class CCSSimulator: Sendable {
     /// `messageID`/`from` say how an ack would be matched; pass nil when it cannot be acked.
     public func injectRaw(json: String, messageID: String?, from: String?, session: Int? = nil,
                           stanzaAttributes: String = " from=\"devices@gcm.googleapis.com\" type=\"normal\"", prefixedPayload: Bool = true) {
-        let payload = XMLEscaping.escapeText(json)
-        let stanza = prefixedPayload
-            ? "<message\(stanzaAttributes)><data:gcm xmlns:data=\"google:mobile:data\">\(payload)</data:gcm></message>"
-            : "<message\(stanzaAttributes)><gcm xmlns=\"google:mobile:data\">\(payload)</gcm></message>"
+        let stanza = Self.upstreamStanza(json: json, attributes: stanzaAttributes, prefixedPayload: prefixedPayload)
         let record = UpstreamRecord(messageID: messageID ?? "", from: from ?? "", stanza: stanza)
         let handles = state.withLock { state -> [SessionHandle] in
             if let session {
@@ -165,6 +160,16 @@ public final class CCSSimulator: Sendable {
             return state.boundSessions.compactMap { state.sessions[$0] }
         }
         for handle in handles { handle.loop.wake() }
+    }
+
+    /// An upstream `<message>` as CCS sends it: the stanza attributes CCS uses and, by
+    /// default, the prefixed `<data:gcm>` form (clients must parse by namespace).
+    static func upstreamStanza(json: String, attributes: String = " from=\"devices@gcm.googleapis.com\" type=\"normal\"",
+                               prefixedPayload: Bool = true) -> String {
+        let payload = XMLEscaping.escapeText(json)
+        return prefixedPayload
+            ? "<message\(attributes)><data:gcm xmlns:data=\"google:mobile:data\">\(payload)</data:gcm></message>"
+            : "<message\(attributes)><gcm xmlns=\"google:mobile:data\">\(payload)</gcm></message>"
     }
 
     /// Sends `CONNECTION_DRAINING` on `session`; CCS closes it after `closeAfter` (nil: leave open).
@@ -317,14 +322,7 @@ public final class CCSSimulator: Sendable {
                 queue.removeFirst(count)
                 state.targeted[session] = queue
             }
-            while taken.count < limit, state.undeliveredHead < state.undelivered.count {
-                taken.append(state.undelivered[state.undeliveredHead])
-                state.undeliveredHead += 1
-            }
-            if state.undeliveredHead > 4096 && state.undeliveredHead * 2 > state.undelivered.count {
-                state.undelivered.removeFirst(state.undeliveredHead)
-                state.undeliveredHead = 0
-            }
+            taken += state.undelivered.popFirst(limit - taken.count)
             for record in taken where !record.messageID.isEmpty {
                 state.inFlight[record.messageID] = InFlight(session: session, deliveredAt: now, record: record)
             }
@@ -372,9 +370,7 @@ public final class CCSSimulator: Sendable {
                 .sorted { $0.deliveredAt < $1.deliveredAt }.map(\.record)
             for record in orphans { state.inFlight[record.messageID] = nil }
             let targeted = state.targeted.removeValue(forKey: session) ?? []
-            let remaining = Array(state.undelivered[state.undeliveredHead...])
-            state.undelivered = orphans + targeted + remaining
-            state.undeliveredHead = 0
+            state.undelivered.prepend(contentsOf: orphans + targeted)
             return state.boundSessions.compactMap { state.sessions[$0] }
         }
         record(.closed(session: session, reason: reason))

@@ -7,13 +7,12 @@ import XMPP
 /// dropped to make room); the consumer takes items in batches.
 final class BoundedQueue<Element: Sendable>: Sendable {
     private struct State {
-        var items: [Element] = []
-        var head = 0
+        var items = FIFO<Element>()
         var producers: [(id: UInt64, item: Element, continuation: CheckedContinuation<Void, Never>)] = []
         var consumer: CheckedContinuation<Void, Never>?
         var nextID: UInt64 = 0
         var closed = false
-        var count: Int { items.count - head }
+        var count: Int { items.count }
     }
 
     let capacity: Int
@@ -47,16 +46,7 @@ final class BoundedQueue<Element: Sendable>: Sendable {
     func take(maximum: Int, deadline: ContinuousClock.Instant? = nil) async -> [Element] {
         while true {
             let (items, admitted, closed) = state.withLock { state -> ([Element], [CheckedContinuation<Void, Never>], Bool) in
-                let available = min(maximum, state.count)
-                let items = Array(state.items[state.head..<(state.head + available)])
-                state.head += available
-                if state.head == state.items.count {
-                    state.items.removeAll(keepingCapacity: true)
-                    state.head = 0
-                } else if state.head > 4096 && state.head * 2 > state.items.count {
-                    state.items.removeFirst(state.head)
-                    state.head = 0
-                }
+                let items = state.items.popFirst(maximum)
                 var admitted: [CheckedContinuation<Void, Never>] = []
                 while state.count < capacity, !state.producers.isEmpty {
                     let producer = state.producers.removeFirst()

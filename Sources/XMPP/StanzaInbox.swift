@@ -9,8 +9,7 @@ import Synchronization
 /// capacity, never more.
 final class StanzaInbox: Sendable {
     private struct State {
-        var items: [ReceivedStanza] = []
-        var head = 0
+        var items = FIFO<ReceivedStanza>()
         var waiting: CheckedContinuation<ReceivedStanza?, Never>?
         var finished = false
         var stopped = false
@@ -43,14 +42,14 @@ final class StanzaInbox: Sendable {
                 return (waiter, PushResult(accepted: true, hasRoom: true))
             }
             state.items.append(stanza)
-            return (nil, PushResult(accepted: true, hasRoom: state.items.count - state.head < capacity))
+            return (nil, PushResult(accepted: true, hasRoom: state.items.count < capacity))
         }
         waiter?.resume(returning: stanza)
         return result
     }
 
     /// True while the consumer has room for more.
-    var hasRoom: Bool { state.withLock { !$0.stopped && $0.items.count - $0.head < capacity } }
+    var hasRoom: Bool { state.withLock { !$0.stopped && $0.items.count < capacity } }
 
     /// Refuses every further stanza (they are not acked, so CCS redelivers them) and ends
     /// the sequence once the consumer has taken what is already queued: those may have
@@ -86,19 +85,8 @@ final class StanzaInbox: Sendable {
     func next() async -> ReceivedStanza? {
         await withCheckedContinuation { continuation in
             let (item, wasFull) = state.withLock { state -> (ReceivedStanza??, Bool) in
-                if state.head < state.items.count {
-                    let wasFull = state.items.count - state.head >= capacity
-                    let item = state.items[state.head]
-                    state.head += 1
-                    if state.head == state.items.count {
-                        state.items.removeAll(keepingCapacity: true)
-                        state.head = 0
-                    } else if state.head > 1024 && state.head * 2 > state.items.count {
-                        state.items.removeFirst(state.head)
-                        state.head = 0
-                    }
-                    return (.some(item), wasFull)
-                }
+                let wasFull = state.items.count >= capacity
+                if let item = state.items.popFirst() { return (.some(item), wasFull) }
                 if state.finished { return (.some(nil), false) }
                 precondition(state.waiting == nil, "StanzaInbox supports one consumer at a time")
                 state.waiting = continuation

@@ -1,0 +1,19 @@
+import Testing
+@testable import XMPP
+
+@Suite struct FIFOTests {
+    @Test func keepsOrderAcrossCompactionAndPrepend() {
+        var fifo = FIFO<Int>()
+        fifo.append(contentsOf: 0..<5000)
+        var taken: [Int] = []
+        while taken.count < 3000, let next = fifo.popFirst() { taken.append(next) }  // compacts on the way
+        #expect(taken == Array(0..<3000))
+        fifo.prepend(contentsOf: [-2, -1])
+        #expect(fifo.count == 2002)
+        #expect(fifo.popFirst(3) == [-2, -1, 3000])
+        fifo.append(9999)
+        let rest = fifo.popFirst(10_000)
+        #expect(rest.first == 3001 && rest.last == 9999 && rest.count == 2000)
+        #expect(fifo.isEmpty && fifo.popFirst() == nil && fifo.popFirst(5).isEmpty)
+    }
+}
