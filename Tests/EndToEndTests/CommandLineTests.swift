@@ -20,10 +20,11 @@ import Testing
         }
     }
 
-    /// Runs `fcm-worker` with `arguments` and a clean environment plus `environment`;
-    /// sends SIGTERM after `terminateAfter` if given; kills it after 20 s in any case.
+    /// Runs `fcm-worker` with `arguments` and a clean environment plus `environment`; when
+    /// `ready` is given, runs it and then sends SIGTERM; kills the process after 20 s in
+    /// any case.
     static func run(_ arguments: [String], environment: [String: String] = [:],
-                    terminateAfter: Duration? = nil, whenReady ready: (@Sendable () async throws -> Void)? = nil) async throws -> Outcome {
+                    whenReady ready: (@Sendable () async throws -> Void)? = nil) async throws -> Outcome {
         let process = Process()
         process.executableURL = try executable
         process.arguments = arguments
@@ -36,9 +37,8 @@ import Testing
             try await Task.sleep(for: .seconds(20))
             process.terminate()
         }
-        if let ready { try await ready() }
-        if let terminateAfter {
-            try await Task.sleep(for: terminateAfter)
+        if let ready {
+            try await ready()
             kill(process.processIdentifier, SIGTERM)
         }
         let errorData = errorPipe.fileHandleForReading.readDataToEndOfFile()
@@ -82,7 +82,7 @@ import Testing
             "FCM_ENDPOINT": "127.0.0.1:\(simulator.port)", "FCM_CA_FILE": configuration.caFile!,
             "DATABASE_URL": database.url, "FCM_MIGRATIONS_DIR": TestDatabase.migrationsDirectory,
             "FCM_SPOOL_FILE": configuration.spoolFile,
-        ], terminateAfter: .zero) {
+        ]) {
             let first = try await simulator.waitForBoundSessions(1)[0]
             simulator.injectUpstream(messageID: "cli-1")
             try await simulator.wait(for: "the ack") { $0.acked.contains("cli-1") }

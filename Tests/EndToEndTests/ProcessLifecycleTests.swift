@@ -6,7 +6,7 @@ import Testing
 /// The worker as a process under signals: nothing acked is ever lost.
 @Suite struct ProcessLifecycleTests {
     /// Starts `fcm-worker run` against `ccs` and `database` with extra flags.
-    private func startWorker(_ ccs: TestCCS, _ database: TestDatabase, spool: String, _ extra: [String]) throws -> (Process, Pipe) {
+    private func startWorkerProcess(_ ccs: TestCCS, _ database: TestDatabase, spool: String, _ extra: [String]) throws -> (Process, Pipe) {
         let configuration = try ccs.worker(database: database)
         let process = Process()
         process.executableURL = try CommandLineTests.executable
@@ -42,7 +42,7 @@ import Testing
         defer { ccs.simulator.stop() }
         let database = try await TestDatabase.make()
         let spool = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID())").path
-        let (first, _) = try startWorker(ccs, database, spool: spool, ["--ack-mode", "durable"])
+        let (first, _) = try startWorkerProcess(ccs, database, spool: spool, ["--ack-mode", "durable"])
         try await ccs.simulator.waitForBoundSessions(1)
         for index in 0..<3000 { ccs.simulator.injectUpstream(from: "d\(index % 50)", messageID: "k\(index)") }
         try await ccs.simulator.wait(for: "some acks", timeout: .seconds(30)) { $0.acked.count >= 300 }
@@ -57,7 +57,7 @@ import Testing
         #expect(!FileManager.default.fileExists(atPath: spool))
 
         // CCS redelivers what was not acked; a new worker stores the rest, each once.
-        let (second, _) = try startWorker(ccs, database, spool: spool, ["--ack-mode", "durable"])
+        let (second, _) = try startWorkerProcess(ccs, database, spool: spool, ["--ack-mode", "durable"])
         defer { if second.isRunning { second.terminate() } }
         try await ccs.simulator.wait(for: "every message acked", timeout: .seconds(60)) { Set($0.acked).count >= 3000 }
         kill(second.processIdentifier, SIGTERM)
@@ -72,7 +72,7 @@ import Testing
         defer { ccs.simulator.stop() }
         let database = try await TestDatabase.make()
         let spool = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID())").path
-        let (worker, errors) = try startWorker(ccs, database, spool: spool, [])
+        let (worker, errors) = try startWorkerProcess(ccs, database, spool: spool, [])
         try await ccs.simulator.waitForBoundSessions(1)
         for index in 0..<5000 { ccs.simulator.injectUpstream(from: "d\(index % 50)", messageID: "t\(index)") }
         try await ccs.simulator.wait(for: "some acks", timeout: .seconds(30)) { $0.acked.count >= 500 }

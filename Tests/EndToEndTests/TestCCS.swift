@@ -1,5 +1,6 @@
 import FCM
 import Foundation
+import Handlers
 import Simulator
 import Testing
 import Worker
@@ -57,6 +58,17 @@ struct TestCCS {
         let session = Set(simulator.boundSessions).subtracting(before).min()!
         return (connection, session)
     }
+}
+
+/// Starts a worker (quiet logger) with `handlers` (default: `store`); returns its task
+/// and the events it reports.
+func startWorker(_ configuration: WorkerConfiguration, handlers: UpstreamHandlers? = nil) -> (Task<Void, any Error>, WorkerEvents) {
+    let events = WorkerEvents()
+    var chosen = UpstreamHandlers()
+    if let handlers { chosen = handlers } else { chosen.register("store", StoreHandler()) }
+    let worker = FCMWorker(configuration: configuration, handlers: chosen,
+                           logger: Logger(label: "test", minimumLevel: .error) { _ in }, observer: { events.record($0) })
+    return (Task { try await worker.run() }, events)
 }
 
 /// Collects worker events for assertions and lets a test wait on them.

@@ -50,6 +50,16 @@ struct TestDatabase {
         return try await connection.query(sql, parameters)
     }
 
+    /// Waits until `table` holds at least `count` rows, or `limit` passes (the caller then
+    /// asserts the count, so a shortfall fails the test with the actual number).
+    func waitForRows(in table: String, count: Int, within limit: Duration) async {
+        let deadline = ContinuousClock.now + limit
+        while ContinuousClock.now < deadline {
+            if let rows = try? await self.count(table), rows >= count { return }
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+    }
+
     func count(_ table: String, where condition: String = "true") async throws -> Int {
         Int(try await query("SELECT count(*) FROM \(table) WHERE \(condition)").first?.int(0) ?? -1)
     }

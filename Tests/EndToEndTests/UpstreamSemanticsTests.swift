@@ -34,13 +34,6 @@ final class FlakyHandler: UpstreamHandler {
 }
 
 @Suite struct UpstreamSemanticsTests {
-    private func start(_ configuration: WorkerConfiguration, handlers: UpstreamHandlers) -> (Task<Void, any Error>, WorkerEvents) {
-        let events = WorkerEvents()
-        let worker = FCMWorker(configuration: configuration, handlers: handlers,
-                               logger: Logger(label: "test", minimumLevel: .error) { _ in }, observer: { events.record($0) })
-        return (Task { try await worker.run() }, events)
-    }
-
     private func storeAndRecord() -> UpstreamHandlers {
         var handlers = UpstreamHandlers()
         handlers.register("store", StoreHandler())
@@ -61,7 +54,7 @@ final class FlakyHandler: UpstreamHandler {
         try await addOrderTable(database)
         var configuration = try ccs.worker(database: database)
         configuration.concurrency = 4
-        let (task, _) = start(configuration, handlers: storeAndRecord())
+        let (task, _) = startWorker(configuration, handlers: storeAndRecord())
         defer { task.cancel() }
         try await ccs.simulator.waitForBoundSessions(1)
         for index in 0..<10_000 {
@@ -72,10 +65,7 @@ final class FlakyHandler: UpstreamHandler {
             ccs.simulator.injectUpstream(from: "device-\(index % 100)", data: ["n": .string("\(index)")], messageID: "m\(index)")
         }
         try await ccs.simulator.wait(for: "10,020 acks", timeout: .seconds(60)) { $0.acked.count >= 10_020 }
-        let deadline = ContinuousClock.now + .seconds(30)
-        while try await database.count("upstream_messages") < 10_000, ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(50))
-        }
+        await database.waitForRows(in: "upstream_messages", count: 10_000, within: .seconds(30))
         #expect(try await database.count("upstream_messages") == 10_000)
         #expect(try await database.count("handled_order") == 10_000)
         #expect(try await database.count("processed_upstream") == 10_000)
@@ -107,7 +97,7 @@ final class FlakyHandler: UpstreamHandler {
         let flaky = FlakyHandler()
         var handlers = storeAndRecord()
         handlers.register("flaky", flaky)
-        let (task, events) = start(configuration, handlers: handlers)
+        let (task, events) = startWorker(configuration, handlers: handlers)
         defer { task.cancel() }
         try await ccs.simulator.waitForBoundSessions(1)
         ccs.simulator.injectUpstream(from: "dev", data: ["fail": .string("always")], messageID: "doomed")
@@ -154,25 +144,18 @@ final class FlakyHandler: UpstreamHandler {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
         let database = try await TestDatabase.make()
-        let (task, _) = start(try ccs.worker(database: database), handlers: storeAndRecordWithoutOrder())
+        let (task, _) = startWorker(try ccs.worker(database: database))
         defer { task.cancel() }
         try await ccs.simulator.waitForBoundSessions(1)
         ccs.simulator.injectRaw(json: "{\"from\":\"device\",\"category\":\"c\",\"data\":{\"x\":\"1\"}}", messageID: nil, from: "device")
         ccs.simulator.injectRaw(json: "{not json", messageID: nil, from: nil)
-        let deadline = ContinuousClock.now + .seconds(10)
-        while try await database.count("dead_letters") < 2, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        await database.waitForRows(in: "dead_letters", count: 2, within: .seconds(10))
         let rows = try await database.query("SELECT reason, raw_payload, from_token FROM dead_letters ORDER BY id")
         #expect(rows.map { $0.string(0) } == ["unackable", "unreadable"])
         #expect(rows.first?.string(1) == "{\"from\":\"device\",\"category\":\"c\",\"data\":{\"x\":\"1\"}}")
         #expect(rows.first?.string(2) == "device")
         #expect(rows.last?.string(1) == "{not json")
         #expect(ccs.simulator.events.acked.isEmpty)
-    }
-
-    private func storeAndRecordWithoutOrder() -> UpstreamHandlers {
-        var handlers = UpstreamHandlers()
-        handlers.register("store", StoreHandler())
-        return handlers
     }
 
     @Test func aDatabaseOutageMidRunLosesNoAckedMessage() async throws {
@@ -182,7 +165,7 @@ final class FlakyHandler: UpstreamHandler {
         var configuration = try ccs.worker(database: database)
         configuration.pipeline.databaseRetryBase = .milliseconds(50)
         configuration.pipeline.databaseRetryCap = .milliseconds(200)
-        let (task, events) = start(configuration, handlers: storeAndRecordWithoutOrder())
+        let (task, events) = startWorker(configuration)
         defer { task.cancel() }
         try await ccs.simulator.waitForBoundSessions(1)
         for index in 0..<500 { ccs.simulator.injectUpstream(from: "d\(index % 10)", messageID: "a\(index)") }
@@ -194,10 +177,7 @@ final class FlakyHandler: UpstreamHandler {
             events.contains { if case .databaseUnavailable = $0 { true } else { false } }
         }
         try await TestDatabase.restore(name)
-        let deadline = ContinuousClock.now + .seconds(20)
-        while try await database.count("upstream_messages") < 1000, ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(50))
-        }
+        await database.waitForRows(in: "upstream_messages", count: 1000, within: .seconds(20))
         #expect(try await database.count("upstream_messages") == 1000)
         #expect(try await database.count("processed_upstream") == 1000)
     }
@@ -213,7 +193,7 @@ final class FlakyHandler: UpstreamHandler {
         configuration.pipeline.batchSize = 10
         configuration.pipeline.databaseRetryBase = .milliseconds(50)
         configuration.pipeline.databaseRetryCap = .milliseconds(100)
-        let (task, events) = start(configuration, handlers: storeAndRecordWithoutOrder())
+        let (task, events) = startWorker(configuration)
         defer { task.cancel() }
         try await ccs.simulator.waitForBoundSessions(1)
         try await events.wait(for: "the worker's side of the session") { events in
@@ -231,10 +211,7 @@ final class FlakyHandler: UpstreamHandler {
         #expect(ackedDuringOutage < 3000)
         try await TestDatabase.restore(name)
         try await ccs.simulator.wait(for: "every ack", timeout: .seconds(60)) { $0.acked.count >= 3000 }
-        let deadline = ContinuousClock.now + .seconds(30)
-        while try await database.count("upstream_messages") < 3000, ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(50))
-        }
+        await database.waitForRows(in: "upstream_messages", count: 3000, within: .seconds(30))
         #expect(try await database.count("upstream_messages") == 3000)
         #expect(ccs.simulator.violations.isEmpty)
     }
@@ -246,7 +223,7 @@ final class FlakyHandler: UpstreamHandler {
         var configuration = try ccs.worker(database: database)
         configuration.shutdownTimeout = .milliseconds(500)
         configuration.pipeline.databaseRetryBase = .milliseconds(50)
-        let (first, events) = start(configuration, handlers: storeAndRecordWithoutOrder())
+        let (first, events) = startWorker(configuration)
         try await ccs.simulator.waitForBoundSessions(1)
         try await TestDatabase.cutOff(name)
         for index in 0..<50 { ccs.simulator.injectUpstream(from: "d", messageID: "s\(index)") }
@@ -258,7 +235,7 @@ final class FlakyHandler: UpstreamHandler {
         #expect(spooled.count == 50)
 
         try await TestDatabase.restore(name)
-        let (second, replayEvents) = start(configuration, handlers: storeAndRecordWithoutOrder())
+        let (second, replayEvents) = startWorker(configuration)
         defer { second.cancel() }
         try await replayEvents.wait(for: "the replay") { events in
             events.contains { if case .replayed(50) = $0 { true } else { false } }
@@ -289,10 +266,7 @@ struct ReplyingHandler: UpstreamHandler {
         handlers.register("store", StoreHandler())
         handlers.register("register", ReplyingHandler(), for: .when { $0.data["action"] == "register" })
         handlers.register("chat-only", ReplyingHandler(), for: .category("com.example.chat"))
-        let events = WorkerEvents()
-        let worker = FCMWorker(configuration: configuration, handlers: handlers,
-                               logger: Logger(label: "t", minimumLevel: .error) { _ in }, observer: { events.record($0) })
-        let task = Task { try await worker.run() }
+        let (task, events) = startWorker(configuration, handlers: handlers)
         defer { task.cancel() }
         try await ccs.simulator.waitForBoundSessions(1)
         ccs.simulator.injectUpstream(from: "tok-1", data: ["action": .string("register")], messageID: "r1")
@@ -326,10 +300,7 @@ struct ReplyingHandler: UpstreamHandler {
         configuration.shutdownTimeout = .milliseconds(500)
         var handlers = UpstreamHandlers()
         handlers.register("flaky", FlakyHandler())
-        let events = WorkerEvents()
-        let worker = FCMWorker(configuration: configuration, handlers: handlers,
-                               logger: Logger(label: "t", minimumLevel: .error) { _ in }, observer: { events.record($0) })
-        let task = Task { try await worker.run() }
+        let (task, events) = startWorker(configuration, handlers: handlers)
         try await ccs.simulator.waitForBoundSessions(1)
         ccs.simulator.injectUpstream(from: "dev", data: ["fail": .string("always")], messageID: "waiting")
         try await events.wait(for: "the retry to be scheduled") { events in

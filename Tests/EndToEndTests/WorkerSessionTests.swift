@@ -8,23 +8,12 @@ import XMPP
 
 /// `FCMWorker` (the `run` command's engine) against the simulator.
 @Suite struct WorkerSessionTests {
-    /// Starts a worker; returns its task and its event log.
-    private func start(_ configuration: WorkerConfiguration) -> (Task<Void, any Error>, WorkerEvents) {
-        let events = WorkerEvents()
-        var handlers = UpstreamHandlers()
-        handlers.register("store", StoreHandler())
-        let worker = FCMWorker(configuration: configuration, handlers: handlers,
-                               logger: Logger(label: "test", minimumLevel: .warning) { _ in },
-                               observer: { events.record($0) })
-        return (Task { try await worker.run() }, events)
-    }
-
     @Test func everyUpstreamMessageAndReceiptIsAckedOnceOnItsOwnConnection() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
         var configuration = try ccs.worker(database: await TestDatabase.make())
         configuration.connections = 3
-        let (task, _) = start(configuration)
+        let (task, _) = startWorker(configuration)
         defer { task.cancel() }
         try await ccs.simulator.waitForBoundSessions(3)
         var ids: [String] = []
@@ -49,7 +38,7 @@ import XMPP
         defer { ccs.simulator.stop() }
         var configuration = try ccs.worker(database: await TestDatabase.make())
         configuration.reconnectBase = .milliseconds(300)
-        let (task, events) = start(configuration)
+        let (task, events) = startWorker(configuration)
         defer { task.cancel() }
         let first = try await ccs.simulator.waitForBoundSessions(1)[0]
         ccs.simulator.injectUpstream(messageID: "before-drop")
@@ -72,7 +61,7 @@ import XMPP
     @Test func refusedCredentialsStopTheWorkerWithoutRetrying() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
-        let (task, _) = start(try ccs.worker(serverKey: "not-the-key", database: await TestDatabase.make()))
+        let (task, _) = startWorker(try ccs.worker(serverKey: "not-the-key", database: await TestDatabase.make()))
         do {
             try await task.value
             Issue.record("the worker ran with a refused key")
@@ -88,7 +77,7 @@ import XMPP
         defer { ccs.simulator.stop() }
         var configuration = try ccs.worker(database: await TestDatabase.make())
         configuration.reconnectBase = .seconds(30)  // a backoff would show as a timeout here
-        let (task, events) = start(configuration)
+        let (task, events) = startWorker(configuration)
         defer { task.cancel() }
         let first = try await ccs.simulator.waitForBoundSessions(1)[0]
         ccs.simulator.sendConnectionDraining(session: first, closeAfter: .milliseconds(200))
@@ -103,7 +92,7 @@ import XMPP
         defer { ccs.simulator.stop() }
         var configuration = try ccs.worker(database: await TestDatabase.make())
         configuration.connections = 2
-        let (task, events) = start(configuration)
+        let (task, events) = startWorker(configuration)
         let sessions = try await ccs.simulator.waitForBoundSessions(2)
         try await events.wait(for: "both slots connected") { events in
             events.count { if case .connected = $0 { true } else { false } } == 2
@@ -120,7 +109,7 @@ import XMPP
     @Test func messagesThatCannotBeAckedOrReadAreReportedAndTheConnectionStaysUp() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
-        let (task, events) = start(try ccs.worker(database: await TestDatabase.make()))
+        let (task, events) = startWorker(try ccs.worker(database: await TestDatabase.make()))
         defer { task.cancel() }
         try await ccs.simulator.waitForBoundSessions(1)
         ccs.simulator.injectRaw(json: "{\"from\":\"device\",\"category\":\"c\",\"data\":{}}", messageID: nil, from: "device")
@@ -142,7 +131,7 @@ import XMPP
         configuration.pingInterval = .milliseconds(200)
         configuration.pingTimeout = .milliseconds(300)
         configuration.reconnectBase = .milliseconds(100)
-        let (task, events) = start(configuration)
+        let (task, events) = startWorker(configuration)
         defer { task.cancel() }
         let first = try await ccs.simulator.waitForBoundSessions(1)[0]
         try await events.wait(for: "the worker's side of the session") { events in
