@@ -265,6 +265,9 @@ public final class CCSSimulator: Sendable {
 
     // MARK: - For sessions
 
+    /// A session now has `pending` downstream messages unanswered.
+    func notePending(_ pending: Int) { totals.notePending(pending) }
+
     func record(_ event: SimulatorEvent) {
         configuration.onEvent?(event)
         totals.count(event)
@@ -463,6 +466,16 @@ final class SimulatorTotals: Sendable {
     private let downstreamAcked = Atomic<Int>(0)
     private let downstreamNacked = Atomic<Int>(0)
     private let violations = Atomic<Int>(0)
+    private let peakPendingDownstream = Atomic<Int>(0)
+
+    func notePending(_ pending: Int) {
+        var current = peakPendingDownstream.load(ordering: .relaxed)
+        while pending > current {
+            let (exchanged, original) = peakPendingDownstream.compareExchange(expected: current, desired: pending, ordering: .relaxed)
+            if exchanged { return }
+            current = original
+        }
+    }
 
     func count(_ event: SimulatorEvent) {
         switch event {
@@ -487,6 +500,7 @@ final class SimulatorTotals: Sendable {
         counters.downstreamAcked = downstreamAcked.load(ordering: .relaxed)
         counters.downstreamNacked = downstreamNacked.load(ordering: .relaxed)
         counters.violations = violations.load(ordering: .relaxed)
+        counters.peakPendingDownstream = peakPendingDownstream.load(ordering: .relaxed)
         return counters
     }
 }

@@ -39,6 +39,11 @@ final class SimulatedSession: StreamDriver {
     private var bound = false
     private var muted = false
     private var draining = false
+    /// True once the client answered the ping sent right after `CONNECTION_DRAINING`: it
+    /// has read the control message, so a downstream message from now on breaks the rule.
+    private var drainingRead = false
+    private var drainingSentAt: ContinuousClock.Instant?
+    private var drainingPingID: String { "drain-check-\(id)" }
     private var closeAt: ContinuousClock.Instant?
     private var pendingDownstream: Set<String> = []
     private var unackedUpstream: Set<String> = []
@@ -135,6 +140,8 @@ final class SimulatedSession: StreamDriver {
         case .draining(let closeAfter):
             draining = true
             loop.write(CCSStanza.message(json: "{\"message_type\":\"control\",\"control_type\":\"CONNECTION_DRAINING\"}"))
+            loop.write("<iq type=\"get\" id=\"\(drainingPingID)\" from=\"\(config.domain)\"><ping xmlns=\"\(XMPPNamespace.ping)\"/></iq>")
+            drainingSentAt = .now
             simulator.record(.drainingSent(session: id))
             if let closeAfter { closeAt = .now + closeAfter }
         case .drop:
@@ -181,6 +188,11 @@ final class SimulatedSession: StreamDriver {
     }
 
     private func handle(_ stanza: XMLElement, _ loop: StreamLoop) {
+        if stanza.name == "iq", stanza.attribute("type") == "result", stanza.attribute("id") == drainingPingID {
+            drainingRead = true
+            simulator.record(.drainingRead(session: id))
+            return
+        }
         guard stanza.name == "message" else { return }
         let stanzaID = stanza.attribute("id")
         guard let payload = CCSStanza.payload(of: stanza) else {
@@ -224,11 +236,17 @@ final class SimulatedSession: StreamDriver {
         }
         simulator.record(.downstreamReceived(session: id, messageID: messageID))
         if draining {
-            simulator.record(.violation(session: id, .sentWhileDraining(messageID)))
-            answer(messageID, to: json["to"]?.stringValue, .nack(error: "CONNECTION_DRAINING"), loop)
+            // CCS nacks it. It is the client's fault only once the client has read the control
+            // message (it answered the ping that followed) and had `drainingGrace` to stop:
+            // messages it had queued before reading it cross it on the wire.
+            if drainingRead, let sentAt = drainingSentAt, ContinuousClock.now - sentAt > config.drainingGrace {
+                simulator.record(.violation(session: id, .sentWhileDraining(messageID)))
+            }
+            answer(messageID, stanzaID: stanzaID, to: json["to"]?.stringValue, .nack(error: "CONNECTION_DRAINING"), loop)
             return
         }
         pendingDownstream.insert(messageID)
+        simulator.notePending(pendingDownstream.count)
         if pendingDownstream.count > config.maxPendingDownstream {
             simulator.record(.violation(session: id, .windowExceeded(pending: pendingDownstream.count)))
         }
@@ -253,7 +271,7 @@ final class SimulatedSession: StreamDriver {
             ])
             receipt = (body.serialized, receiptID)
         }
-        answer(messageID, to: json["to"]?.stringValue, response, receipt: receipt, loop)
+        answer(messageID, stanzaID: stanzaID, to: json["to"]?.stringValue, response, receipt: receipt, loop)
     }
 
     /// Queues a receipt as an upstream message of this session (FCM sends it after the ack).
@@ -262,7 +280,7 @@ final class SimulatedSession: StreamDriver {
         simulator.record(.receiptSent(session: id, messageID: receipt.id))
     }
 
-    private func answer(_ messageID: String, to: String?, _ response: DownstreamResponse,
+    private func answer(_ messageID: String, stanzaID: String?, to: String?, _ response: DownstreamResponse,
                         receipt: (json: String, id: String)? = nil, _ loop: StreamLoop) {
         var members: [String: JSONValue] = ["message_id": .string(messageID)]
         if let to { members["from"] = .string(to) }
@@ -281,7 +299,8 @@ final class SimulatedSession: StreamDriver {
             delay = nackDelay
         case .stanzaError(let condition, let text):
             pendingDownstream.remove(messageID)
-            loop.write(stanzaError(id: messageID, condition: condition, text: text))
+            // CCS echoes the stanza's id attribute, not the JSON message_id.
+            loop.write(stanzaError(id: stanzaID, condition: condition, text: text))
             simulator.record(.downstreamAnswered(session: id, messageID: messageID, response: response))
             return
         }

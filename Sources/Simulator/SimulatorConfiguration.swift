@@ -14,6 +14,9 @@ public struct SimulatorConfiguration: Sendable {
     public var identity: TLSIdentity
     /// The flow-control window CCS enforces: downstream messages pending per connection.
     public var maxPendingDownstream = 100
+    /// How long after `CONNECTION_DRAINING` downstream messages on that connection are
+    /// still taken as crossing it on the wire (nacked, not counted as violations).
+    public var drainingGrace: Duration = .milliseconds(200)
     /// CCS stops delivering upstream messages to a connection with this many unacked.
     public var maxUnackedUpstream = 100
     /// Send a single-space keepalive this often (nil: never).

@@ -12,6 +12,8 @@ public enum SimulatorEvent: Sendable, Equatable {
     case downstreamAnswered(session: Int, messageID: String, response: DownstreamResponse)
     case receiptSent(session: Int, messageID: String)
     case drainingSent(session: Int)
+    /// The client answered the ping that followed `CONNECTION_DRAINING`: it has read it.
+    case drainingRead(session: Int)
     case violation(session: Int, ProtocolViolation)
     case closed(session: Int, reason: String)
 }
@@ -30,7 +32,9 @@ public enum ProtocolViolation: Sendable, Equatable, CustomStringConvertible {
     case nackFromServer(String)
     /// More downstream messages pending than the window allows.
     case windowExceeded(pending: Int)
-    /// A downstream message sent after `CONNECTION_DRAINING` on the draining connection.
+    /// A downstream message sent on a draining connection after the client had read
+    /// `CONNECTION_DRAINING` (it answered the ping the simulator sends right after it) and
+    /// the `drainingGrace` had passed.
     case sentWhileDraining(String)
     /// A stanza the simulator could not parse as CCS (bad JSON, missing fields).
     case malformedStanza(String)
@@ -61,6 +65,8 @@ public struct SimulatorCounters: Sendable, Equatable {
     public var downstreamAcked = 0
     public var downstreamNacked = 0
     public var violations = 0
+    /// The most downstream messages ever pending at once on one connection.
+    public var peakPendingDownstream = 0
 }
 
 extension Array where Element == SimulatorEvent {

@@ -16,8 +16,12 @@ struct InterceptedCCS: Sendable {
 
 /// Decodes CCS stanzas on the connection's thread and, in immediate mode, writes the ack
 /// of every upstream message there and then (receipts are acked at once in both modes).
+/// `CONNECTION_DRAINING` is reported from there too, so that sending stops before
+/// anything read after it is answered.
 struct CCSAckInterceptor: StanzaInterceptor {
     let ackMode: WorkerConfiguration.AckMode
+    /// Called on the connection's thread when CCS announces it is draining the connection.
+    var onDraining: (@Sendable () -> Void)?
 
     func intercept(_ stanza: XMLElement) -> Interception {
         let receivedAt = Date()
@@ -36,6 +40,8 @@ struct CCSAckInterceptor: StanzaInterceptor {
             if let id = upstream.messageID, let from = upstream.from { reply = CCSStanza.ack(to: from, messageID: id) }
         case .success(.receipt(let receipt)):
             if let id = receipt.messageID, let from = receipt.from { reply = CCSStanza.ack(to: from, messageID: id) }
+        case .success(.control("CONNECTION_DRAINING")):
+            onDraining?()
         default:
             break
         }

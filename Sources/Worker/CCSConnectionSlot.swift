@@ -5,11 +5,14 @@ import XMPP
 
 /// Keeps one CCS connection alive: connects, serves it until it ends, and reconnects with
 /// exponential backoff and full jitter. Every upstream message goes to the pipeline; its
-/// ack is sent at once (immediate mode) or after the commit (durable mode).
+/// ack is sent at once (immediate mode) or after the commit (durable mode). Downstream
+/// answers, receipts and draining go to the outbox sender, which sends on the connection.
 ///
-/// Stops for configuration errors (credentials or certificate refused), which retrying
-/// cannot fix, and on shutdown, when it stops reading and hands back the open connection
-/// so that its acks can be flushed after the pipeline drains.
+/// When CCS drains a connection, a replacement connects at once while the old one is
+/// still read (its upstream messages acked on it, its pending downstream answered) until
+/// CCS closes it. Stops for configuration errors (credentials or certificate refused),
+/// which retrying cannot fix, and on shutdown, when it stops reading and hands back the
+/// open connections so that their acks can be flushed after the pipeline drains.
 final class CCSConnectionSlot: Sendable {
     let index: Int
     let configuration: WorkerConfiguration
@@ -17,83 +20,138 @@ final class CCSConnectionSlot: Sendable {
     let logger: Logger
     let observer: WorkerObserver?
     let pipeline: UpstreamPipeline
+    let sender: OutboxSender
     let shutdown: ShutdownSignal
-    private let current = Mutex<XMPPConnection?>(nil)
+    private let open = Mutex(OpenConnections())
+
+    /// The connection being served and those CCS is draining.
+    private struct OpenConnections {
+        var serving: XMPPConnection?
+        var draining: [ObjectIdentifier: XMPPConnection] = [:]
+        var drainingReaders: [Task<Void, Never>] = []
+        var all: [XMPPConnection] { (serving.map { [$0] } ?? []) + draining.values }
+    }
 
     init(index: Int, configuration: WorkerConfiguration, tls: TLSContext, logger: Logger, observer: WorkerObserver?,
-         pipeline: UpstreamPipeline, shutdown: ShutdownSignal) {
+         pipeline: UpstreamPipeline, sender: OutboxSender, shutdown: ShutdownSignal) {
         self.index = index
         self.configuration = configuration
         self.tls = tls
         self.logger = logger
         self.observer = observer
         self.pipeline = pipeline
+        self.sender = sender
         self.shutdown = shutdown
     }
 
     private var label: String { "ccs#\(index)" }
 
-    /// Runs until shutdown; returns the connection still open then (nil if none).
-    func run() async throws -> XMPPConnection? {
+    /// Runs until shutdown; returns the connections still open then (the one served and
+    /// any CCS is still draining).
+    func run() async throws -> [XMPPConnection] {
         var backoff = ReconnectBackoff(base: configuration.reconnectBase, cap: configuration.reconnectCap)
         let slot = self
-        shutdown.onRequest { slot.current.withLock { $0 }?.stopReceiving() }
+        shutdown.onRequest {
+            for connection in slot.open.withLock({ $0.all }) { connection.stopReceiving() }
+        }
+        var generation = 0
         while !shutdown.isRequested {
             let started = ContinuousClock.now
-            var reconnectAtOnce = false
             do {
                 var client = configuration.xmppClient
-                client.interceptor = CCSAckInterceptor(ackMode: configuration.ackMode)
-                let connection = try await XMPPConnection.connect(client, tls: tls, label: label)
-                current.withLock { $0 = connection }
+                let drainHook = DrainHook(sender: sender)
+                client.interceptor = CCSAckInterceptor(ackMode: configuration.ackMode, onDraining: { drainHook.fire() })
+                generation += 1
+                let connection = try await XMPPConnection.connect(client, tls: tls, label: "\(label).\(generation)")
+                open.withLock { $0.serving = connection }
                 if shutdown.isRequested { connection.stopReceiving() }
-                logger.info("connected to \(configuration.host):\(configuration.port), bound as \(connection.boundJID)")
+                logger.info("connected to \(configuration.host):\(configuration.port) as \(connection.label), bound as \(connection.boundJID)")
                 observer?(.connected(slot: index, jid: connection.boundJID))
-                let drained = await serve(connection)
-                if shutdown.isRequested { return connection }
-                current.withLock { $0 = nil }
+                let link = sender.attach(connection)
+                drainHook.link = link
+                if await serve(connection, link: link) {
+                    keepReadingWhileDraining(connection, link: link)
+                    observer?(.reconnectScheduled(slot: index, delay: .zero))
+                    continue
+                }
+                sender.detach(link)
+                if shutdown.isRequested { break }
+                open.withLock { $0.serving = nil }
                 let reason = await connection.closed()
                 backoff.sessionEnded(after: .now - started)
-                reconnectAtOnce = drained
-                logger.warning("connection ended: \(reason)")
+                logger.warning("connection \(connection.label) ended: \(reason)")
                 observer?(.disconnected(slot: index, reason: reason))
             } catch let error as XMPPError where error.isConfigurationError {
                 logger.error("\(error)")
+                await waitForDrainingReaders()
                 throw error
             } catch let error as XMPPError {
-                if shutdown.isRequested { return nil }
+                if shutdown.isRequested { break }
                 logger.warning("connecting failed: \(error)")
                 observer?(.disconnected(slot: index, reason: error))
             } catch {
-                if shutdown.isRequested { return nil }
+                if shutdown.isRequested { break }
                 logger.warning("connecting failed: \(error)")
             }
-            let delay = reconnectAtOnce ? .zero : backoff.nextDelay()
-            logger.info(reconnectAtOnce ? "reconnecting now (the old connection was drained)"
-                                        : "reconnecting in \(delay.formattedSeconds) (attempt \(backoff.attempt))")
+            let delay = backoff.nextDelay()
+            logger.info("reconnecting in \(delay.formattedSeconds) (attempt \(backoff.attempt))")
             observer?(.reconnectScheduled(slot: index, delay: delay))
             await shutdown.sleep(for: delay)
         }
-        return nil
+        await waitForDrainingReaders()
+        return open.withLock { $0.all }
     }
 
-    /// Reads stanzas until the stream ends or receiving stops; true if CCS drained it.
-    private func serve(_ connection: XMPPConnection) async -> Bool {
-        var drained = false
+    /// Reads stanzas until the stream ends or receiving stops (false), or until CCS
+    /// announces that it is draining the connection (true).
+    private func serve(_ connection: XMPPConnection, link: Int) async -> Bool {
         while let received = await connection.nextReceived() {
-            if await handle(received, on: connection) { drained = true }
+            if await handle(received, on: connection, link: link) { return true }
         }
-        return drained
+        return false
+    }
+
+    /// Reads a draining connection in the background until CCS closes it (its upstream
+    /// messages are acked on it, its pending downstream messages answered), then hands
+    /// what is still pending on it to the other connections.
+    private func keepReadingWhileDraining(_ connection: XMPPConnection, link: Int) {
+        logger.info("CCS is draining \(connection.label): opening a replacement now, reading it until CCS closes it")
+        let key = ObjectIdentifier(connection)
+        let reader = Task { [self] in
+            while let received = await connection.nextReceived() {
+                _ = await handle(received, on: connection, link: link)
+            }
+            sender.detach(link)
+            if shutdown.isRequested { return }
+            let reason = await connection.closed()
+            open.withLock { _ = $0.draining.removeValue(forKey: key) }
+            logger.info("drained connection \(connection.label) ended: \(reason)")
+            observer?(.disconnected(slot: index, reason: reason))
+        }
+        open.withLock { state in
+            state.serving = nil
+            state.draining[key] = connection
+            state.drainingReaders.append(reader)
+        }
+        if shutdown.isRequested { connection.stopReceiving() }
+    }
+
+    /// Waits for the readers of draining connections (they end once receiving stops).
+    private func waitForDrainingReaders() async {
+        for reader in open.withLock({ $0.drainingReaders }) { await reader.value }
     }
 
     /// Returns true when CCS announced it is draining this connection. The connection's
     /// thread already decoded the stanza and, where the mode says so, acked it.
-    private func handle(_ received: ReceivedStanza, on connection: XMPPConnection) async -> Bool {
+    private func handle(_ received: ReceivedStanza, on connection: XMPPConnection, link: Int) async -> Bool {
         let stanza = received.element
         if stanza.name == "message", stanza.attribute("type") == "error" {
-            let condition = stanza.child("error")?.elements.first?.name ?? "unknown"
-            let text = stanza.child("error")?.child("text")?.text ?? ""
-            logger.warning("stanza error for id \(stanza.attribute("id") ?? "?"): \(condition) \(text)")
+            let condition = stanza.child("error")?.elements.first { $0.name != "text" }?.name ?? "undefined-condition"
+            let text = stanza.child("error")?.child("text")?.text
+            logger.warning("stanza error for id \(stanza.attribute("id") ?? "?"): \(condition) \(text ?? "")")
+            if let stanzaID = stanza.attribute("id") {
+                sender.received(.stanzaError(stanzaID: stanzaID, condition: condition, text: text), on: link)
+            }
             return false
         }
         guard let intercepted = received.attachment as? InterceptedCCS, let payload = intercepted.payload,
@@ -126,7 +184,7 @@ final class CCSConnectionSlot: Sendable {
             }
             var work = UpstreamWork(kind: .message(UpstreamMessage(
                 messageID: messageID, from: from, category: upstream.category, rawData: upstream.data,
-                raw: upstream.raw, rawPayload: payload, connection: label, receivedAt: receivedAt)))
+                raw: upstream.raw, rawPayload: payload, connection: connection.label, receivedAt: receivedAt)))
             if intercepted.acked {
                 observer?(.acked(slot: index, messageID: messageID, message: message))
             } else {
@@ -140,13 +198,17 @@ final class CCSConnectionSlot: Sendable {
             } else {
                 logger.warning("a receipt without message_id or from: \(payload.prefix(200))")
             }
-        case .ack(let messageID, _, _):
-            logger.debug("CCS acked \(messageID)")
+            if let original = receipt.data["original_message_id"]?.stringValue {
+                sender.receipt(originalMessageID: original, at: receivedAt)
+            }
+        case .ack(let messageID, _, let canonical):
+            sender.received(.ack(messageID: messageID, canonicalToken: canonical), on: link)
         case .nack(let messageID, _, let error, let description, _):
-            logger.warning("CCS nacked \(messageID): \(error) \(description ?? "")")
+            logger.info("CCS nacked \(messageID): \(error) \(description ?? "")")
+            sender.received(.nack(messageID: messageID, code: error, description: description), on: link)
         case .control(let type):
             if type == "CONNECTION_DRAINING" {
-                logger.info("CCS is draining this connection; a new one opens when it closes")
+                sender.drain(link)
                 return true
             }
             logger.info("control message \(type)")
@@ -164,6 +226,25 @@ final class CCSConnectionSlot: Sendable {
     }
 }
 
+/// Tells the sender, from the connection's thread, that CCS drains the connection: no
+/// send is placed on it once the control message is parsed. (Before the connection has a
+/// link, the reader's own handling of the control message does it.)
+private final class DrainHook: Sendable {
+    private let sender: OutboxSender
+    private let linked = Mutex<Int?>(nil)
+
+    init(sender: OutboxSender) { self.sender = sender }
+
+    var link: Int? {
+        get { linked.withLock { $0 } }
+        set { linked.withLock { $0 = newValue } }
+    }
+
+    func fire() {
+        if let link { sender.drain(link) }
+    }
+}
+
 /// What the worker did, for tests and embedding applications.
 public enum WorkerEvent: Sendable {
     case connected(slot: Int, jid: String)
@@ -177,6 +258,8 @@ public enum WorkerEvent: Sendable {
     case retryScheduled(messageID: String, attempt: Int, delay: Duration)
     case databaseUnavailable(String)
     case spooled(count: Int, path: String)
+    /// The outbox sender listens for NOTIFY: rows inserted from now on wake it at once.
+    case outboxListening
     case replayed(count: Int)
 }
 

@@ -63,12 +63,26 @@ public struct FCMWorker: Sendable {
         let pipeline = UpstreamPipeline(pool: pool, handlers: handlers, settings: configuration.pipeline,
                                         logger: logger.labeled("pipeline"), observer: observer)
         let pipelineTask = Task { await pipeline.run() }
+        let senderPool = PostgresPool(conninfo: databaseURL, size: 2)
+        let sender = OutboxSender(pool: senderPool, conninfo: databaseURL, settings: configuration.downstream,
+                                  logger: logger.labeled("outbox"), observer: observer)
+        let senderTask = Task { await sender.run() }
+        // On shutdown the sender stops first, while the connections are still read so that
+        // the answers to what it sent arrive; then reading stops.
+        let reading = ShutdownSignal()
+        let senderWindDown = min(configuration.shutdownTimeout, .seconds(5))
+        shutdown.onRequest {
+            Task {
+                await sender.finish(within: senderWindDown)
+                reading.request()
+            }
+        }
         let slots = (1...configuration.connections).map { index in
             CCSConnectionSlot(index: index, configuration: configuration, tls: tls, logger: logger.labeled("ccs#\(index)"),
-                              observer: observer, pipeline: pipeline, shutdown: shutdown)
+                              observer: observer, pipeline: pipeline, sender: sender, shutdown: reading)
         }
         let slotsTask = Task { () -> ([XMPPConnection], (any Error)?) in
-            await withTaskGroup(of: Result<XMPPConnection?, any Error>.self) { group in
+            await withTaskGroup(of: Result<[XMPPConnection], any Error>.self) { group in
                 for slot in slots {
                     group.addTask {
                         do { return .success(try await slot.run()) } catch { return .failure(error) }
@@ -78,7 +92,7 @@ public struct FCMWorker: Sendable {
                 var failure: (any Error)?
                 for await result in group {
                     switch result {
-                    case .success(let connection): if let connection { open.append(connection) }
+                    case .success(let connections): open += connections
                     case .failure(let error):
                         if failure == nil { failure = error }
                         shutdown.request()
@@ -88,6 +102,8 @@ public struct FCMWorker: Sendable {
             }
         }
         let (connections, failure) = await slotsTask.value
+        await senderTask.value
+        await senderPool.close()
 
         // Reading has stopped. Let what is queued commit (durable acks go out meanwhile).
         logger.info("shutting down: \(pipeline.backlog) message(s) still queued")

@@ -57,7 +57,10 @@ public struct Migrator: Sendable {
         return source
     }
 
-    private static let lockKey: Int64 = 0x66_636D_6D69_67  // "fcmmig"
+    private static let lockKey: Int64 = 0x6663_6D6D  // "fcmm"
+    /// The advisory lock's two keys: ours, and the schema migrated into (migrators of
+    /// different schemas in one database do not wait for each other).
+    private static let lockKeys = "$1::int4, hashtext(current_schema())"
 
     /// Applies what is pending; returns the names applied, in order.
     @discardableResult
@@ -87,13 +90,13 @@ public struct Migrator: Sendable {
     }
 
     private func withLock<T: Sendable>(_ connection: PostgresConnection, _ body: () async throws -> T) async throws -> T {
-        try await connection.execute("SELECT pg_advisory_lock($1)", [.int(Self.lockKey)])
+        try await connection.execute("SELECT pg_advisory_lock(\(Self.lockKeys))", [.int(Self.lockKey)])
         do {
             let value = try await body()
-            try await connection.execute("SELECT pg_advisory_unlock($1)", [.int(Self.lockKey)])
+            try await connection.execute("SELECT pg_advisory_unlock(\(Self.lockKeys))", [.int(Self.lockKey)])
             return value
         } catch {
-            _ = try? await connection.execute("SELECT pg_advisory_unlock($1)", [.int(Self.lockKey)])
+            _ = try? await connection.execute("SELECT pg_advisory_unlock(\(Self.lockKeys))", [.int(Self.lockKey)])
             throw error
         }
     }

@@ -57,6 +57,8 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     /// Reconnect delays: full jitter from `reconnectBase` doubling to `reconnectCap`.
     public var reconnectBase: Duration = .seconds(1)
     public var reconnectCap: Duration = .seconds(60)
+    /// How the outbox is sent: lease, sweep, retry policy.
+    public var downstream = DownstreamSettings()
 
     public init(senderID: String, serverKey: String) {
         self.senderID = senderID

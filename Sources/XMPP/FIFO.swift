@@ -8,6 +8,8 @@ package struct FIFO<Element> {
 
     package var count: Int { items.count - head }
     package var isEmpty: Bool { head == items.count }
+    /// What is queued, oldest first.
+    package var elements: ArraySlice<Element> { items[head...] }
 
     package mutating func append(_ element: Element) { items.append(element) }
     package mutating func append<S: Sequence>(contentsOf elements: S) where S.Element == Element { items.append(contentsOf: elements) }
@@ -46,3 +48,5 @@ package struct FIFO<Element> {
         }
     }
 }
+
+extension FIFO: Sendable where Element: Sendable {}

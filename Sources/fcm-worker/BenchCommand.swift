@@ -331,10 +331,6 @@ final class Setup: Sendable {
     }
 }
 
-extension Duration {
-    var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
-}
-
 /// Prints a line at once (standard output may be a file or pipe, where `print` buffers).
 func say(_ line: String) {
     FileHandle.standardOutput.write(Data((line + "\n").utf8))

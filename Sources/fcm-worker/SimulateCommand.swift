@@ -142,6 +142,7 @@ enum SimulateCommand {
         case .downstreamAnswered(let session, let id, let response): "session \(session): downstream \(id) answered \(response)"
         case .receiptSent(let session, let id): "session \(session): receipt \(id) sent"
         case .drainingSent(let session): "session \(session): CONNECTION_DRAINING sent"
+        case .drainingRead(let session): "session \(session): the client has read CONNECTION_DRAINING"
         case .violation(let session, let violation): "session \(session): PROTOCOL VIOLATION: \(violation)"
         case .closed(let session, let reason): "session \(session): closed (\(reason))"
         }

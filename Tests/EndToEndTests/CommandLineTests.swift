@@ -41,10 +41,10 @@ import Testing
             try await ready()
             kill(process.processIdentifier, SIGTERM)
         }
-        let errorData = errorPipe.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
+        let errorData = await readToEnd(errorPipe.fileHandleForReading)
+        let status = await exitStatus(of: process)
         watchdog.cancel()
-        return Outcome(status: process.terminationStatus, standardError: String(decoding: errorData, as: UTF8.self))
+        return Outcome(status: status, standardError: String(decoding: errorData, as: UTF8.self))
     }
 
     @Test func aMissingSettingExitsWithStatus2AndOneLine() async throws {

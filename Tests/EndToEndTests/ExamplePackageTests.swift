@@ -13,10 +13,10 @@ import Testing
         build.standardOutput = output
         build.standardError = output
         try build.run()
-        let log = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        build.waitUntilExit()
-        #expect(build.terminationStatus == 0, "\(log.suffix(3000))")
-        guard build.terminationStatus == 0 else { return }
+        let log = String(decoding: await readToEnd(output.fileHandleForReading), as: UTF8.self)
+        let built = await exitStatus(of: build)
+        #expect(built == 0, "\(log.suffix(3000))")
+        guard built == 0 else { return }
 
         // Without settings it behaves like `fcm-worker run`: status 2 and one clear line.
         let run = Process()
@@ -25,9 +25,8 @@ import Testing
         let errors = Pipe()
         run.standardError = errors
         try run.run()
-        let message = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        run.waitUntilExit()
-        #expect(run.terminationStatus == 2)
+        let message = String(decoding: await readToEnd(errors.fileHandleForReading), as: UTF8.self)
+        #expect(await exitStatus(of: run) == 2)
         #expect(message == "fcm-worker: missing sender ID: pass --sender-id or set FCM_SENDER_ID\n")
     }
 }

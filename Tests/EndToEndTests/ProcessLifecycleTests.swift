@@ -78,7 +78,7 @@ import Testing
         try await ccs.simulator.wait(for: "some acks", timeout: .seconds(30)) { $0.acked.count >= 500 }
         kill(worker.processIdentifier, SIGTERM)
         try await waitForExit(worker)
-        let log = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        let log = String(decoding: await readToEnd(errors.fileHandleForReading), as: UTF8.self)
         #expect(worker.terminationStatus == 0, "\(log.suffix(2000))")
         let acked = Set(ccs.simulator.events.acked)
         let stored = try await storedIDs(database)

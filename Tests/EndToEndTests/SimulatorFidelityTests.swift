@@ -7,8 +7,8 @@ import XMPP
 /// The simulator enforces CCS's rules and answers in CCS's formats: a raw client breaks
 /// rules on purpose and checks what comes back.
 @Suite struct SimulatorFidelityTests {
-    private func downstream(_ id: String, to: String = "token-1", extra: String = "") -> String {
-        CCSStanza.message(json: "{\"to\":\"\(to)\",\"message_id\":\"\(id)\"\(extra),\"data\":{\"k\":\"v\"}}", id: id)
+    private func downstream(_ id: String, to: String = "token-1", extra: String = "", stanzaID: String? = nil) -> String {
+        CCSStanza.message(json: "{\"to\":\"\(to)\",\"message_id\":\"\(id)\"\(extra),\"data\":{\"k\":\"v\"}}", id: stanzaID ?? id)
     }
 
     /// The JSON of the next stanza carrying a `<gcm>` payload.
@@ -102,9 +102,10 @@ import XMPP
         answer = try await nextPayload(connection)
         #expect(answer["registration_id"] == .string("canonical-token"))
         #expect(answer["message_type"] == .string("ack"))
-        try await connection.send(serialized: downstream("e1"))
+        // The stanza error echoes the stanza's id attribute, which need not be the message_id.
+        try await connection.send(serialized: downstream("e1", stanzaID: "stanza-of-e1"))
         let stanzaError = await connection.next()
-        #expect(stanzaError?.attribute("type") == "error" && stanzaError?.attribute("id") == "e1")
+        #expect(stanzaError?.attribute("type") == "error" && stanzaError?.attribute("id") == "stanza-of-e1")
 
         // A delayed ack, then the receipt that was asked for, which must be acked in turn.
         try await connection.send(serialized: downstream("r1", extra: ",\"delivery_receipt_requested\":true,\"time_to_live\":0"))
@@ -130,6 +131,9 @@ import XMPP
         ccs.simulator.sendConnectionDraining(session: session)
         let control = try await nextPayload(connection)
         #expect(control == .object(["message_type": .string("control"), "control_type": .string("CONNECTION_DRAINING")]))
+        // A ping follows the control message; its answer proves the client has read it.
+        try await ccs.simulator.wait(for: "the drain to be read") { $0.contains(.drainingRead(session: session)) }
+        try await Task.sleep(for: ccs.simulator.configuration.drainingGrace)
         try await connection.send(serialized: downstream("late"))
         let nack = try await nextPayload(connection)
         #expect(nack["error"] == .string("CONNECTION_DRAINING"))

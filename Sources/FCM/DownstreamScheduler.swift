@@ -1,0 +1,192 @@
+import Foundation
+import XMPP
+
+/// A downstream message claimed from the outbox and ready to be placed on a connection.
+public struct OutgoingDownstream: Sendable, Equatable {
+    /// The outbox row.
+    public let rowID: Int64
+    /// The `message_id` on the wire; FCM's answer carries it back.
+    public let messageID: String
+    /// The token, topic or condition it goes to: what a rate limit slows down.
+    public let target: String
+    /// The `<gcm>` JSON.
+    public let json: String
+    /// When the row was inserted (its age bounds retries and its time to live).
+    public let createdAt: Date
+    /// Seconds; nil for FCM's default of 4 weeks.
+    public let timeToLive: Int?
+    /// Which attempt the next send is (1 for the first).
+    public var attempt: Int
+
+    public init(rowID: Int64, messageID: String, target: String, json: String, createdAt: Date, timeToLive: Int?, attempt: Int) {
+        self.rowID = rowID
+        self.messageID = messageID
+        self.target = target
+        self.json = json
+        self.createdAt = createdAt
+        self.timeToLive = timeToLive
+        self.attempt = attempt
+    }
+}
+
+/// Places downstream messages on CCS connections, as a pure state machine.
+///
+/// Each open connection ("link") has its own `DownstreamWindow` of 100; `take(for:)` fills a
+/// link's free slots from one shared queue, so sends spread over the links that have
+/// room. A draining link takes nothing more but keeps its pending messages until they
+/// are answered or the link closes; closing a link puts what was pending on it back at
+/// the front of the queue (at-least-once: never zero times). Targets that hit a rate
+/// limit are slowed down: their messages are handed back as deferred instead of placed.
+public struct DownstreamScheduler: Sendable {
+    /// A message placed on a link, with the stanza id it must be sent with.
+    public struct Placement: Sendable, Equatable {
+        public let message: OutgoingDownstream
+        public let stanzaID: String
+    }
+
+    /// A message not placed because its target is slowed down until `until`.
+    public struct Deferral: Sendable, Equatable {
+        public let message: OutgoingDownstream
+        public let until: ContinuousClock.Instant
+    }
+
+    private struct Link {
+        var window: DownstreamWindow
+        var draining = false
+        var messages: [String: OutgoingDownstream] = [:]
+    }
+
+    private var links: [Int: Link] = [:]
+    private var ready = FIFO<OutgoingDownstream>()
+    private var slowedUntil: [String: ContinuousClock.Instant] = [:]
+    private var stanzaSequence = 0
+
+    public init() {}
+
+    /// Messages waiting for a slot.
+    public var readyCount: Int { ready.count }
+    /// Messages sent and not yet answered, over all links.
+    public var pendingCount: Int { links.values.reduce(0) { $0 + $1.window.count } }
+    /// Messages pending on `link`.
+    public func pendingCount(on link: Int) -> Int { links[link]?.window.count ?? 0 }
+    /// The outbox rows of every message waiting or pending (the rows whose claim to keep).
+    public var heldRowIDs: [Int64] {
+        var ids: [Int64] = []
+        for link in links.values { ids += link.messages.values.map(\.rowID) }
+        return ids + ready.elements.map(\.rowID)
+    }
+    /// Links that accept new messages (open and not draining).
+    public var sendingLinks: Int { links.values.count { !$0.draining } }
+    /// Free slots over the links that accept new messages.
+    public var freeSlots: Int {
+        links.values.reduce(0) { $0 + ($1.draining ? 0 : $1.window.capacity - $1.window.count) }
+    }
+    /// True when `link` is open, not draining, with a free slot and a message waiting.
+    public func canTake(for link: Int) -> Bool {
+        guard let state = links[link], !state.draining else { return false }
+        return state.window.hasRoom && !ready.isEmpty
+    }
+    /// True when `link` is open and not draining.
+    public func accepts(_ link: Int) -> Bool { links[link].map { !$0.draining } ?? false }
+
+    /// A new connection with a window of `capacity`.
+    public mutating func open(_ link: Int, capacity: Int = DownstreamWindow.ccsCapacity) {
+        links[link] = Link(window: DownstreamWindow(capacity: capacity))
+    }
+
+    /// Queues messages behind those already waiting.
+    public mutating func enqueue<S: Sequence>(_ messages: S) where S.Element == OutgoingDownstream {
+        ready.append(contentsOf: messages)
+    }
+
+    /// Queues a message ahead of those waiting (it was already due).
+    public mutating func enqueueFront(_ message: OutgoingDownstream) {
+        ready.prepend(contentsOf: [message])
+    }
+
+    /// Fills `link`'s free slots from the queue, oldest first. Messages to a slowed-down
+    /// target are returned as deferred and leave the queue.
+    public mutating func take(for link: Int, now: ContinuousClock.Instant) -> (placed: [Placement], deferred: [Deferral]) {
+        guard var state = links[link], !state.draining else { return ([], []) }
+        var placed: [Placement] = []
+        var deferred: [Deferral] = []
+        while state.window.hasRoom, let message = ready.popFirst() {
+            if let until = slowedUntil[message.target] {
+                if until > now {
+                    deferred.append(Deferral(message: message, until: until))
+                    continue
+                }
+                slowedUntil[message.target] = nil
+            }
+            stanzaSequence += 1
+            let stanzaID = "s\(stanzaSequence)"
+            do {
+                try state.window.send(messageID: message.messageID, stanzaID: stanzaID, at: now)
+            } catch {
+                // The same message id is pending here already (claimed twice): send it once.
+                continue
+            }
+            state.messages[message.messageID] = message
+            placed.append(Placement(message: message, stanzaID: stanzaID))
+        }
+        links[link] = state
+        return (placed, deferred)
+    }
+
+    /// An ack or nack on `link` for `messageID`: frees its slot and returns the message
+    /// with when it was sent. Nil for an answer to nothing pending on that link.
+    public mutating func answered(link: Int, messageID: String) -> (OutgoingDownstream, sentAt: ContinuousClock.Instant)? {
+        guard var state = links[link], let pending = state.window.answered(messageID: messageID),
+              let message = state.messages.removeValue(forKey: messageID) else { return nil }
+        links[link] = state
+        return (message, pending.sentAt)
+    }
+
+    /// A stanza error on `link` for the stanza sent as `stanzaID`: frees that slot.
+    public mutating func stanzaError(link: Int, stanzaID: String) -> (OutgoingDownstream, sentAt: ContinuousClock.Instant)? {
+        guard var state = links[link], let pending = state.window.stanzaError(stanzaID: stanzaID),
+              let message = state.messages.removeValue(forKey: pending.messageID) else { return nil }
+        links[link] = state
+        return (message, pending.sentAt)
+    }
+
+    /// CCS is draining `link`: nothing more is placed on it; its pending messages stay
+    /// until they are answered or the link closes.
+    public mutating func drain(_ link: Int) {
+        links[link]?.draining = true
+    }
+
+    /// `link` is gone: what was pending on it goes back to the front of the queue, oldest
+    /// first, to be sent again as its next attempt. Returns how many messages that was.
+    @discardableResult
+    public mutating func close(_ link: Int) -> Int {
+        guard var state = links.removeValue(forKey: link) else { return 0 }
+        let orphans = state.window.connectionLost().compactMap { pending -> OutgoingDownstream? in
+            guard var message = state.messages[pending.messageID] else { return nil }
+            message.attempt += 1
+            return message
+        }
+        ready.prepend(contentsOf: orphans)
+        return orphans.count
+    }
+
+    /// Holds back messages to `target` until `until` (a rate limit).
+    public mutating func slowDown(target: String, until: ContinuousClock.Instant) {
+        slowedUntil[target] = max(until, slowedUntil[target] ?? until)
+    }
+
+    /// Empties the queue (messages never sent), for handing them back at shutdown.
+    public mutating func removeAllReady() -> [OutgoingDownstream] {
+        ready.popFirst(ready.count)
+    }
+
+    /// Empties every window (messages sent and never answered), for handing them back.
+    public mutating func removeAllPending() -> [OutgoingDownstream] {
+        var all: [OutgoingDownstream] = []
+        for link in links.keys {
+            all += links[link]!.window.connectionLost().compactMap { links[link]!.messages[$0.messageID] }
+            links[link]!.messages.removeAll()
+        }
+        return all
+    }
+}

@@ -1,0 +1,532 @@
+import FCM
+import Foundation
+import Postgres
+import XMPP
+
+/// Sends the outbox over the worker's CCS connections with FCM's rules.
+///
+/// - Claims due rows (`OutboxStore`), woken by NOTIFY and by a periodic sweep, never more
+///   than the open windows can take plus a read-ahead, and renews its lease on what it holds.
+/// - Places them with a `DownstreamScheduler`: at most 100 pending per connection, a slot
+///   freed only by that message's ack, nack or stanza error; a draining connection takes
+///   nothing more; what was pending on a closed connection is sent again on another.
+/// - Turns every answer into a `DownstreamVerdict` and writes the row's state back
+///   (`OutboxWriteBack`): sent, acked, delivered, failed, retry, expired; marks tokens.
+///
+/// Each connection gets a send loop (`attach`); the connection's reader reports answers
+/// (`received`), receipts, draining and the end of the connection (`detach`).
+final class OutboxSender: Sendable {
+    /// What a connection's reader saw that concerns downstream messages.
+    enum Answer: Sendable {
+        case ack(messageID: String, canonicalToken: String?)
+        case nack(messageID: String, code: String, description: String?)
+        case stanzaError(stanzaID: String, condition: String, text: String?)
+    }
+
+    /// Counters and round trips, for the benchmark and logs.
+    struct Statistics: Sendable {
+        var claimed = 0
+        var sent = 0
+        var acked = 0
+        var nacked = 0
+        var failed = 0
+        var retried = 0
+        var expired = 0
+        var resent = 0
+        /// Send-to-answer round trips in microseconds (the most recent `roundTripCapacity`).
+        var roundTrips: [UInt32] = []
+        fileprivate var roundTripNext = 0
+    }
+
+    static let roundTripCapacity = 1 << 20
+    private static let messageIDPrefix = "ds-"
+
+    private struct State {
+        var scheduler = DownstreamScheduler()
+        var labels: [Int: String] = [:]
+        var waiters: [Int: CheckedContinuation<Batch?, Never>] = [:]
+        var nextLink = 0
+        var claiming = true
+        var finished = false
+        var statistics = Statistics()
+        /// When scheduled retries fall due: the claim loop wakes for each.
+        var retryTimes = DueTimes()
+    }
+
+    private typealias Batch = (placed: [DownstreamScheduler.Placement], deferred: [DownstreamScheduler.Deferral])
+
+    let settings: DownstreamSettings
+    private let store: OutboxStore
+    private let writeBack: OutboxWriteBack
+    private let conninfo: String
+    private let logger: Logger
+    private let observer: WorkerObserver?
+    private let state = BlockingLock(State())
+    private let doorbell: Doorbell
+
+    init(pool: PostgresPool, conninfo: String, settings: DownstreamSettings, logger: Logger, observer: WorkerObserver? = nil) {
+        self.settings = settings
+        self.conninfo = conninfo
+        self.logger = logger
+        self.observer = observer
+        self.store = OutboxStore(pool: pool, workerID: settings.workerID, lease: settings.lease)
+        let doorbell = Doorbell()
+        self.doorbell = doorbell
+        // A written retry may be due already: let the claim loop look.
+        self.writeBack = OutboxWriteBack(store: store, logger: logger, onCommit: { doorbell.ring() })
+    }
+
+    var statistics: Statistics { state.withLock { $0.statistics } }
+
+    // MARK: - Running
+
+    /// Claims, listens, renews and writes back until `finish`.
+    func run() async {
+        async let writing: Void = writeBack.run()
+        async let listening: Void = listen()
+        async let renewing: Void = renewLeases()
+        await claimLoop()
+        await listening
+        await renewing
+        await writing
+    }
+
+    /// Stops claiming, hands back what was claimed and never sent, waits up to `timeout`
+    /// for the answers to what is pending, hands back what is still unanswered (sent again
+    /// by the next worker: at-least-once), and writes everything back.
+    func finish(within timeout: Duration) async {
+        let deadline = ContinuousClock.now + timeout
+        let unsent = state.withLock { state -> [OutgoingDownstream] in
+            state.claiming = false
+            return state.scheduler.removeAllReady()
+        }
+        doorbell.ring()
+        writeBack.record(unsent.map(handBack))
+        while ContinuousClock.now < deadline, state.withLock({ $0.scheduler.pendingCount }) > 0 {
+            try? await Task.sleep(for: .milliseconds(10))
+        }
+        let (unanswered, waiters) = state.withLock { state -> ([OutgoingDownstream], [CheckedContinuation<Batch?, Never>]) in
+            state.finished = true
+            defer { state.waiters.removeAll() }
+            // They were sent: handed back as retries.
+            let sent = state.scheduler.removeAllPending().map { message in
+                var sent = message
+                sent.attempt += 1
+                return sent
+            }
+            return (sent, Array(state.waiters.values))
+        }
+        for waiter in waiters { waiter.resume(returning: nil) }
+        if !unanswered.isEmpty {
+            logger.warning("\(unanswered.count) downstream message(s) were not answered before shutdown; they are handed back and will be sent again")
+        }
+        writeBack.record(unanswered.map(handBack))
+        writeBack.stop()
+        if !(await writeBack.flushed(within: max(deadline - .now, .seconds(2)))) {
+            logger.error("could not write the state of outbox rows \(writeBack.unwrittenRows.prefix(20).map(String.init).joined(separator: ",")) "
+                         + "before shutdown; their claims lapse after \(settings.lease.formattedSeconds) and they are sent again")
+        }
+    }
+
+    /// Gives a claimed row back: claimable at once by any worker.
+    private func handBack(_ message: OutgoingDownstream) -> OutboxUpdate {
+        OutboxUpdate(rowID: message.rowID, status: message.attempt > 1 ? .retry : .pending, availableAt: Date())
+    }
+
+    // MARK: - Connections
+
+    /// Starts sending on `connection`; returns its link id for `received`, `drain` and `detach`.
+    func attach(_ connection: XMPPConnection) -> Int {
+        let link = state.withLock { state -> Int in
+            state.nextLink += 1
+            state.scheduler.open(state.nextLink)
+            state.labels[state.nextLink] = connection.label
+            return state.nextLink
+        }
+        doorbell.ring()
+        Task { await sendLoop(link: link, label: connection.label, connection: connection) }
+        return link
+    }
+
+    /// CCS is draining the link's connection: nothing more is sent on it.
+    func drain(_ link: Int) {
+        let waiter = state.withLock { state -> CheckedContinuation<Batch?, Never>? in
+            state.scheduler.drain(link)
+            return state.waiters.removeValue(forKey: link)
+        }
+        waiter?.resume(returning: nil)
+        doorbell.ring()
+    }
+
+    /// The link's connection ended: what was pending on it is sent on another.
+    func detach(_ link: Int) {
+        let (moved, wake) = state.withLock { state -> (Int, [(CheckedContinuation<Batch?, Never>, Batch?)]) in
+            let moved = state.scheduler.close(link)
+            state.labels[link] = nil
+            state.statistics.resent += moved
+            var wake: [(CheckedContinuation<Batch?, Never>, Batch?)] = []
+            if let waiter = state.waiters.removeValue(forKey: link) { wake.append((waiter, nil)) }
+            wake += takeForWaiters(&state)
+            return (moved, wake)
+        }
+        if moved > 0 { logger.info("\(moved) downstream message(s) pending on a closed connection go out on another") }
+        resume(wake)
+        doorbell.ring()
+    }
+
+    /// An answer read on the link's connection.
+    func received(_ answer: Answer, on link: Int) {
+        let now = ContinuousClock.now
+        let date = Date()
+        var updates: [OutboxUpdate] = []
+        var tokens: [TokenMark] = []
+        var badAck: String?
+        var retryDue: [ContinuousClock.Instant] = []
+        let wake = state.withLock { state -> [(CheckedContinuation<Batch?, Never>, Batch?)] in
+            let found: (OutgoingDownstream, sentAt: ContinuousClock.Instant)?
+            switch answer {
+            case .ack(let messageID, _), .nack(let messageID, _, _):
+                found = state.scheduler.answered(link: link, messageID: messageID)
+            case .stanzaError(let stanzaID, _, _):
+                found = state.scheduler.stanzaError(link: link, stanzaID: stanzaID)
+            }
+            guard let (message, sentAt) = found else { return [] }
+            Self.recordRoundTrip(now - sentAt, in: &state.statistics)
+            let age = Duration.seconds(max(0, date.timeIntervalSince(message.createdAt)))
+            var generator = SystemRandomNumberGenerator()
+            let verdict: DownstreamVerdict
+            switch answer {
+            case .ack(_, let canonical):
+                verdict = .acked(canonicalToken: canonical)
+            case .nack(_, let code, let description):
+                if code == "BAD_ACK" { badAck = description ?? "" }
+                verdict = .nack(code: code, description: description, attempt: message.attempt, age: age,
+                                timeToLive: message.timeToLive, policy: settings.retry, using: &generator)
+            case .stanzaError(_, let condition, let text):
+                verdict = .stanzaError(condition: condition, text: text, attempt: message.attempt, age: age,
+                                       timeToLive: message.timeToLive, policy: settings.retry, using: &generator)
+            }
+            apply(verdict, to: message, link: link, now: now, date: date, state: &state, updates: &updates, tokens: &tokens, due: &retryDue)
+            // Recorded under the lock, so that a retry's due time knows its write's number.
+            let number = writeBack.record(updates, tokens: tokens)
+            for due in retryDue { state.retryTimes.insert(due, written: number) }
+            var wake = takeForWaiters(&state, only: link)
+            if case .resendElsewhere = verdict { wake += takeForWaiters(&state) }
+            return wake
+        }
+        if let badAck { logger.error("CCS answered BAD_ACK (\(badAck)): an ack we sent was malformed; this is a bug in fcm-worker") }
+        resume(wake)
+        doorbell.ring()
+    }
+
+    /// A delivery receipt for the message sent as `originalMessageID` (by any worker).
+    func receipt(originalMessageID: String, at date: Date) {
+        guard originalMessageID.hasPrefix(Self.messageIDPrefix),
+              let rowID = Int64(originalMessageID.dropFirst(Self.messageIDPrefix.count)) else {
+            logger.warning("a delivery receipt for \(originalMessageID), which is not an outbox message id")
+            return
+        }
+        writeBack.record([OutboxUpdate(rowID: rowID, status: .delivered, deliveredAt: date)])
+    }
+
+    private func apply(_ verdict: DownstreamVerdict, to message: OutgoingDownstream, link: Int, now: ContinuousClock.Instant,
+                       date: Date, state: inout State, updates: inout [OutboxUpdate], tokens: inout [TokenMark],
+                       due: inout [ContinuousClock.Instant]) {
+        let isToken = !message.target.hasPrefix("/topics/") && !message.target.contains(" in topics")
+        switch verdict {
+        case .acked(let canonical):
+            state.statistics.acked += 1
+            updates.append(OutboxUpdate(rowID: message.rowID, status: .acked, ackedAt: date, canonicalToken: canonical))
+            if let canonical, canonical != message.target, isToken {
+                tokens.append(TokenMark(token: message.target, state: .replaced, canonicalToken: canonical, errorCode: nil))
+            }
+        case .failed(let code, let description, let tokenState):
+            state.statistics.nacked += 1
+            state.statistics.failed += 1
+            updates.append(OutboxUpdate(rowID: message.rowID, status: .failed, errorCode: code, errorDescription: description))
+            if let tokenState, isToken {
+                tokens.append(TokenMark(token: message.target, state: tokenState == .invalid ? .invalid : .unregistered,
+                                        canonicalToken: nil, errorCode: code))
+            }
+        case .retry(let delay, let code, let description):
+            state.statistics.nacked += 1
+            state.statistics.retried += 1
+            due.append(now + delay)
+            updates.append(OutboxUpdate(rowID: message.rowID, status: .retry, errorCode: code, errorDescription: description,
+                                        availableAt: date.addingTimeInterval(delay.seconds)))
+        case .slowDown(let delay, _, let code, let description):
+            state.statistics.nacked += 1
+            state.statistics.retried += 1
+            state.scheduler.slowDown(target: message.target, until: now + delay)
+            due.append(now + delay)
+            updates.append(OutboxUpdate(rowID: message.rowID, status: .retry, errorCode: code, errorDescription: description,
+                                        availableAt: date.addingTimeInterval(delay.seconds)))
+        case .expired(let code, let description):
+            state.statistics.nacked += 1
+            state.statistics.expired += 1
+            updates.append(OutboxUpdate(rowID: message.rowID, status: .expired, errorCode: code, errorDescription: description))
+        case .resendElsewhere:
+            // CONNECTION_DRAINING as a nack: this connection is draining.
+            state.statistics.resent += 1
+            state.scheduler.drain(link)
+            var again = message
+            again.attempt += 1
+            state.scheduler.enqueueFront(again)
+        }
+    }
+
+    // MARK: - Sending
+
+    private func sendLoop(link: Int, label: String, connection: XMPPConnection) async {
+        while let batch = await nextBatch(for: link) {
+            guard !batch.placed.isEmpty else { continue }
+            let date = Date()
+            let leaseEnd = date.addingTimeInterval(settings.lease.seconds)
+            // Recorded before the bytes leave, so an answer's update always comes after.
+            writeBack.record(batch.placed.map {
+                OutboxUpdate(rowID: $0.message.rowID, status: .sent, attempts: $0.message.attempt, sentOn: label, sentAt: date,
+                             availableAt: leaseEnd)
+            })
+            var text = ""
+            text.reserveCapacity(batch.placed.count * 256)
+            for placement in batch.placed {
+                text += CCSStanza.message(json: placement.message.json, id: placement.stanzaID)
+            }
+            do {
+                try await connection.send(serialized: text)
+            } catch {
+                // The connection ended; `detach` moves what is pending on it elsewhere.
+                return
+            }
+            state.withLock { $0.statistics.sent += batch.placed.count }
+        }
+    }
+
+    /// Waits until the link has free slots and messages are waiting; nil once the link
+    /// is draining or closed, or the sender has finished.
+    private func nextBatch(for link: Int) async -> Batch? {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Batch?, Never>) in
+            let immediate = state.withLock { state -> Batch?? in
+                if state.finished || !state.scheduler.accepts(link) { return .some(nil) }
+                if state.scheduler.canTake(for: link) { return .some(take(for: link, &state)) }
+                state.waiters[link] = continuation
+                return .none
+            }
+            if let immediate { continuation.resume(returning: immediate) }
+        }
+    }
+
+    /// Takes a batch for `link`; messages to slowed-down targets go back to the outbox
+    /// as retries for when the slowdown ends.
+    private func take(for link: Int, _ state: inout State) -> Batch {
+        let now = ContinuousClock.now
+        let batch = state.scheduler.take(for: link, now: now)
+        guard !batch.deferred.isEmpty else { return batch }
+        state.statistics.retried += batch.deferred.count
+        let date = Date()
+        let number = writeBack.record(batch.deferred.map {
+            OutboxUpdate(rowID: $0.message.rowID, status: .retry, availableAt: date.addingTimeInterval(max(0, ($0.until - now).seconds)))
+        })
+        for deferral in batch.deferred { state.retryTimes.insert(deferral.until, written: number) }
+        return batch
+    }
+
+    /// Fills the waiting links that can take messages now (`only`: just that link).
+    private func takeForWaiters(_ state: inout State, only: Int? = nil) -> [(CheckedContinuation<Batch?, Never>, Batch?)] {
+        var wake: [(CheckedContinuation<Batch?, Never>, Batch?)] = []
+        for link in only.map({ [$0] }) ?? Array(state.waiters.keys) {
+            guard state.waiters[link] != nil else { continue }
+            if !state.scheduler.accepts(link) {
+                wake.append((state.waiters.removeValue(forKey: link)!, nil))
+            } else if state.scheduler.canTake(for: link) {
+                wake.append((state.waiters.removeValue(forKey: link)!, take(for: link, &state)))
+            }
+        }
+        return wake
+    }
+
+    private func resume(_ wake: [(CheckedContinuation<Batch?, Never>, Batch?)]) {
+        for (continuation, batch) in wake { continuation.resume(returning: batch) }
+    }
+
+    // MARK: - Claiming
+
+    /// How many rows to claim now: the free slots of the sending connections plus a
+    /// read-ahead, minus what waits already; 0 while the write-back lags far behind.
+    private func wanted(_ state: State) -> Int {
+        guard state.claiming, state.scheduler.sendingLinks > 0 else { return 0 }
+        let target = state.scheduler.freeSlots + state.scheduler.sendingLinks * settings.readAheadPerConnection
+        return max(0, target - state.scheduler.readyCount)
+    }
+
+    private func claimLoop() async {
+        var delay = Duration.milliseconds(100)
+        while state.withLock({ $0.claiming }) {
+            let wanted = state.withLock { self.wanted($0) }
+            let minimum = min(settings.readAheadPerConnection, DownstreamWindow.ccsCapacity) / 2
+            guard wanted >= max(1, minimum), writeBack.backlog < 50_000 else {
+                await doorbell.wait(timeout: sweepWait())
+                continue
+            }
+            let limit = min(wanted, 2000)
+            let rows: [OutboxStore.ClaimedRow]
+            do {
+                rows = try await store.claim(limit: limit)
+                delay = .milliseconds(100)
+            } catch {
+                logger.warning("could not claim outbox rows (retrying in \(delay.formattedSeconds)): \(error)")
+                await doorbell.wait(timeout: delay)
+                delay = min(delay * 2, .seconds(10))
+                continue
+            }
+            let (ready, updates) = prepare(rows)
+            writeBack.record(updates)
+            let wake = state.withLock { state -> [(CheckedContinuation<Batch?, Never>, Batch?)] in
+                state.statistics.claimed += rows.count
+                state.scheduler.enqueue(ready)
+                return takeForWaiters(&state)
+            }
+            resume(wake)
+            if rows.count < limit { await doorbell.wait(timeout: sweepWait()) }
+        }
+    }
+
+    /// Until the next sweep, or until the next scheduled retry falls due if sooner.
+    private func sweepWait() -> Duration {
+        state.withLock { state in
+            // A few milliseconds late, so that the row's write-back has landed.
+            let (passed, next) = state.retryTimes.popPassed(before: .now, written: writeBack.committed)
+            if passed { return .zero }
+            guard let next else { return settings.sweepInterval }
+            // A retry due but not yet written: the write's commit rings the doorbell.
+            return min(settings.sweepInterval, max(.milliseconds(20), next - .now))
+        }
+    }
+
+    /// Claimed rows as messages to send, and the rows settled without sending (invalid,
+    /// expired, or to a token FCM refused before).
+    private func prepare(_ rows: [OutboxStore.ClaimedRow]) -> ([OutgoingDownstream], [OutboxUpdate]) {
+        var ready: [OutgoingDownstream] = []
+        var updates: [OutboxUpdate] = []
+        let now = Date()
+        for row in rows {
+            if let tokenState = row.tokenState, tokenState != .replaced {
+                updates.append(OutboxUpdate(rowID: row.id, status: .failed, errorCode: row.tokenErrorCode ?? tokenState.rawValue,
+                                            errorDescription: "not sent: FCM reported this token \(tokenState.rawValue) earlier"))
+                continue
+            }
+            let messageID = Self.messageIDPrefix + String(row.id)
+            let message: DownstreamMessage
+            do {
+                let payload = try JSONValue.parse(row.payload)
+                let target = row.tokenState == .replaced ? (row.canonicalToken ?? row.target) : row.target
+                message = try DownstreamMessage(target: target, condition: row.condition, payload: payload, messageID: messageID)
+                try message.validate()
+            } catch {
+                logger.warning("outbox row \(row.id) is invalid and is not sent: \(error)")
+                updates.append(OutboxUpdate(rowID: row.id, status: .failed, errorCode: "INVALID_MESSAGE",
+                                            errorDescription: "\(error)"))
+                continue
+            }
+            let age = now.timeIntervalSince(row.createdAt)
+            let timeToLive = message.timeToLive ?? DownstreamMessage.maximumTimeToLive
+            // Time to live 0 ("now or never") still gets its first attempt.
+            let firstTryOfNowOrNever = timeToLive == 0 && row.attempts == 0
+            if (age > Double(timeToLive) && !firstTryOfNowOrNever) || age > settings.retry.maximumAge.seconds {
+                updates.append(OutboxUpdate(rowID: row.id, status: .expired, errorCode: "EXPIRED",
+                                            errorDescription: "its time to live (\(timeToLive) s) passed before it could be sent"))
+                continue
+            }
+            ready.append(OutgoingDownstream(rowID: row.id, messageID: messageID, target: message.to ?? message.condition ?? "",
+                                            json: message.json.serialized, createdAt: row.createdAt,
+                                            timeToLive: message.timeToLive, attempt: row.attempts + 1))
+        }
+        return (ready, updates)
+    }
+
+    // MARK: - NOTIFY and leases
+
+    /// Rings the doorbell on every NOTIFY; reconnects with backoff (the sweep covers gaps).
+    private func listen() async {
+        var delay = Duration.milliseconds(250)
+        while state.withLock({ $0.claiming }) {
+            do {
+                let connection = try await PostgresConnection.connect(conninfo, timeout: .seconds(5))
+                defer { Task { await connection.close() } }
+                try await connection.listen("fcm_downstream")
+                delay = .milliseconds(250)
+                doorbell.ring()
+                observer?(.outboxListening)
+                while state.withLock({ $0.claiming }) {
+                    if try await connection.nextNotification(timeout: .milliseconds(250)) != nil { doorbell.ring() }
+                }
+            } catch {
+                logger.debug("outbox LISTEN connection failed (the sweep keeps sending): \(error)")
+                try? await Task.sleep(for: delay)
+                delay = min(delay * 2, .seconds(10))
+            }
+        }
+    }
+
+    /// Renews the lease on every row this worker holds, every third of the lease.
+    private func renewLeases() async {
+        let period = settings.lease / 3
+        var next = ContinuousClock.now + period
+        while state.withLock({ !$0.finished }) {
+            try? await Task.sleep(for: .milliseconds(min(250, Int64(period.seconds * 1000))))
+            guard ContinuousClock.now >= next else { continue }
+            next = ContinuousClock.now + period
+            let ids = state.withLock { $0.scheduler.heldRowIDs }
+            do {
+                try await store.renew(ids)
+            } catch {
+                logger.warning("could not renew the claim on \(ids.count) outbox row(s): \(error)")
+            }
+        }
+    }
+
+    private static func recordRoundTrip(_ duration: Duration, in statistics: inout Statistics) {
+        let micros = UInt32(clamping: duration.components.seconds * 1_000_000 + duration.components.attoseconds / 1_000_000_000_000)
+        if statistics.roundTrips.count < roundTripCapacity {
+            statistics.roundTrips.append(micros)
+        } else {
+            statistics.roundTrips[statistics.roundTripNext] = micros
+            statistics.roundTripNext = (statistics.roundTripNext + 1) % roundTripCapacity
+        }
+    }
+}
+
+/// Instants at which outbox rows fall due again, each with the number of the write-back
+/// `record` call that schedules it: an instant is forgotten only once it has passed and
+/// that write is committed (before then, a claim could not see the row as due). Kept
+/// sorted, at a 5 ms granularity, so a burst of retries scheduled together is one entry.
+struct DueTimes {
+    private var entries: [(at: ContinuousClock.Instant, written: UInt64)] = []
+
+    mutating func insert(_ instant: ContinuousClock.Instant, written: UInt64) {
+        var low = 0, high = entries.count
+        while low < high {
+            let middle = (low + high) / 2
+            if entries[middle].at < instant { low = middle + 1 } else { high = middle }
+        }
+        for neighbour in [low - 1, low] where entries.indices.contains(neighbour) {
+            let gap = entries[neighbour].at - instant
+            if gap < .milliseconds(5) && gap > .milliseconds(-5) {
+                entries[neighbour].written = max(entries[neighbour].written, written)
+                return
+            }
+        }
+        entries.insert((instant, written), at: low)
+    }
+
+    /// Forgets the instants that have passed by `now` and whose write is committed
+    /// (`written` or lower): whether there were any, and the next instant still kept.
+    mutating func popPassed(before now: ContinuousClock.Instant, written committed: UInt64) -> (passed: Bool, next: ContinuousClock.Instant?) {
+        var passed = false
+        while let first = entries.first, first.at <= now, first.written <= committed {
+            entries.removeFirst()
+            passed = true
+        }
+        return (passed, entries.first?.at)
+    }
+}

@@ -1,0 +1,91 @@
+import Foundation
+
+/// A change to one outbox row's delivery state, as the sender records it. Updates for the
+/// same row are merged before they are written, so a burst costs one write per row.
+struct OutboxUpdate: Sendable, Equatable {
+    enum Status: String, Sendable {
+        /// Handed back unsent (shutdown): claimable again at once.
+        case pending
+        /// Written to a connection; the worker's lease keeps it until answered.
+        case sent
+        case acked
+        /// FCM's delivery receipt came.
+        case delivered
+        case failed
+        /// To be sent again at `availableAt`.
+        case retry
+        /// Its time to live (or the maximum age) passed before it could be sent.
+        case expired
+    }
+
+    let rowID: Int64
+    var status: Status
+    var attempts: Int?
+    var sentOn: String?
+    var sentAt: Date?
+    var ackedAt: Date?
+    var deliveredAt: Date?
+    var errorCode: String?
+    var errorDescription: String?
+    var canonicalToken: String?
+    /// When the row may be claimed again; nil once it is final.
+    var availableAt: Date?
+
+    init(rowID: Int64, status: Status, attempts: Int? = nil, sentOn: String? = nil, sentAt: Date? = nil,
+         ackedAt: Date? = nil, deliveredAt: Date? = nil, errorCode: String? = nil, errorDescription: String? = nil,
+         canonicalToken: String? = nil, availableAt: Date? = nil) {
+        self.rowID = rowID
+        self.status = status
+        self.attempts = attempts
+        self.sentOn = sentOn
+        self.sentAt = sentAt
+        self.ackedAt = ackedAt
+        self.deliveredAt = deliveredAt
+        self.errorCode = errorCode
+        self.errorDescription = errorDescription
+        self.canonicalToken = canonicalToken
+        self.availableAt = availableAt
+    }
+
+    /// How far along the success path a status is: an update never moves a row back
+    /// along it (a receipt read before its ack's update keeps the row delivered).
+    private var progress: Int {
+        switch status {
+        case .sent: 1
+        case .acked: 2
+        case .delivered: 3
+        default: 0
+        }
+    }
+
+    /// This update followed by `later`, as one.
+    func merged(with later: OutboxUpdate) -> OutboxUpdate {
+        var result = later
+        if progress > 0, later.progress > 0, progress > later.progress {
+            result.status = status
+            result.availableAt = availableAt
+        }
+        result.attempts = later.attempts ?? attempts
+        result.sentOn = later.sentOn ?? sentOn
+        result.sentAt = later.sentAt ?? sentAt
+        result.ackedAt = later.ackedAt ?? ackedAt
+        result.deliveredAt = later.deliveredAt ?? deliveredAt
+        result.errorCode = later.errorCode ?? errorCode
+        result.errorDescription = later.errorDescription ?? errorDescription
+        result.canonicalToken = later.canonicalToken ?? canonicalToken
+        return result
+    }
+}
+
+/// A token FCM refused (`BAD_REGISTRATION`, `DEVICE_UNREGISTERED`) or replaced (a
+/// canonical `registration_id`), for the `device_tokens` table.
+struct TokenMark: Sendable, Equatable {
+    enum State: String, Sendable {
+        case invalid, unregistered, replaced
+    }
+
+    let token: String
+    let state: State
+    let canonicalToken: String?
+    let errorCode: String?
+}

@@ -1,0 +1,17 @@
+import Foundation
+
+/// Reads `handle` to its end on a thread of its own: a child process can run for many
+/// seconds, and blocking a cooperative-pool thread that long stalls every other test.
+func readToEnd(_ handle: FileHandle) async -> Data {
+    await withCheckedContinuation { continuation in
+        let reader = Thread { continuation.resume(returning: handle.readDataToEndOfFile()) }
+        reader.name = "test pipe reader"
+        reader.start()
+    }
+}
+
+/// Waits for `process` to exit without blocking a cooperative-pool thread.
+func exitStatus(of process: Process) async -> Int32 {
+    while process.isRunning { try? await Task.sleep(for: .milliseconds(20)) }
+    return process.terminationStatus
+}
