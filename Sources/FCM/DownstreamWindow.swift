@@ -10,6 +10,8 @@ public struct DownstreamWindow: Sendable {
         public let messageID: String
         public let stanzaID: String
         public let sentAt: ContinuousClock.Instant
+        /// Order of sending on this connection.
+        let sequence: UInt64
     }
 
     /// Why a message cannot be sent now.
@@ -23,6 +25,7 @@ public struct DownstreamWindow: Sendable {
     public let capacity: Int
     private var pendingByMessage: [String: Pending] = [:]
     private var messageByStanza: [String: String] = [:]
+    private var sent: UInt64 = 0
 
     public init(capacity: Int = DownstreamWindow.ccsCapacity) {
         self.capacity = capacity
@@ -35,7 +38,8 @@ public struct DownstreamWindow: Sendable {
     public mutating func send(messageID: String, stanzaID: String, at now: ContinuousClock.Instant) throws(SendRefusal) {
         guard hasRoom else { throw .full }
         guard pendingByMessage[messageID] == nil, messageByStanza[stanzaID] == nil else { throw .duplicate(messageID) }
-        pendingByMessage[messageID] = Pending(messageID: messageID, stanzaID: stanzaID, sentAt: now)
+        sent += 1
+        pendingByMessage[messageID] = Pending(messageID: messageID, stanzaID: stanzaID, sentAt: now, sequence: sent)
         messageByStanza[stanzaID] = messageID
     }
 
@@ -56,7 +60,7 @@ public struct DownstreamWindow: Sendable {
     /// The connection is gone: everything pending must be sent again elsewhere. Empties
     /// the window and returns those messages, oldest first.
     public mutating func connectionLost() -> [Pending] {
-        let all = pendingByMessage.values.sorted { $0.sentAt < $1.sentAt }
+        let all = pendingByMessage.values.sorted { ($0.sentAt, $0.sequence) < ($1.sentAt, $1.sequence) }
         pendingByMessage.removeAll()
         messageByStanza.removeAll()
         return all
