@@ -376,6 +376,74 @@ extension TestCCS {
         #expect(ccs.simulator.violations.isEmpty)
     }
 
+    @Test func answersReadWhileTheDatabaseIsDownAreWrittenOnceItIsBack() async throws {
+        let log = DownstreamLog { _, _ in .ack(delay: .milliseconds(300)) }
+        let ccs = try TestCCS(log: log)
+        defer { ccs.simulator.stop() }
+        let (database, name) = try await TestDatabase.makeDedicated()
+        let (task, _) = startWorker(try ccs.downstreamWorker(database: database))
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        try await database.insertOutbox((0..<50).map { ("token-\($0)", #"{"data":{"k":"v"}}"#) })
+        try await ccs.simulator.wait(for: "50 sent") { $0.count { if case .downstreamReceived = $0 { true } else { false } } >= 50 }
+        // The acks arrive while PostgreSQL is unreachable.
+        try await TestDatabase.cutOff(name)
+        try await ccs.simulator.wait(for: "50 acked") {
+            $0.count { if case .downstreamAnswered = $0 { true } else { false } } >= 50
+        }
+        try await Task.sleep(for: .milliseconds(500))
+        try await TestDatabase.restore(name)
+        try await database.waitForOutbox("status = 'acked'", count: 50, within: .seconds(30))
+        #expect(ccs.simulator.counters.downstreamReceived == 50, "nothing was sent twice")
+        #expect(ccs.simulator.violations.isEmpty)
+    }
+
+    @Test func onShutdownUnansweredAndUnsentRowsAreHandedBackAndSentByTheNextWorker() async throws {
+        let answering = Atomic<Bool>(false)
+        let log = DownstreamLog { _, _ in answering.load(ordering: .relaxed) ? .ack() : .noAnswer }
+        let ccs = try TestCCS(log: log)
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        var configuration = try ccs.downstreamWorker(database: database)
+        configuration.shutdownTimeout = .seconds(1)
+        let (task, _) = startWorker(configuration)
+        try await ccs.simulator.waitForBoundSessions(1)
+        try await database.insertOutbox((0..<150).map { ("token-\($0)", #"{"data":{"k":"v"}}"#) })
+        try await ccs.simulator.wait(for: "a full window") {
+            $0.count { if case .downstreamReceived = $0 { true } else { false } } >= 100
+        }
+        task.cancel()
+        try await task.value
+        // Nothing is left claimed: the 100 sent are retries, the rest are pending, all due now.
+        #expect(try await database.count("downstream_messages", where: "status = 'retry' AND attempts = 1 AND available_at <= now()") == 100)
+        #expect(try await database.count("downstream_messages", where: "status = 'pending' AND available_at <= now()") == 50)
+
+        answering.store(true, ordering: .relaxed)
+        let (next, _) = startWorker(configuration)
+        defer { next.cancel() }
+        try await database.waitForOutbox("status = 'acked'", count: 150)
+        #expect(try await database.count("downstream_messages", where: "attempts = 2") == 100)
+    }
+
+    @Test func aLongWaitForAnAnswerKeepsTheClaimSoNoOtherWorkerSendsIt() async throws {
+        let log = DownstreamLog { _, _ in .ack(delay: .milliseconds(2500)) }
+        let ccs = try TestCCS(log: log)
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        var configuration = try ccs.downstreamWorker(database: database)
+        configuration.downstream.lease = .seconds(1)
+        let (first, _) = startWorker(configuration)
+        defer { first.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        try await database.insertOutbox((0..<10).map { ("token-\($0)", #"{"data":{"k":"v"}}"#) })
+        try await ccs.simulator.wait(for: "10 sent") { $0.count { if case .downstreamReceived = $0 { true } else { false } } >= 10 }
+        // A second worker polls the outbox while the answers take 2.5 leases to come.
+        let (second, _) = startWorker(configuration)
+        defer { second.cancel() }
+        try await database.waitForOutbox("status = 'acked'", count: 10, within: .seconds(10))
+        #expect(ccs.simulator.counters.downstreamReceived == 10, "a renewed claim was taken over")
+    }
+
     @Test func handlersRepliesAreSentAndEchoRepliesToTheSender() async throws {
         let log = DownstreamLog()
         let ccs = try TestCCS(log: log)
@@ -465,5 +533,32 @@ extension TestCCS {
         }
         // Jitter: five messages failed together do not come back together.
         #expect(Set(firstGaps.map { Int($0 * 100) }).count > 1, "first retry gaps \(firstGaps)")
+    }
+
+    @Test func aSlowedDownDeviceWaitsWhileOthersGoOn() async throws {
+        let limited = Atomic<Bool>(false)
+        let log = DownstreamLog { request, _ in
+            // Only the very first message to the device hits the limit.
+            guard request.to == "busy-device", !limited.exchange(true, ordering: .relaxed) else { return .ack() }
+            return .nack(error: "DEVICE_MESSAGE_RATE_EXCEEDED")
+        }
+        let ccs = try TestCCS(log: log)
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let (task, _) = startWorker(try ccs.downstreamWorker(database: database))
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        let first = try await database.insertOutbox([("busy-device", #"{"data":{"n":"1"}}"#)])[0]
+        try await database.waitForOutbox("status = 'retry'", count: 1)
+        let nackedAt = ContinuousClock.now
+        // Later messages to that device wait out the slowdown (1 s × [0.5, 1.5)); others do not.
+        let later = try await database.insertOutbox([("busy-device", #"{"data":{"n":"2"}}"#), ("calm-device", #"{"data":{"n":"3"}}"#)])
+        try await database.waitForOutbox("status = 'acked'", count: 3, within: .seconds(10))
+        let calm = try #require(log.attempts(of: "ds-\(later[1])").first)
+        let busy = try #require(log.attempts(of: "ds-\(later[0])").first)
+        #expect(calm.at - nackedAt < .milliseconds(450), "the other device was held back too")
+        #expect(busy.at - nackedAt > .milliseconds(400), "the slowed-down device was not held back")
+        #expect(log.attempts(of: "ds-\(first)").count == 2)
+        #expect(log.attempts(of: "ds-\(later[0])").count == 1)
     }
 }
