@@ -97,7 +97,7 @@ public struct DownstreamMessage: Sendable, Equatable {
             if target.hasPrefix("/topics/") {
                 let name = String(target.dropFirst("/topics/".count))
                 guard Self.isTopicName(name) else { throw .init("to", "\(target) is not a valid topic (letters, digits, -_.~%)") }
-            } else if target.contains(where: { $0.isWhitespace }) {
+            } else if Self.containsWhitespace(target) {
                 throw .init("to", "a registration token or notification key has no whitespace")
             }
         case (nil, let expression?):
@@ -175,6 +175,16 @@ public struct DownstreamMessage: Sendable, Equatable {
         !name.isEmpty && name.unicodeScalars.allSatisfy {
             isASCIIAlphanumeric($0) || "-_.~%".unicodeScalars.contains($0)
         }
+    }
+
+    /// Whitespace anywhere in `text` (bytes first: tokens are ASCII, and this runs per message).
+    static func containsWhitespace(_ text: String) -> Bool {
+        var nonASCII = false
+        for byte in text.utf8 {
+            if byte == 0x20 || (0x09...0x0D).contains(byte) { return true }
+            if byte >= 0x80 { nonASCII = true }
+        }
+        return nonASCII && text.contains(where: { $0.isWhitespace })
     }
 
     static func isASCIIAlphanumeric(_ scalar: Unicode.Scalar) -> Bool {

@@ -9,6 +9,9 @@ public struct OutgoingDownstream: Sendable, Equatable {
     public let messageID: String
     /// The token, topic or condition it goes to: what a rate limit slows down.
     public let target: String
+    /// True when `target` is a registration token or notification key (not a topic or a
+    /// condition): only then can FCM report it bad or replace it.
+    public let targetIsToken: Bool
     /// The `<gcm>` JSON.
     public let json: String
     /// When the row was inserted (its age bounds retries and its time to live).
@@ -18,10 +21,12 @@ public struct OutgoingDownstream: Sendable, Equatable {
     /// Which attempt the next send is (1 for the first).
     public var attempt: Int
 
-    public init(rowID: Int64, messageID: String, target: String, json: String, createdAt: Date, timeToLive: Int?, attempt: Int) {
+    public init(rowID: Int64, messageID: String, target: String, targetIsToken: Bool, json: String, createdAt: Date,
+                timeToLive: Int?, attempt: Int) {
         self.rowID = rowID
         self.messageID = messageID
         self.target = target
+        self.targetIsToken = targetIsToken
         self.json = json
         self.createdAt = createdAt
         self.timeToLive = timeToLive
@@ -67,6 +72,11 @@ public struct DownstreamScheduler: Sendable {
     public var readyCount: Int { ready.count }
     /// Messages sent and not yet answered, over all links.
     public var pendingCount: Int { links.values.reduce(0) { $0 + $1.window.count } }
+    /// Free slots in `link`'s window (0 when it is draining or closed).
+    public func freeSlots(on link: Int) -> Int {
+        guard let state = links[link], !state.draining else { return 0 }
+        return state.window.capacity - state.window.count
+    }
     /// Messages pending on `link`.
     public func pendingCount(on link: Int) -> Int { links[link]?.window.count ?? 0 }
     /// The outbox rows of every message waiting or pending (the rows whose claim to keep).
@@ -107,10 +117,12 @@ public struct DownstreamScheduler: Sendable {
     /// Fills `link`'s free slots from the queue, oldest first. Messages to a slowed-down
     /// target are returned as deferred and leave the queue.
     public mutating func take(for link: Int, now: ContinuousClock.Instant) -> (placed: [Placement], deferred: [Deferral]) {
-        guard var state = links[link], !state.draining else { return ([], []) }
+        // Links are mutated in place through the dictionary (a copy would copy its windows).
+        guard let state = links[link], !state.draining else { return ([], []) }
         var placed: [Placement] = []
         var deferred: [Deferral] = []
-        while state.window.hasRoom, let message = ready.popFirst() {
+        placed.reserveCapacity(min(ready.count, state.window.capacity - state.window.count))
+        while links[link]!.window.hasRoom, let message = ready.popFirst() {
             if let until = slowedUntil[message.target] {
                 if until > now {
                     deferred.append(Deferral(message: message, until: until))
@@ -121,32 +133,29 @@ public struct DownstreamScheduler: Sendable {
             stanzaSequence += 1
             let stanzaID = "s\(stanzaSequence)"
             do {
-                try state.window.send(messageID: message.messageID, stanzaID: stanzaID, at: now)
+                try links[link]!.window.send(messageID: message.messageID, stanzaID: stanzaID, at: now)
             } catch {
                 // The same message id is pending here already (claimed twice): send it once.
                 continue
             }
-            state.messages[message.messageID] = message
+            links[link]!.messages[message.messageID] = message
             placed.append(Placement(message: message, stanzaID: stanzaID))
         }
-        links[link] = state
         return (placed, deferred)
     }
 
     /// An ack or nack on `link` for `messageID`: frees its slot and returns the message
     /// with when it was sent. Nil for an answer to nothing pending on that link.
     public mutating func answered(link: Int, messageID: String) -> (OutgoingDownstream, sentAt: ContinuousClock.Instant)? {
-        guard var state = links[link], let pending = state.window.answered(messageID: messageID),
-              let message = state.messages.removeValue(forKey: messageID) else { return nil }
-        links[link] = state
+        guard links[link] != nil, let pending = links[link]!.window.answered(messageID: messageID),
+              let message = links[link]!.messages.removeValue(forKey: messageID) else { return nil }
         return (message, pending.sentAt)
     }
 
     /// A stanza error on `link` for the stanza sent as `stanzaID`: frees that slot.
     public mutating func stanzaError(link: Int, stanzaID: String) -> (OutgoingDownstream, sentAt: ContinuousClock.Instant)? {
-        guard var state = links[link], let pending = state.window.stanzaError(stanzaID: stanzaID),
-              let message = state.messages.removeValue(forKey: pending.messageID) else { return nil }
-        links[link] = state
+        guard links[link] != nil, let pending = links[link]!.window.stanzaError(stanzaID: stanzaID),
+              let message = links[link]!.messages.removeValue(forKey: pending.messageID) else { return nil }
         return (message, pending.sentAt)
     }
 

@@ -39,6 +39,8 @@ final class OutboxSender: Sendable {
     }
 
     static let roundTripCapacity = 1 << 20
+    /// Free slots that make a busy link send again (see `takeForWaiters`).
+    static let refillSlots = 8
     private static let messageIDPrefix = "ds-"
 
     private struct State {
@@ -182,6 +184,7 @@ final class OutboxSender: Sendable {
         var tokens: [TokenMark] = []
         var badAck: String?
         var retryDue: [ContinuousClock.Instant] = []
+        var claimNow = false
         let wake = state.withLock { state -> [(CheckedContinuation<Batch?, Never>, Batch?)] in
             let found: (OutgoingDownstream, sentAt: ContinuousClock.Instant)?
             switch answer {
@@ -210,13 +213,14 @@ final class OutboxSender: Sendable {
             // Recorded under the lock, so that a retry's due time knows its write's number.
             let number = writeBack.record(updates, tokens: tokens)
             for due in retryDue { state.retryTimes.insert(due, written: number) }
-            var wake = takeForWaiters(&state, only: link)
+            var wake = takeForWaiters(&state, only: link, refilling: true)
             if case .resendElsewhere = verdict { wake += takeForWaiters(&state) }
+            claimNow = wanted(state) >= claimThreshold
             return wake
         }
         if let badAck { logger.error("CCS answered BAD_ACK (\(badAck)): an ack we sent was malformed; this is a bug in fcm-worker") }
         resume(wake)
-        doorbell.ring()
+        if claimNow { doorbell.ring() }
     }
 
     /// A delivery receipt for the message sent as `originalMessageID` (by any worker).
@@ -232,7 +236,7 @@ final class OutboxSender: Sendable {
     private func apply(_ verdict: DownstreamVerdict, to message: OutgoingDownstream, link: Int, now: ContinuousClock.Instant,
                        date: Date, state: inout State, updates: inout [OutboxUpdate], tokens: inout [TokenMark],
                        due: inout [ContinuousClock.Instant]) {
-        let isToken = !message.target.hasPrefix("/topics/") && !message.target.contains(" in topics")
+        let isToken = message.targetIsToken
         switch verdict {
         case .acked(let canonical):
             state.statistics.acked += 1
@@ -331,11 +335,18 @@ final class OutboxSender: Sendable {
         return batch
     }
 
-    /// Fills the waiting links that can take messages now (`only`: just that link).
-    private func takeForWaiters(_ state: inout State, only: Int? = nil) -> [(CheckedContinuation<Batch?, Never>, Batch?)] {
+    /// Fills the waiting links that can take messages now (`only`: just that link). When
+    /// `refilling` after an answer, a link is filled once it has `refillSlots` free (or the
+    /// queue holds no more than it has free), so that sends go out in batches rather than
+    /// one stanza, one write and one wakeup per answer.
+    private func takeForWaiters(_ state: inout State, only: Int? = nil, refilling: Bool = false) -> [(CheckedContinuation<Batch?, Never>, Batch?)] {
         var wake: [(CheckedContinuation<Batch?, Never>, Batch?)] = []
         for link in only.map({ [$0] }) ?? Array(state.waiters.keys) {
             guard state.waiters[link] != nil else { continue }
+            if refilling {
+                let free = state.scheduler.freeSlots(on: link)
+                if free < Self.refillSlots && state.scheduler.readyCount > free { continue }
+            }
             if !state.scheduler.accepts(link) {
                 wake.append((state.waiters.removeValue(forKey: link)!, nil))
             } else if state.scheduler.canTake(for: link) {
@@ -359,12 +370,14 @@ final class OutboxSender: Sendable {
         return max(0, target - state.scheduler.readyCount)
     }
 
+    /// Rows worth a claim query: half a window, so claims come in batches.
+    private var claimThreshold: Int { max(1, min(settings.readAheadPerConnection, DownstreamWindow.ccsCapacity) / 2) }
+
     private func claimLoop() async {
         var delay = Duration.milliseconds(100)
         while state.withLock({ $0.claiming }) {
             let wanted = state.withLock { self.wanted($0) }
-            let minimum = min(settings.readAheadPerConnection, DownstreamWindow.ccsCapacity) / 2
-            guard wanted >= max(1, minimum), writeBack.backlog < 50_000 else {
+            guard wanted >= claimThreshold, writeBack.backlog < 50_000 else {
                 await doorbell.wait(timeout: sweepWait())
                 continue
             }
@@ -438,6 +451,7 @@ final class OutboxSender: Sendable {
                 continue
             }
             ready.append(OutgoingDownstream(rowID: row.id, messageID: messageID, target: message.to ?? message.condition ?? "",
+                                            targetIsToken: message.to.map { !$0.hasPrefix("/topics/") } ?? false,
                                             json: message.json.serialized, createdAt: row.createdAt,
                                             timeToLive: message.timeToLive, attempt: row.attempts + 1))
         }

@@ -72,25 +72,26 @@ struct OutboxStore: Sendable {
                     status = u.status,
                     attempts = greatest(d.attempts, coalesce(u.attempts, 0)),
                     sent_on = coalesce(u.sent_on, d.sent_on),
-                    sent_at = coalesce(u.sent_at, d.sent_at),
-                    acked_at = coalesce(u.acked_at, d.acked_at),
-                    delivered_at = coalesce(u.delivered_at, d.delivered_at),
+                    sent_at = coalesce(to_timestamp(u.sent_at), d.sent_at),
+                    acked_at = coalesce(to_timestamp(u.acked_at), d.acked_at),
+                    delivered_at = coalesce(to_timestamp(u.delivered_at), d.delivered_at),
                     error_code = coalesce(u.error_code, d.error_code),
                     error_description = coalesce(u.error_description, d.error_description),
                     canonical_token = coalesce(u.canonical_token, d.canonical_token),
-                    available_at = CASE WHEN u.status = 'delivered' THEN NULL ELSE u.available_at END
-                FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::timestamptz[], $6::timestamptz[],
-                            $7::timestamptz[], $8::text[], $9::text[], $10::text[], $11::timestamptz[])
+                    available_at = CASE WHEN u.status = 'delivered' THEN NULL ELSE to_timestamp(u.available_at) END
+                FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::float8[], $6::float8[],
+                            $7::float8[], $8::text[], $9::text[], $10::text[], $11::float8[])
                     AS u(id, status, attempts, sent_on, sent_at, acked_at, delivered_at, error_code, error_description,
                          canonical_token, available_at)
                 WHERE d.id = u.id AND (d.claimed_by = $12 OR u.status = 'delivered')
                 """, [
                     .array(updates.map { .int($0.rowID) }), .array(updates.map { .text($0.status.rawValue) }),
                     column(\.attempts) { .int(Int64($0)) }, column(\.sentOn) { .text($0) },
-                    column(\.sentAt) { .timestamptz($0) }, column(\.ackedAt) { .timestamptz($0) },
-                    column(\.deliveredAt) { .timestamptz($0) }, column(\.errorCode) { .text($0) },
+                    // Times as Unix seconds: far cheaper for the server to read than timestamp text.
+                    column(\.sentAt) { .double($0.timeIntervalSince1970) }, column(\.ackedAt) { .double($0.timeIntervalSince1970) },
+                    column(\.deliveredAt) { .double($0.timeIntervalSince1970) }, column(\.errorCode) { .text($0) },
                     column(\.errorDescription) { .text($0) }, column(\.canonicalToken) { .text($0) },
-                    column(\.availableAt) { .timestamptz($0) }, .text(workerID),
+                    column(\.availableAt) { .double($0.timeIntervalSince1970) }, .text(workerID),
                 ]))
         }
         if !tokens.isEmpty {

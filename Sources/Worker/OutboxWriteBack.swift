@@ -19,6 +19,9 @@ final class OutboxWriteBack: Sendable {
         var stopped = false
         /// Numbers each `record` call; `committed` is the last one known to be written.
         var recorded: UInt64 = 0
+        /// Rows whose only news is that they were sent, since when: held back for
+        /// `sentHold`, so that the answer usually merges in and the row is written once.
+        var heldSince: [Int64: ContinuousClock.Instant] = [:]
         var taken: UInt64 = 0
         var committed: UInt64 = 0
         var worker: CheckedContinuation<Bool, Never>?
@@ -29,10 +32,13 @@ final class OutboxWriteBack: Sendable {
     private let state = BlockingLock(State())
     /// Called after each successful write (the sender wakes its claim loop with it).
     private let onCommit: @Sendable () -> Void
+    /// How long a `sent` update waits for its answer before it is written on its own.
+    let sentHold: Duration
 
-    init(store: OutboxStore, logger: Logger, onCommit: @escaping @Sendable () -> Void = {}) {
+    init(store: OutboxStore, logger: Logger, sentHold: Duration = .seconds(1), onCommit: @escaping @Sendable () -> Void = {}) {
         self.store = store
         self.logger = logger
+        self.sentHold = sentHold
         self.onCommit = onCommit
     }
 
@@ -47,14 +53,22 @@ final class OutboxWriteBack: Sendable {
     @discardableResult
     func record(_ updates: [OutboxUpdate], tokens: [TokenMark] = []) -> UInt64 {
         guard !updates.isEmpty || !tokens.isEmpty else { return 0 }
+        let now = ContinuousClock.now
         let (worker, number) = state.withLock { state -> (CheckedContinuation<Bool, Never>?, UInt64) in
             state.recorded += 1
             for update in updates {
+                let merged: OutboxUpdate
                 if let earlier = state.updates[update.rowID] {
-                    state.updates[update.rowID] = earlier.merged(with: update)
+                    merged = earlier.merged(with: update)
                 } else {
-                    state.updates[update.rowID] = update
+                    merged = update
                     state.order.append(update.rowID)
+                }
+                state.updates[update.rowID] = merged
+                if merged.status == .sent {
+                    if state.heldSince[update.rowID] == nil { state.heldSince[update.rowID] = now }
+                } else {
+                    state.heldSince[update.rowID] = nil
                 }
             }
             for mark in tokens {
@@ -75,15 +89,11 @@ final class OutboxWriteBack: Sendable {
             guard proceed else { break }
             // Let a burst of answers gather into this batch.
             try? await Task.sleep(for: .milliseconds(2))
-            let (updates, tokens) = state.withLock { state -> ([OutboxUpdate], [TokenMark]) in
-                state.writing = true
-                state.taken = state.recorded
-                let batch = (state.order.map { state.updates[$0]! }, state.tokenOrder.map { state.tokens[$0]! })
-                state.order.removeAll(keepingCapacity: true)
-                state.updates.removeAll(keepingCapacity: true)
-                state.tokens.removeAll()
-                state.tokenOrder.removeAll()
-                return batch
+            let (updates, tokens) = takeBatch()
+            guard !updates.isEmpty || !tokens.isEmpty else {
+                // Only sends waiting for their answers: look again shortly.
+                try? await Task.sleep(for: .milliseconds(20))
+                continue
             }
             do {
                 try await store.write(updates, tokens: tokens)
@@ -96,6 +106,33 @@ final class OutboxWriteBack: Sendable {
                 try? await Task.sleep(for: delay)
                 delay = min(delay * 2, .seconds(5))
             }
+        }
+    }
+
+    /// Takes what is to be written now: everything but the `sent` updates still within
+    /// their hold (all of it once stopped). Marks a write in progress if it took anything.
+    private func takeBatch() -> ([OutboxUpdate], [TokenMark]) {
+        let now = ContinuousClock.now
+        return state.withLock { state in
+            var batch: [OutboxUpdate] = []
+            var kept: [Int64] = []
+            for id in state.order {
+                if !state.stopped, let since = state.heldSince[id], now - since < sentHold {
+                    kept.append(id)
+                } else {
+                    batch.append(state.updates.removeValue(forKey: id)!)
+                    state.heldSince[id] = nil
+                }
+            }
+            state.order = kept
+            let tokens = state.tokenOrder.map { state.tokens[$0]! }
+            state.tokens.removeAll()
+            state.tokenOrder.removeAll()
+            if !batch.isEmpty || !tokens.isEmpty {
+                state.writing = true
+                state.taken = state.recorded
+            }
+            return (batch, tokens)
         }
     }
 

@@ -85,6 +85,11 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         --shutdown-timeout SECS   FCM_SHUTDOWN_TIMEOUT  drain time on SIGTERM (default 10)
         --migrations-dir PATH     FCM_MIGRATIONS_DIR    default ./migrations
         --migrate                 FCM_MIGRATE=1         apply pending migrations at start
+        --outbox-lease SECS       FCM_OUTBOX_LEASE      claim on an outbox row before another
+                                                        worker may take it over (default 60)
+        --retry-base SECS         FCM_RETRY_BASE        first downstream retry wait (default 1)
+        --retry-max-age SECS      FCM_RETRY_MAX_AGE     no retry after this age (default 86400)
+        --worker-id ID            FCM_WORKER_ID         claimed_by on outbox rows (default host:pid:random)
       """
 
     private static let flags: [String: String] = [
@@ -95,6 +100,8 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         "--ack-mode": "FCM_ACK_MODE", "--concurrency": "FCM_CONCURRENCY", "--max-attempts": "FCM_MAX_ATTEMPTS",
         "--spool-file": "FCM_SPOOL_FILE", "--shutdown-timeout": "FCM_SHUTDOWN_TIMEOUT",
         "--migrations-dir": "FCM_MIGRATIONS_DIR", "--migrate": "FCM_MIGRATE",
+        "--outbox-lease": "FCM_OUTBOX_LEASE", "--retry-base": "FCM_RETRY_BASE", "--retry-max-age": "FCM_RETRY_MAX_AGE",
+        "--worker-id": "FCM_WORKER_ID",
     ]
     /// Flags that take no value.
     private static let switches: Set<String> = ["--migrate"]
@@ -213,6 +220,24 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             }
             configuration.migrate = ["1", "true", "yes"].contains(migrate.lowercased())
         }
+        if let lease = setting("FCM_OUTBOX_LEASE") {
+            configuration.downstream.lease = try parseSeconds(lease, name: "outbox lease")
+            guard configuration.downstream.lease >= .seconds(1) else {
+                throw ConfigurationError("invalid outbox lease \(lease): expected at least 1 second")
+            }
+        }
+        if let base = setting("FCM_RETRY_BASE") {
+            configuration.downstream.retry.base = try parseSeconds(base, name: "retry base")
+        }
+        if let age = setting("FCM_RETRY_MAX_AGE") {
+            configuration.downstream.retry.maximumAge = try parseSeconds(age, name: "retry maximum age")
+        }
+        if let workerID = setting("FCM_WORKER_ID") {
+            guard workerID.count <= 200, !workerID.contains(where: { $0.isNewline }) else {
+                throw ConfigurationError("invalid worker ID: at most 200 characters on one line")
+            }
+            configuration.downstream.workerID = workerID
+        }
         return configuration
     }
 
@@ -260,6 +285,7 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     public var description: String {
         "sender \(senderID), endpoint \(host):\(port), domain \(xmppDomain), \(connections) connection(s), "
             + "trust \(caFile ?? "system store"), handlers \(handlers.joined(separator: ",")), ack mode \(ackMode.rawValue), "
-            + "concurrency \(concurrency), database \(databaseURL.map(PostgresConnection.redactingPasswords) ?? "none")"
+            + "concurrency \(concurrency), outbox lease \(downstream.lease.formattedSeconds) as \(downstream.workerID), "
+            + "database \(databaseURL.map(PostgresConnection.redactingPasswords) ?? "none")"
     }
 }

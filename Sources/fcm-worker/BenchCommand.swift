@@ -18,11 +18,16 @@ enum BenchCommand {
         --rate N                  offered load of the latency run, msgs/s (default 10000)
         --rate-seconds N          length of the latency run (default 5)
         --database-url URL        default $DATABASE_URL
+      fcm-worker bench downstream [options] measure sending the outbox through the simulator,
+                                      which acks each message after the round trip
+        --runs LIST               connections@milliseconds runs (default 1@20,4@20,16@20,16@1)
+        --seconds N               each run sends about N seconds' worth of its bound (default 5)
+        --database-url URL        default $DATABASE_URL
     """
 
     static func run(_ arguments: [String]) async -> Int32 {
-        guard arguments.first == "upstream" else {
-            WorkerMain.printError("bench: expected `bench upstream` (see fcm-worker --help)")
+        guard arguments.first == "upstream" || arguments.first == "downstream" else {
+            WorkerMain.printError("bench: expected `bench upstream` or `bench downstream` (see fcm-worker --help)")
             return 2
         }
         var options: [String: String] = [:]
@@ -35,10 +40,24 @@ enum BenchCommand {
             options[arguments[index]] = arguments[index + 1]
             index += 2
         }
-        let known: Set<String> = ["--messages", "--connections", "--concurrency", "--rate", "--rate-seconds", "--database-url"]
+        let known: Set<String> = arguments[0] == "upstream"
+            ? ["--messages", "--connections", "--concurrency", "--rate", "--rate-seconds", "--database-url"]
+            : ["--runs", "--seconds", "--database-url"]
         if let unknown = options.keys.first(where: { !known.contains($0) }) {
-            WorkerMain.printError("bench: unknown option \(unknown)")
+            WorkerMain.printError("bench: unknown option \(unknown) for bench \(arguments[0])")
             return 2
+        }
+        guard let databaseURL = options["--database-url"] ?? ProcessInfo.processInfo.environment["DATABASE_URL"], !databaseURL.isEmpty else {
+            WorkerMain.printError("bench: missing database URL: pass --database-url or set DATABASE_URL")
+            return 2
+        }
+        if arguments[0] == "downstream" {
+            let runs = (options["--runs"] ?? "1@20,4@20,16@20,16@1").split(separator: ",").map(DownstreamBench.Run.init)
+            guard !runs.isEmpty, runs.allSatisfy({ $0 != nil }), let seconds = Int(options["--seconds"] ?? "5"), seconds > 0 else {
+                WorkerMain.printError("bench: --runs takes connections@milliseconds,… and --seconds a positive whole number")
+                return 2
+            }
+            return await report { try await DownstreamBench(databaseURL: databaseURL, runs: runs.compactMap { $0 }, seconds: seconds).run() }
         }
         func number(_ name: String, _ fallback: Int) -> Int? { options[name].map { Int($0) } ?? fallback }
         guard let messages = number("--messages", 200_000), messages > 0,
@@ -49,14 +68,14 @@ enum BenchCommand {
             WorkerMain.printError("bench: options take positive whole numbers")
             return 2
         }
-        guard let databaseURL = options["--database-url"] ?? ProcessInfo.processInfo.environment["DATABASE_URL"], !databaseURL.isEmpty else {
-            WorkerMain.printError("bench: missing database URL: pass --database-url or set DATABASE_URL")
-            return 2
-        }
         let bench = UpstreamBench(databaseURL: databaseURL, messages: messages, connections: connections,
                                   concurrency: concurrency, rate: rate, rateSeconds: rateSeconds)
+        return await report { try await bench.run() }
+    }
+
+    private static func report(_ body: () async throws -> Void) async -> Int32 {
         do {
-            try await bench.run()
+            try await body()
             return 0
         } catch {
             WorkerMain.printError("bench: \(error)")
@@ -78,8 +97,8 @@ struct UpstreamBench {
         say("fcm-worker bench upstream: \(messages) messages per run, \(connections) connection(s), \(concurrency) lane(s), "
               + "\(ProcessInfo.processInfo.activeProcessorCount) cores; simulator in its own process, TLS on loopback")
         let schema = "bench_\(UInt32.random(in: 0...UInt32.max))"
-        let url = try await makeSchema(schema)
-        defer { Task { try? await dropSchema(schema) } }
+        let url = try await BenchDatabase.makeSchema(schema, in: databaseURL)
+        defer { Task { try? await BenchDatabase.dropSchema(schema, in: databaseURL) } }
 
         let ceiling = try await rawCeiling(url: url, rows: min(messages, 200_000))
         say(String(format: "raw PostgreSQL ceiling: %.0f rows/s (100-row INSERT transactions, one connection)", ceiling))
@@ -96,7 +115,7 @@ struct UpstreamBench {
         let paced = try await pacedRun(url: url)
         say("latency at \(rate) msgs/s offered for \(rateSeconds) s (immediate mode): ack \(paced.ackLatency); "
               + "receive-to-commit \(paced.commitLatency); persisted \(paced.persisted) of \(paced.offered)")
-        say("peak RSS of the worker process (the simulator runs as its own process): \(peakResidentMegabytes()) MB")
+        say("peak RSS of the worker process (the simulator runs as its own process): \(BenchDatabase.peakResidentMegabytes()) MB")
     }
 
     // MARK: Phases
@@ -167,7 +186,20 @@ struct UpstreamBench {
 
     // MARK: Helpers
 
-    private func makeSchema(_ schema: String) async throws -> String {
+    private func truncate(_ url: String) async throws {
+        let connection = try await PostgresConnection.connect(url)
+        try await connection.execute("TRUNCATE upstream_messages, processed_upstream, dead_letters")
+        try await connection.execute("CHECKPOINT")
+        await connection.close()
+    }
+
+}
+
+/// The benchmark's own schema, and what it reads about this process.
+enum BenchDatabase {
+    /// Creates `schema` in the database at `databaseURL`, migrates it, and returns a URL
+    /// whose sessions use it.
+    static func makeSchema(_ schema: String, in databaseURL: String) async throws -> String {
         let admin = try await PostgresConnection.connect(databaseURL)
         try await admin.execute("CREATE SCHEMA \(schema)")
         await admin.close()
@@ -178,20 +210,14 @@ struct UpstreamBench {
         return url
     }
 
-    private func dropSchema(_ schema: String) async throws {
+    static func dropSchema(_ schema: String, in databaseURL: String) async throws {
         let admin = try await PostgresConnection.connect(databaseURL)
         try await admin.execute("DROP SCHEMA \(schema) CASCADE")
         await admin.close()
     }
 
-    private func truncate(_ url: String) async throws {
-        let connection = try await PostgresConnection.connect(url)
-        try await connection.execute("TRUNCATE upstream_messages, processed_upstream, dead_letters")
-        try await connection.execute("CHECKPOINT")
-        await connection.close()
-    }
-
-    private func peakResidentMegabytes() -> Int {
+    /// This process's peak resident set (VmHWM), in MB.
+    static func peakResidentMegabytes() -> Int {
         guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
               let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }),
               let kilobytes = line.split(separator: " ").dropFirst().first.flatMap({ Int($0) }) else { return -1 }
@@ -222,42 +248,20 @@ final class Setup: Sendable {
     }
 
     let committed = Commits()
-    private let simulator: Process
-    private let statsLine = Mutex<String?>(nil)
+    private let simulator: SimulatorProcess
     private let task = Mutex<Task<Void, any Error>?>(nil)
 
-    private init(simulator: Process) {
+    private init(simulator: SimulatorProcess) {
         self.simulator = simulator
     }
 
     static func start(url: String, connections: Int, concurrency: Int, mode: WorkerConfiguration.AckMode,
                       messages: Int, rate: Int) async throws -> Setup {
-        let out = FileManager.default.temporaryDirectory.appendingPathComponent("bench-sim-\(UUID())").path
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-        process.arguments = ["simulate", "--out", out, "--sender-id", "123456789012", "--server-key", "bench-key",
-                             "--upstream", "\(messages)", "--upstream-rate", "\(rate)", "--exit-when-acked"]
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = FileHandle.nullDevice
-        try process.run()
+        let process = try await SimulatorProcess.start(
+            arguments: ["--upstream", "\(messages)", "--upstream-rate", "\(rate)", "--exit-when-acked"], capturesOutput: true)
         let setup = Setup(simulator: process)
-        Task.detached {
-            let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            let line = text.split(separator: "\n").first { $0.hasPrefix("stats ") }.map(String.init)
-            setup.statsLine.withLock { $0 = line }
-        }
-        let envPath = out + "/simulator.env"
-        let deadline = ContinuousClock.now + .seconds(20)
-        while !FileManager.default.fileExists(atPath: envPath) {
-            guard ContinuousClock.now < deadline, process.isRunning else { throw SimulatorError("the simulator did not start") }
-            try await Task.sleep(for: .milliseconds(10))
-        }
-        var environment: [String: String] = [:]
-        for line in try String(contentsOfFile: envPath, encoding: .utf8).split(separator: "\n") {
-            let parts = line.split(separator: "=", maxSplits: 1).map(String.init)
-            if parts.count == 2 { environment[parts[0]] = parts[1] }
-        }
+        let out = process.directory
+        let environment = process.environment
         var configuration = try WorkerConfiguration.parse(arguments: [], environment: environment)
         configuration.databaseURL = url
         configuration.connections = connections
@@ -297,7 +301,7 @@ final class Setup: Sendable {
         let ackedAt = ContinuousClock.now
         var line: String?
         for _ in 0..<500 {
-            line = statsLine.withLock { $0 }
+            line = simulator.output?.split(separator: "\n").first { $0.hasPrefix("stats ") }.map(String.init)
             if line != nil { break }
             try await Task.sleep(for: .milliseconds(2))
         }
@@ -321,13 +325,13 @@ final class Setup: Sendable {
         let task = self.task.withLock { $0 }
         task?.cancel()
         _ = try? await task?.value
-        if simulator.isRunning { simulator.terminate() }
+        simulator.stop()
     }
 
     /// Best-effort stop on error paths.
     func stop() {
         task.withLock { $0 }?.cancel()
-        if simulator.isRunning { simulator.terminate() }
+        simulator.stop()
     }
 }
 

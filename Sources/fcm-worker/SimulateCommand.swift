@@ -22,13 +22,15 @@ enum SimulateCommand {
                                   control lets them through) instead of --upstream-interval
         --exit-when-acked         with --upstream-rate: exit once every injected message is
                                   acked, printing `stats acked=… p50_us=… p99_us=… p999_us=… max_us=…`
+        --quiet                   log sessions and protocol violations, not every message
       """
 
     static func run(_ arguments: [String]) async -> Int32 {
         var options: [String: String] = [:]
         var arguments = arguments
         let exitWhenAcked = arguments.contains("--exit-when-acked")
-        arguments.removeAll { $0 == "--exit-when-acked" }
+        let quiet = arguments.contains("--quiet")
+        arguments.removeAll { $0 == "--exit-when-acked" || $0 == "--quiet" }
         var index = 0
         let known: Set<String> = ["--host", "--port", "--sender-id", "--server-key", "--out", "--upstream",
                                   "--upstream-interval", "--drop-after", "--keepalive", "--ack-delay", "--upstream-rate"]
@@ -81,7 +83,7 @@ enum SimulateCommand {
                                     dropAfter: dropAfter.map { .milliseconds(Int64($0 * 1000)) })
             if load != nil { configuration.recordsEvents = false }
             configuration.onEvent = { event in
-                if load == nil { logger.info(describe(event)) }
+                if load == nil && (!quiet || !event.isPerMessage) { logger.info(describe(event)) }
                 script.observe(event)
                 load?.observe(event)
             }
@@ -249,6 +251,16 @@ final class LoadScript: @unchecked Sendable {
                 }
                 try? await Task.sleep(for: .milliseconds(1))
             }
+        }
+    }
+}
+
+extension SimulatorEvent {
+    /// True for the events every message causes (left out of a `--quiet` log).
+    var isPerMessage: Bool {
+        switch self {
+        case .upstreamDelivered, .upstreamAcked, .downstreamReceived, .downstreamAnswered, .receiptSent, .pingAnswered: true
+        default: false
         }
     }
 }

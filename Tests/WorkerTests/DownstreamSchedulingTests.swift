@@ -4,8 +4,8 @@ import Testing
 @testable import Worker
 
 private func message(_ row: Int64, to target: String = "token", attempt: Int = 1) -> OutgoingDownstream {
-    OutgoingDownstream(rowID: row, messageID: "ds-\(row)", target: target, json: "{}", createdAt: Date(), timeToLive: nil,
-                       attempt: attempt)
+    OutgoingDownstream(rowID: row, messageID: "ds-\(row)", target: target, targetIsToken: true, json: "{}", createdAt: Date(),
+                       timeToLive: nil, attempt: attempt)
 }
 
 @Suite struct DownstreamSchedulerTests {

@@ -52,6 +52,21 @@ import XMPP
         #expect(throws: ConfigurationError.self) { try WorkerConfiguration.parse(arguments: ["--ack-mode", "later"], environment: base) }
     }
 
+    @Test func downstreamSettingsParse() throws {
+        let defaults = try WorkerConfiguration.parse(arguments: [], environment: base)
+        #expect(defaults.downstream.lease == .seconds(60) && defaults.downstream.retry.base == .seconds(1))
+        #expect(defaults.downstream.retry.maximumAge == .seconds(86_400))
+        #expect(defaults.downstream.workerID.hasSuffix(defaults.downstream.workerID.split(separator: ":").last.map(String.init) ?? "?"))
+        let configuration = try WorkerConfiguration.parse(
+            arguments: ["--outbox-lease", "30", "--retry-base", "0.5", "--retry-max-age", "3600", "--worker-id", "worker-a"],
+            environment: base)
+        #expect(configuration.downstream.lease == .seconds(30))
+        #expect(configuration.downstream.retry.base == .milliseconds(500))
+        #expect(configuration.downstream.retry.maximumAge == .seconds(3600))
+        #expect(configuration.downstream.workerID == "worker-a")
+        #expect(configuration.description.contains("as worker-a"))
+    }
+
     @Test func serverKeyFromFile() throws {
         let path = FileManager.default.temporaryDirectory.appendingPathComponent("key-\(UUID())").path
         try "  file-key\n".write(toFile: path, atomically: true, encoding: .utf8)
@@ -74,6 +89,8 @@ import XMPP
             (["--sender-id"], base, "needs a value"),
             (["--sender-id", "12 3"], base, "invalid sender ID"),
             (["--ping-interval", "-1"], base, "invalid ping interval"),
+            (["--outbox-lease", "0.5"], base, "invalid outbox lease"),
+            (["--retry-base", "soon"], base, "invalid retry base"),
         ]
         for (arguments, environment, expected) in cases {
             do {

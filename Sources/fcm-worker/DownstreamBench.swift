@@ -1,0 +1,171 @@
+import Foundation
+import Postgres
+import Simulator
+import Synchronization
+import Worker
+
+/// The downstream benchmark of issue 4: rows inserted into the outbox, sent by an
+/// in-process worker to a simulator process that acks each after a set delay.
+///
+/// Per run (connections × simulated round trip) it prints: sent msgs/s, acked msgs/s, the
+/// ack round trip p50/p99 as the worker recorded it (`acked_at - sent_at`), and the share
+/// of the flow-control bound (connections × 100 / round trip) reached.
+struct DownstreamBench {
+    struct Run: CustomStringConvertible {
+        let connections: Int
+        let roundTripMilliseconds: Int
+        var bound: Double { Double(connections * 100) / (Double(roundTripMilliseconds) / 1000) }
+        var description: String { "\(connections) connection(s) at \(roundTripMilliseconds) ms" }
+
+        /// `16@20`: connections @ milliseconds.
+        init?(_ text: Substring) {
+            let parts = text.split(separator: "@")
+            guard parts.count == 2, let connections = Int(parts[0]), (1...1000).contains(connections),
+                  let milliseconds = Int(parts[1]), (1...10_000).contains(milliseconds) else { return nil }
+            self.connections = connections
+            self.roundTripMilliseconds = milliseconds
+        }
+    }
+
+    let databaseURL: String
+    let runs: [Run]
+    /// Each run sends about this many seconds' worth of its bound.
+    let seconds: Int
+
+    func run() async throws {
+        say("fcm-worker bench downstream: \(runs.count) run(s) of about \(seconds) s, "
+              + "\(ProcessInfo.processInfo.activeProcessorCount) cores; simulator in its own process, TLS on loopback")
+        let schema = "bench_\(UInt32.random(in: 0...UInt32.max))"
+        let url = try await BenchDatabase.makeSchema(schema, in: databaseURL)
+        defer { Task { try? await BenchDatabase.dropSchema(schema, in: databaseURL) } }
+        for run in runs {
+            let messages = max(5_000, min(500_000, Int(run.bound) * seconds))
+            let result = try await measure(run, messages: messages, url: url)
+            say(String(format: "%@: %d messages, sent %.0f msgs/s, acked %.0f msgs/s = %.0f%% of the bound %.0f msgs/s; "
+                               + "ack round trip p50 %.1f ms, p99 %.1f ms",
+                       run.description, messages, result.sentPerSecond, result.ackedPerSecond,
+                       100 * result.ackedPerSecond / run.bound, run.bound, result.p50 * 1000, result.p99 * 1000))
+        }
+        say("peak RSS of the worker process: \(BenchDatabase.peakResidentMegabytes()) MB")
+    }
+
+    struct Result {
+        var sentPerSecond: Double
+        var ackedPerSecond: Double
+        var p50: Double
+        var p99: Double
+    }
+
+    private func measure(_ run: Run, messages: Int, url: String) async throws -> Result {
+        let connection = try await PostgresConnection.connect(url)
+        defer { Task { await connection.close() } }
+        try await connection.execute("TRUNCATE downstream_messages, device_tokens")
+        try await connection.execute("CHECKPOINT")
+
+        let simulator = try await SimulatorProcess.start(arguments: ["--ack-delay", "\(run.roundTripMilliseconds)", "--quiet"])
+        defer { simulator.stop() }
+        var configuration = try WorkerConfiguration.parse(arguments: [], environment: simulator.environment)
+        configuration.databaseURL = url
+        configuration.connections = run.connections
+        configuration.spoolFile = simulator.directory + "/spool"
+        configuration.migrationsDirectory = Migrator.defaultDirectory()
+        let connected = Atomic<Int>(0)
+        let worker = FCMWorker(configuration: configuration, handlers: UpstreamHandlers(),
+                               logger: Logger(label: "bench", minimumLevel: .error), observer: { event in
+                                   if case .connected = event { connected.add(1, ordering: .relaxed) }
+                               })
+        let task = Task { try await worker.run() }
+        defer { task.cancel() }
+        let deadline = ContinuousClock.now + .seconds(30)
+        while connected.load(ordering: .relaxed) < run.connections {
+            guard ContinuousClock.now < deadline else { throw SimulatorError("the worker did not connect \(run.connections) time(s)") }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+
+        // One statement, so the rows appear at once; the worker is woken by its NOTIFY.
+        try await connection.execute("""
+            INSERT INTO downstream_messages (target, payload)
+            SELECT 'bench-token-' || (g % 10000), '{"data":{"text":"benchmark payload"},"priority":"high"}'::jsonb
+            FROM generate_series(1, $1) AS g
+            """, [.int(Int64(messages))])
+        let limit = ContinuousClock.now + .seconds(Int64(messages / 1000 + 120))
+        while true {
+            // An index probe, not a count: polling must not weigh on the database it measures.
+            let unfinished = try await connection.query("SELECT 1 FROM downstream_messages WHERE available_at IS NOT NULL LIMIT 1")
+            if unfinished.isEmpty { break }
+            guard ContinuousClock.now < limit else { throw SimulatorError("the outbox was not sent in time") }
+            try await Task.sleep(for: .milliseconds(200))
+        }
+        task.cancel()
+        _ = try? await task.value
+
+        let row = try await connection.query("""
+            SELECT count(*) FILTER (WHERE status = 'acked'),
+                   extract(epoch FROM max(sent_at) - min(sent_at))::float8,
+                   extract(epoch FROM max(acked_at) - min(sent_at))::float8,
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM acked_at - sent_at)),
+                   percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM acked_at - sent_at))
+            FROM downstream_messages
+            """).first
+        guard let acked = row?.int(0), acked == messages else {
+            throw SimulatorError("\(row?.int(0) ?? 0) of \(messages) rows were acked")
+        }
+        return Result(sentPerSecond: Double(messages) / (row?.double(1) ?? .nan),
+                      ackedPerSecond: Double(messages) / (row?.double(2) ?? .nan),
+                      p50: row?.double(3) ?? .nan, p99: row?.double(4) ?? .nan)
+    }
+}
+
+/// `fcm-worker simulate` as a child process, with the settings it wrote for workers.
+final class SimulatorProcess: Sendable {
+    let directory: String
+    let environment: [String: String]
+    private let process: Process
+    private let captured = Mutex<String?>(nil)
+
+    private init(directory: String, environment: [String: String], process: Process) {
+        self.directory = directory
+        self.environment = environment
+        self.process = process
+    }
+
+    /// Its standard output, once it has closed it (with `capturesOutput`).
+    var output: String? { captured.withLock { $0 } }
+    var isRunning: Bool { process.isRunning }
+
+    /// Starts `fcm-worker simulate ARGUMENTS` and waits for its settings file.
+    static func start(arguments: [String], capturesOutput: Bool = false) async throws -> SimulatorProcess {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("bench-sim-\(UUID())").path
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        process.arguments = ["simulate", "--out", directory, "--sender-id", "123456789012", "--server-key", "bench-key"] + arguments
+        let pipe = Pipe()
+        process.standardOutput = capturesOutput ? pipe : FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let envPath = directory + "/simulator.env"
+        let deadline = ContinuousClock.now + .seconds(20)
+        while !FileManager.default.fileExists(atPath: envPath) {
+            guard ContinuousClock.now < deadline, process.isRunning else { throw SimulatorError("the simulator did not start") }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        var environment: [String: String] = [:]
+        for line in try String(contentsOfFile: envPath, encoding: .utf8).split(separator: "\n") {
+            let parts = line.split(separator: "=", maxSplits: 1).map(String.init)
+            if parts.count == 2 { environment[parts[0]] = parts[1] }
+        }
+        let simulator = SimulatorProcess(directory: directory, environment: environment, process: process)
+        if capturesOutput {
+            let reader = Thread {
+                let text = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+                simulator.captured.withLock { $0 = text }
+            }
+            reader.start()
+        }
+        return simulator
+    }
+
+    func stop() {
+        if process.isRunning { process.terminate() }
+    }
+}
