@@ -430,8 +430,9 @@ final class OutboxSender: Sendable {
             }
             let messageID = Self.messageIDPrefix + String(row.id)
             let message: DownstreamMessage
+            let payload: JSONValue
             do {
-                let payload = try JSONValue.parse(row.payload)
+                payload = try JSONValue.parse(row.payload)
                 let target = row.tokenState == .replaced ? (row.canonicalToken ?? row.target) : row.target
                 message = try DownstreamMessage(target: target, condition: row.condition, payload: payload, messageID: messageID)
                 try message.validate()
@@ -452,10 +453,34 @@ final class OutboxSender: Sendable {
             }
             ready.append(OutgoingDownstream(rowID: row.id, messageID: messageID, target: message.to ?? message.condition ?? "",
                                             targetIsToken: message.to.map { !$0.hasPrefix("/topics/") } ?? false,
-                                            json: message.json.serialized, createdAt: row.createdAt,
+                                            json: Self.wireJSON(of: message, payloadText: row.payload,
+                                                        payloadHasMessageID: payload["message_id"] != nil),
+                                            createdAt: row.createdAt,
                                             timeToLive: message.timeToLive, attempt: row.attempts + 1))
         }
         return (ready, updates)
+    }
+
+    /// The CCS JSON of a validated message: its id and target, then the row's payload text
+    /// as PostgreSQL wrote it (valid JSON whose fields were all just checked), which
+    /// spares re-serialising every message. A payload carrying its own `message_id` is
+    /// serialised from the parsed message instead, so the id is never doubled.
+    static func wireJSON(of message: DownstreamMessage, payloadText: String, payloadHasMessageID: Bool) -> String {
+        let body = payloadText.utf8.drop { $0 == 0x20 || $0 == 0x0A || $0 == 0x09 || $0 == 0x0D }
+        guard body.first == UInt8(ascii: "{"), !payloadHasMessageID else { return message.json.serialized }
+        var json = "{\"message_id\":"
+        JSONValue.appendQuoted(message.messageID, to: &json)
+        if let to = message.to {
+            json += ",\"to\":"
+            JSONValue.appendQuoted(to, to: &json)
+        } else if let condition = message.condition {
+            json += ",\"condition\":"
+            JSONValue.appendQuoted(condition, to: &json)
+        }
+        let rest = Substring(body.dropFirst()).drop { $0 == " " || $0 == "\n" || $0 == "\t" || $0 == "\r" }
+        if rest.first != "}" { json += "," }
+        json += rest
+        return json
     }
 
     // MARK: - NOTIFY and leases

@@ -203,3 +203,19 @@ private func message(_ row: Int64, to target: String = "token", attempt: Int = 1
         }
     }
 }
+
+@Suite struct WireJSONTests {
+    @Test func theSplicedPayloadMeansTheSameAsTheSerialisedMessage() throws {
+        let payloads = [#"{"data": {"k": "v"}, "time_to_live": 0, "priority": "high"}"#, "{}", " { } ",
+                        #"{"notification": {"title": "T"}, "delivery_receipt_requested": true}"#,
+                        #"{"message_id": "theirs", "data": {"k": "v"}}"#]
+        for text in payloads {
+            let payload = try JSONValue.parse(text)
+            for (target, condition) in [("token-1", nil), (nil, "'a' in topics")] as [(String?, String?)] {
+                let message = try DownstreamMessage(target: target, condition: condition, payload: payload, messageID: "ds-7")
+                let wire = OutboxSender.wireJSON(of: message, payloadText: text, payloadHasMessageID: payload["message_id"] != nil)
+                #expect(try JSONValue.parse(wire) == message.json, "\(text) → \(wire)")
+            }
+        }
+    }
+}
