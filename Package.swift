@@ -25,7 +25,7 @@ let package = Package(
             providers: [.apt(["libexpat1-dev"])]),
         .target(name: "XMPP", dependencies: ["COpenSSL", "CExpat"]),
         .target(name: "FCM", dependencies: ["XMPP"]),
-        .target(name: "Postgres", dependencies: ["CLibPQ"]),
+        .target(name: "Postgres", dependencies: ["CLibPQ", "XMPP"]),
         .target(name: "Simulator", dependencies: ["XMPP", "FCM", "COpenSSL"]),
         .target(name: "Worker", dependencies: ["XMPP", "FCM", "Postgres"]),
         .target(name: "Handlers", dependencies: ["Worker", "FCM", "Postgres"]),

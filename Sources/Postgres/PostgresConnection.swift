@@ -1,3 +1,4 @@
+import XMPP
 import CLibPQ
 import Foundation
 

@@ -382,7 +382,8 @@ public final class CCSSimulator: Sendable {
 
     // MARK: - Listening
 
-    private static func listen(host: String, port: Int) throws -> (Int32, Int) {
+    /// A non-blocking listening socket on `host:port` (0: a free port) and the port it got.
+    static func listen(host: String, port: Int) throws -> (Int32, Int) {
         var hints = addrinfo()
         hints.ai_family = AF_UNSPEC
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)

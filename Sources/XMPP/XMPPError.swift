@@ -28,6 +28,8 @@ public enum XMPPError: Error, Sendable, Equatable, CustomStringConvertible {
     case closedByPeer
     /// We closed the connection.
     case closedLocally
+    /// A blocking exchange (HTTPS) did not finish in time.
+    case timedOut(String)
 
     /// True when retrying cannot help until someone changes the configuration
     /// (credentials, trust settings): callers stop instead of reconnecting in a loop.
@@ -54,6 +56,7 @@ public enum XMPPError: Error, Sendable, Equatable, CustomStringConvertible {
         case .connectionLost(let reason): "connection lost: \(reason)"
         case .closedByPeer: "the peer closed the stream"
         case .closedLocally: "closed by this side"
+        case .timedOut(let what): "timed out: \(what)"
         }
     }
 }

@@ -6,7 +6,7 @@ import Synchronization
 /// Blocking C calls (libpq) run here instead of on Swift's cooperative pool; `run(_:)`
 /// bridges each job to async/await. The thread ends once `shutdown()` is called and the
 /// jobs already queued have run.
-final class DedicatedThread: Sendable {
+package final class DedicatedThread: Sendable {
     private struct State {
         var jobs: [@Sendable () -> Void] = []
         var stopping = false
@@ -14,7 +14,7 @@ final class DedicatedThread: Sendable {
     private let state = Mutex(State())
     private let wakeup = NSCondition()
 
-    init(name: String) {
+    package init(name: String) {
         let thread = Thread { [self] in self.loop() }
         thread.name = name
         thread.stackSize = 1 << 20
@@ -22,7 +22,7 @@ final class DedicatedThread: Sendable {
     }
 
     /// Runs `body` on this thread and returns its result; the calling task suspends meanwhile.
-    func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    package func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
         try await withCheckedThrowingContinuation { continuation in
             let accepted = submit { continuation.resume(with: Result { try body() }) }
             if !accepted {
@@ -33,7 +33,7 @@ final class DedicatedThread: Sendable {
 
     /// Queues `job`; false when the thread is shutting down (the job will not run).
     @discardableResult
-    func submit(_ job: @escaping @Sendable () -> Void) -> Bool {
+    package func submit(_ job: @escaping @Sendable () -> Void) -> Bool {
         let accepted = state.withLock { state -> Bool in
             if state.stopping { return false }
             state.jobs.append(job)
@@ -44,7 +44,7 @@ final class DedicatedThread: Sendable {
     }
 
     /// Lets the thread finish the queued jobs and end.
-    func shutdown() {
+    package func shutdown() {
         state.withLock { $0.stopping = true }
         wakeup.lock(); wakeup.signal(); wakeup.unlock()
     }

@@ -1,0 +1,282 @@
+import FCM
+import Foundation
+import Synchronization
+import XMPP
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A stand-in for FCM's legacy HTTP endpoints over HTTPS on loopback (PROTOCOL.md section 8):
+/// `POST /fcm/send` (JSON and plain text) and `POST /fcm/notification` (device groups).
+///
+/// It checks `Authorization: key=…` (401 otherwise) and `project_id` for groups, validates
+/// like FCM (400 with a reason for unparseable JSON, a missing target, more than 1,000
+/// tokens, JSON-only features in plain text), and answers each token with `tokenAnswer`.
+/// Tests queue whole-request outcomes first (`scriptNext`): a status with `Retry-After`,
+/// or no answer at all (a timeout).
+public final class FCMHTTPSimulator: Sendable {
+    /// How one token of a send is answered.
+    public enum TokenAnswer: Sendable, Equatable {
+        case success(canonicalRegistrationID: String? = nil)
+        case error(String)
+    }
+
+    /// A whole request's outcome, ahead of the normal answer.
+    public enum Scripted: Sendable, Equatable {
+        /// This status (401, 500, 503…), with `Retry-After` when given, and an empty body.
+        case status(Int, retryAfter: String? = nil)
+        /// Read the request and never answer (the client times out).
+        case noAnswer
+    }
+
+    /// A request the simulator received.
+    public struct Request: Sendable {
+        public let path: String
+        public let headers: [String: String]
+        public let body: String
+    }
+
+    private struct State {
+        var scripted: [Scripted] = []
+        var requests: [Request] = []
+        var groups: [String: (key: String, tokens: [String])] = [:]
+        var nextMessageID: Int64 = 1
+        var stopped = false
+    }
+
+    public let port: Int
+    public let serverKey: String
+    public let senderID: String
+    private let tokenAnswer: @Sendable (String) -> TokenAnswer
+    private let context: TLSContext
+    private let listenFD: Int32
+    private let state = Mutex(State())
+
+    public init(senderID: String, serverKey: String, identity: TLSIdentity, host: String = "127.0.0.1",
+                tokenAnswer: @escaping @Sendable (String) -> TokenAnswer = { _ in .success() }) throws {
+        ProcessSignals.ignoreSIGPIPE()
+        self.senderID = senderID
+        self.serverKey = serverKey
+        self.tokenAnswer = tokenAnswer
+        self.context = try TLSContext.server(identity: identity)
+        (listenFD, port) = try CCSSimulator.listen(host: host, port: 0)
+        let thread = Thread { [self] in acceptLoop() }
+        thread.name = "fcm-http-simulator accept"
+        thread.start()
+    }
+
+    /// Stops accepting (open connections end with their current request).
+    public func stop() {
+        state.withLock { $0.stopped = true }
+        shutdown(listenFD, Int32(SHUT_RDWR))
+    }
+
+    /// Queues outcomes for the next requests, in order.
+    public func scriptNext(_ outcomes: [Scripted]) {
+        state.withLock { $0.scripted += outcomes }
+    }
+
+    /// Every request so far.
+    public var requests: [Request] { state.withLock { $0.requests } }
+
+    /// The device groups: name → (notification key, tokens).
+    public var groups: [String: (key: String, tokens: [String])] { state.withLock { $0.groups } }
+
+    // MARK: - Serving
+
+    private func acceptLoop() {
+        defer { close(listenFD) }
+        while !state.withLock({ $0.stopped }) {
+            var descriptor = pollfd(fd: listenFD, events: Int16(POLLIN), revents: 0)
+            guard poll(&descriptor, 1, 200) >= 0 || errno == EINTR else { return }
+            let fd = accept(listenFD, nil, nil)
+            guard fd >= 0 else { continue }
+            let thread = Thread { [self] in serve(fd) }
+            thread.name = "fcm-http-simulator connection"
+            thread.start()
+        }
+    }
+
+    private func serve(_ fd: Int32) {
+        guard let channel = try? TLSChannel.accept(fd: fd, context: context, deadline: .now + .seconds(10)) else { return }
+        var reader = HTTPMessageReader()
+        var buffer = [UInt8](repeating: 0, count: 16 << 10)
+        while !state.withLock({ $0.stopped }) {
+            let request: HTTPMessage
+            do {
+                guard let next = try reader.next() else {
+                    let count = try channel.read(into: &buffer, until: .now + .seconds(60))
+                    if count == 0 { return }
+                    reader.append(buffer[..<count])
+                    continue
+                }
+                request = next
+            } catch {
+                _ = try? channel.write(Self.response(400, body: "malformed HTTP request").serialized(), until: .now + .seconds(5))
+                return
+            }
+            guard let response = answer(request) else {
+                // A scripted timeout: hold the connection without answering.
+                Thread.sleep(forTimeInterval: 30)
+                return
+            }
+            do {
+                try channel.write(response.serialized(), until: .now + .seconds(10))
+            } catch {
+                return
+            }
+            if !request.keepsAlive { channel.close(); return }
+        }
+    }
+
+    private func answer(_ request: HTTPMessage) -> HTTPMessage? {
+        let path = request.startLine.count > 1 ? request.startLine[1] : ""
+        let scripted = state.withLock { state -> Scripted? in
+            state.requests.append(Request(path: path, headers: request.headers, body: request.bodyText))
+            return state.scripted.isEmpty ? nil : state.scripted.removeFirst()
+        }
+        switch scripted {
+        case .noAnswer?: return nil
+        case .status(let status, let retryAfter)?:
+            var response = Self.response(status, body: "")
+            if let retryAfter { response.headers["retry-after"] = retryAfter }
+            return response
+        case nil: break
+        }
+        guard request.startLine.first == "POST" else { return Self.response(405, body: "only POST is served") }
+        guard request.headers["authorization"] == "key=\(serverKey)" else { return Self.response(401, body: "Unauthorized") }
+        switch path {
+        case "/fcm/send":
+            if request.headers["content-type"]?.lowercased().hasPrefix("application/x-www-form-urlencoded") == true {
+                return plainTextSend(request.bodyText)
+            }
+            return jsonSend(request.bodyText)
+        case "/fcm/notification":
+            guard request.headers["project_id"] == senderID else {
+                return Self.json(401, ["error": .string("project_id does not match the server key's sender")])
+            }
+            return deviceGroup(request.bodyText)
+        default:
+            return Self.response(404, body: "not found")
+        }
+    }
+
+    private func jsonSend(_ body: String) -> HTTPMessage {
+        guard case .object(let members)? = try? JSONValue.parse(body) else {
+            return Self.response(400, body: "JSON_PARSING_ERROR: Unexpected character at position 0.")
+        }
+        if let tokens = members["registration_ids"] {
+            guard case .array(let items) = tokens, !items.isEmpty, items.allSatisfy({ $0.stringValue != nil }) else {
+                return Self.response(400, body: "Field \"registration_ids\" must be a JSON array of strings")
+            }
+            guard items.count <= LegacyHTTPMessage.maximumRegistrationIDs else {
+                return Self.response(400, body: "Number of messages on bulk (\(items.count)) exceeds maximum allowed (1000)")
+            }
+            return tokenResults(items.compactMap(\.stringValue))
+        }
+        if members["condition"]?.stringValue != nil { return topicResult() }
+        guard let to = members["to"]?.stringValue ?? members["notification_key"]?.stringValue else {
+            return Self.response(400, body: "Missing \"to\" or \"registration_ids\" field")
+        }
+        if to.hasPrefix("/topics/") { return topicResult() }
+        return tokenResults([to])
+    }
+
+    private func tokenResults(_ tokens: [String]) -> HTTPMessage {
+        var results: [JSONValue] = []
+        var success = 0, failure = 0, canonical = 0
+        for token in tokens {
+            switch tokenAnswer(token) {
+            case .success(let canonicalID):
+                success += 1
+                var result: [String: JSONValue] = ["message_id": .string("0:\(nextMessageID())%\(senderID)")]
+                if let canonicalID {
+                    canonical += 1
+                    result["registration_id"] = .string(canonicalID)
+                }
+                results.append(.object(result))
+            case .error(let code):
+                failure += 1
+                results.append(.object(["error": .string(code)]))
+            }
+        }
+        return Self.json(200, ["multicast_id": .number(Double(nextMessageID())), "success": .number(Double(success)),
+                               "failure": .number(Double(failure)), "canonical_ids": .number(Double(canonical)),
+                               "results": .array(results)])
+    }
+
+    private func topicResult() -> HTTPMessage {
+        Self.json(200, ["message_id": .number(Double(nextMessageID()))])
+    }
+
+    private func plainTextSend(_ body: String) -> HTTPMessage {
+        var fields: [String: String] = [:]
+        for pair in body.split(separator: "&") {
+            let parts = pair.split(separator: "=", maxSplits: 1).map {
+                String($0).replacingOccurrences(of: "+", with: " ").removingPercentEncoding ?? String($0)
+            }
+            fields[parts[0]] = parts.count > 1 ? parts[1] : ""
+        }
+        guard let token = fields["registration_id"], !token.isEmpty else { return Self.response(200, body: "Error=MissingRegistration") }
+        switch tokenAnswer(token) {
+        case .success(let canonical):
+            return Self.response(200, body: "id=0:\(nextMessageID())%\(senderID)" + (canonical.map { "\nregistration_id=\($0)" } ?? ""))
+        case .error(let code):
+            return Self.response(200, body: "Error=\(code)")
+        }
+    }
+
+    private func deviceGroup(_ body: String) -> HTTPMessage {
+        guard case .object(let members)? = try? JSONValue.parse(body),
+              let operation = members["operation"]?.stringValue,
+              let name = members["notification_key_name"]?.stringValue, !name.isEmpty,
+              case .array(let items)? = members["registration_ids"], !items.isEmpty else {
+            return Self.json(400, ["error": .string("operation, notification_key_name and registration_ids are required")])
+        }
+        let tokens = items.compactMap(\.stringValue)
+        let key = members["notification_key"]?.stringValue
+        let outcome = state.withLock { state -> Result<String, SimulatorError> in
+            switch operation {
+            case "create":
+                guard state.groups[name] == nil else { return .failure(SimulatorError("notification_key already exists")) }
+                state.nextMessageID += 1
+                let created = "APA91b-group-\(state.nextMessageID)"
+                state.groups[name] = (created, tokens)
+                return .success(created)
+            case "add", "remove":
+                guard let group = state.groups[name], group.key == key else { return .failure(SimulatorError("notification_key not found")) }
+                if operation == "add" {
+                    state.groups[name]!.tokens += tokens.filter { !group.tokens.contains($0) }
+                } else {
+                    state.groups[name]!.tokens.removeAll { tokens.contains($0) }
+                    // Removing every token deletes the group.
+                    if state.groups[name]!.tokens.isEmpty { state.groups[name] = nil }
+                }
+                return .success(group.key)
+            default:
+                return .failure(SimulatorError("unknown operation \(operation)"))
+            }
+        }
+        switch outcome {
+        case .success(let key): return Self.json(200, ["notification_key": .string(key)])
+        case .failure(let reason): return Self.json(400, ["error": .string(reason.description)])
+        }
+    }
+
+    private func nextMessageID() -> Int64 {
+        state.withLock { state in
+            state.nextMessageID += 1
+            return state.nextMessageID
+        }
+    }
+
+    private static func response(_ status: Int, body: String) -> HTTPMessage {
+        HTTPMessage(startLine: ["HTTP/1.1", String(status), status == 200 ? "OK" : "Error"],
+                    headers: ["content-type": "text/plain; charset=UTF-8"], body: Array(body.utf8))
+    }
+
+    private static func json(_ status: Int, _ members: [String: JSONValue]) -> HTTPMessage {
+        HTTPMessage(startLine: ["HTTP/1.1", String(status), status == 200 ? "OK" : "Error"],
+                    headers: ["content-type": "application/json; charset=UTF-8"], body: Array(JSONValue.object(members).serialized.utf8))
+    }
+}
