@@ -181,7 +181,7 @@ public final class FCMHTTPClient: Sendable {
                 let response = try await client.send(method: "POST", path: path, headers: headers, body: Array(body.utf8))
                 guard (500...599).contains(response.status) else { return response }
                 let retryAfter = response.headers["retry-after"].flatMap { LegacyHTTPResponse.parseRetryAfter($0) }
-                guard attempt < settings.maximumAttempts else {
+                guard attempt < settings.maximumAttempts, !Task.isCancelled else {
                     throw Failure.refused(.unavailable(status: response.status, retryAfter: retryAfter))
                 }
                 wait = retryAfter ?? backoff(attempt)
@@ -189,7 +189,7 @@ public final class FCMHTTPClient: Sendable {
                 throw failure
             } catch {
                 let transport = (error as? XMPPError) ?? .connectionLost("\(error)")
-                guard attempt < settings.maximumAttempts else { throw .transport(transport) }
+                guard attempt < settings.maximumAttempts, !Task.isCancelled else { throw .transport(transport) }
                 wait = backoff(attempt)
             }
             try? await Task.sleep(for: wait)

@@ -45,6 +45,7 @@ public struct FCMWorker: Sendable {
             throw ConfigurationError("missing database URL: pass --database-url or set DATABASE_URL (handlers persist into PostgreSQL)")
         }
         let tls = try TLSContext.client(trust: configuration.xmppClient.trust)
+        let httpClient = try FCMHTTPClient(settings: configuration.httpClient)
         let pool = PostgresPool(conninfo: databaseURL, size: configuration.concurrency + 1)
         logger.info("starting: \(configuration)")
         do {
@@ -67,13 +68,21 @@ public struct FCMWorker: Sendable {
         let sender = OutboxSender(pool: senderPool, conninfo: databaseURL, settings: configuration.downstream,
                                   logger: logger.labeled("outbox"), observer: observer)
         let senderTask = Task { await sender.run() }
+        let httpPool = PostgresPool(conninfo: databaseURL, size: 2)
+        let httpSender = HTTPOutboxSender(pool: httpPool, client: httpClient,
+                                          settings: configuration.downstream, logger: logger.labeled("http"))
+        sender.alsoWake = httpSender.doorbell
+        let httpTask = Task { await httpSender.run() }
         // On shutdown the sender stops first, while the connections are still read so that
         // the answers to what it sent arrive; then reading stops.
         let reading = ShutdownSignal()
         let senderWindDown = min(configuration.shutdownTimeout, .seconds(5))
         shutdown.onRequest {
             Task {
+                httpSender.finish()
                 await sender.finish(within: senderWindDown)
+                // HTTP requests under way finish (bounded by their timeout); no more retries.
+                httpTask.cancel()
                 reading.request()
             }
         }
@@ -103,7 +112,9 @@ public struct FCMWorker: Sendable {
         }
         let (connections, failure) = await slotsTask.value
         await senderTask.value
+        await httpTask.value
         await senderPool.close()
+        await httpPool.close()
 
         // Reading has stopped. Let what is queued commit (durable acks go out meanwhile).
         logger.info("shutting down: \(pipeline.backlog) message(s) still queued")

@@ -65,6 +65,12 @@ final class OutboxSender: Sendable {
     private let observer: WorkerObserver?
     private let state = BlockingLock(State())
     private let doorbell: Doorbell
+    private let alsoWakeBox = BlockingLock<Doorbell?>(nil)
+    /// Rung on every NOTIFY too (the HTTP sender shares this listener).
+    var alsoWake: Doorbell? {
+        get { alsoWakeBox.withLock { $0 } }
+        set { alsoWakeBox.withLock { $0 = newValue } }
+    }
 
     init(pool: PostgresPool, conninfo: String, settings: DownstreamSettings, logger: Logger, observer: WorkerObserver? = nil) {
         self.settings = settings
@@ -497,7 +503,10 @@ final class OutboxSender: Sendable {
                 doorbell.ring()
                 observer?(.outboxListening)
                 while state.withLock({ $0.claiming }) {
-                    if try await connection.nextNotification(timeout: .milliseconds(250)) != nil { doorbell.ring() }
+                    if try await connection.nextNotification(timeout: .milliseconds(250)) != nil {
+                        doorbell.ring()
+                        alsoWake?.ring()
+                    }
                 }
             } catch {
                 logger.debug("outbox LISTEN connection failed (the sweep keeps sending): \(error)")

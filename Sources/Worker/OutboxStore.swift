@@ -1,3 +1,4 @@
+import FCM
 import Foundation
 import Postgres
 import XMPP
@@ -14,6 +15,8 @@ struct OutboxStore: Sendable {
     /// Who claims: written to `claimed_by`.
     let workerID: String
     let lease: Duration
+    /// The rows this store claims: `xmpp` or `http`.
+    var transport = "xmpp"
 
     /// A claimed row, with what `device_tokens` knows about its target.
     struct ClaimedRow: Sendable {
@@ -27,6 +30,10 @@ struct OutboxStore: Sendable {
         let tokenState: TokenMark.State?
         let tokenErrorCode: String?
         let canonicalToken: String?
+        /// The tokens of a multicast row (HTTP only).
+        let registrationIDs: [String]?
+        /// Per-token outcomes of earlier attempts (HTTP multicast), as JSON text.
+        let tokenResults: String?
     }
 
     /// Claims up to `limit` rows that are due, oldest first.
@@ -35,7 +42,7 @@ struct OutboxStore: Sendable {
             try await connection.query("""
                 WITH picked AS (
                     SELECT id FROM downstream_messages
-                    WHERE available_at <= now()
+                    WHERE transport = $4 AND available_at <= now()
                     ORDER BY available_at, id
                     LIMIT $2
                     FOR UPDATE SKIP LOCKED
@@ -43,26 +50,35 @@ struct OutboxStore: Sendable {
                     UPDATE downstream_messages AS d
                     SET status = 'sending', claimed_by = $1, available_at = now() + make_interval(secs => $3)
                     FROM picked WHERE d.id = picked.id
-                    RETURNING d.id, d.target, d.condition, d.payload, d.attempts, d.created_at
+                    RETURNING d.id, d.target, d.condition, d.payload, d.attempts, d.created_at, d.registration_ids,
+                              d.token_results
                 )
                 SELECT c.id, c.target, c.condition, c.payload::text, c.attempts,
-                       extract(epoch FROM c.created_at)::float8, t.state, t.error_code, t.canonical_token
+                       extract(epoch FROM c.created_at)::float8, t.state, t.error_code, t.canonical_token,
+                       array_to_json(c.registration_ids)::text, c.token_results::text
                 FROM claimed AS c LEFT JOIN device_tokens AS t ON t.token = c.target
                 ORDER BY c.id
-                """, [.text(workerID), .int(Int64(limit)), .double(lease.seconds)])
+                """, [.text(workerID), .int(Int64(limit)), .double(lease.seconds), .text(transport)])
         }
         return rows.map { row in
             ClaimedRow(id: row.int(0) ?? 0, target: row.string(1), condition: row.string(2), payload: row.string(3) ?? "{}",
                        attempts: Int(row.int(4) ?? 0), createdAt: Date(timeIntervalSince1970: row.double(5) ?? 0),
                        tokenState: row.string(6).flatMap(TokenMark.State.init(rawValue:)), tokenErrorCode: row.string(7),
-                       canonicalToken: row.string(8))
+                       canonicalToken: row.string(8), registrationIDs: row.string(9).flatMap(Self.strings(fromJSONArray:)),
+                       tokenResults: row.string(10))
         }
     }
 
-    /// Writes `updates` (one per row) and `tokens` (one per token) in one transaction.
-    func write(_ updates: [OutboxUpdate], tokens: [TokenMark]) async throws {
-        guard !updates.isEmpty || !tokens.isEmpty else { return }
-        var statements = [PostgresStatement("BEGIN")]
+    private static func strings(fromJSONArray text: String) -> [String]? {
+        guard case .array(let items)? = try? JSONValue.parse(text) else { return nil }
+        return items.compactMap(\.stringValue)
+    }
+
+    /// Writes `updates` (one per row), `tokens` (one per token) and `extra` statements in
+    /// one transaction.
+    func write(_ updates: [OutboxUpdate], tokens: [TokenMark], extra: [PostgresStatement] = []) async throws {
+        guard !updates.isEmpty || !tokens.isEmpty || !extra.isEmpty else { return }
+        var statements = [PostgresStatement("BEGIN")] + extra
         if !updates.isEmpty {
             func column<T>(_ value: (OutboxUpdate) -> T?, _ encode: (T) -> PostgresValue) -> PostgresValue {
                 .array(updates.map { value($0).map(encode) ?? .null })
@@ -95,6 +111,11 @@ struct OutboxStore: Sendable {
                 ]))
         }
         if !tokens.isEmpty {
+            // One mark per token (an upsert may not touch a row twice).
+            var latest: [String: TokenMark] = [:]
+            var order: [String] = []
+            for mark in tokens where latest.updateValue(mark, forKey: mark.token) == nil { order.append(mark.token) }
+            let tokens = order.map { latest[$0]! }
             statements.append(PostgresStatement("""
                 INSERT INTO device_tokens (token, state, canonical_token, error_code)
                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])

@@ -1,3 +1,4 @@
+import FCM
 import Foundation
 import Postgres
 import XMPP
@@ -57,6 +58,8 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     /// Reconnect delays: full jitter from `reconnectBase` doubling to `reconnectCap`.
     public var reconnectBase: Duration = .seconds(1)
     public var reconnectCap: Duration = .seconds(60)
+    /// FCM's legacy HTTP endpoint (`--http-endpoint`), for rows with transport `http`.
+    public var httpEndpoint = "fcm.googleapis.com:443"
     /// How the outbox is sent: lease, sweep, retry policy.
     public var downstream = DownstreamSettings()
 
@@ -90,6 +93,7 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         --retry-base SECS         FCM_RETRY_BASE        first downstream retry wait (default 1)
         --retry-max-age SECS      FCM_RETRY_MAX_AGE     no retry after this age (default 86400)
         --worker-id ID            FCM_WORKER_ID         claimed_by on outbox rows (default host:pid:random)
+        --http-endpoint HOST:PORT FCM_HTTP_ENDPOINT     legacy HTTP API (default fcm.googleapis.com:443)
       """
 
     private static let flags: [String: String] = [
@@ -101,7 +105,7 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         "--spool-file": "FCM_SPOOL_FILE", "--shutdown-timeout": "FCM_SHUTDOWN_TIMEOUT",
         "--migrations-dir": "FCM_MIGRATIONS_DIR", "--migrate": "FCM_MIGRATE",
         "--outbox-lease": "FCM_OUTBOX_LEASE", "--retry-base": "FCM_RETRY_BASE", "--retry-max-age": "FCM_RETRY_MAX_AGE",
-        "--worker-id": "FCM_WORKER_ID",
+        "--worker-id": "FCM_WORKER_ID", "--http-endpoint": "FCM_HTTP_ENDPOINT",
     ]
     /// Flags that take no value.
     private static let switches: Set<String> = ["--migrate"]
@@ -232,6 +236,15 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         if let age = setting("FCM_RETRY_MAX_AGE") {
             configuration.downstream.retry.maximumAge = try parseSeconds(age, name: "retry maximum age")
         }
+        if let endpoint = setting("FCM_HTTP_ENDPOINT") {
+            var probe = FCMHTTPClient.Settings(serverKey: "", senderID: "")
+            do {
+                try probe.setEndpoint(endpoint)
+            } catch {
+                throw ConfigurationError("invalid HTTP endpoint \(endpoint): expected host:port")
+            }
+            configuration.httpEndpoint = endpoint
+        }
         if let workerID = setting("FCM_WORKER_ID") {
             guard workerID.count <= 200, !workerID.contains(where: { $0.isNewline }) else {
                 throw ConfigurationError("invalid worker ID: at most 200 characters on one line")
@@ -269,6 +282,14 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             throw ConfigurationError("invalid \(name) \(text): expected seconds, more than 0")
         }
         return .milliseconds(Int64((seconds * 1000).rounded()))
+    }
+
+    /// The settings of the legacy HTTP client (same credentials and trust as XMPP).
+    public var httpClient: FCMHTTPClient.Settings {
+        var settings = FCMHTTPClient.Settings(serverKey: serverKey, senderID: senderID)
+        try? settings.setEndpoint(httpEndpoint)
+        settings.trust = caFile.map { .caFile($0) } ?? .systemDefault
+        return settings
     }
 
     /// The XMPP settings of one CCS connection.

@@ -1,6 +1,7 @@
 import FCM
 import Foundation
 import Simulator
+import Synchronization
 import Testing
 import XMPP
 
@@ -159,5 +160,71 @@ private struct TestHTTP {
             Issue.record("sending to a notification key")
             return
         }
+    }
+}
+
+@Suite struct HTTPOutboxTests {
+    /// A worker with both simulators, trusting the same CA.
+    private func start(tokenAnswer: @escaping @Sendable (String) -> FCMHTTPSimulator.TokenAnswer = { _ in .success() })
+        async throws -> (TestCCS, FCMHTTPSimulator, TestDatabase, Task<Void, any Error>) {
+        let ccs = try TestCCS(log: DownstreamLog())
+        let http = try FCMHTTPSimulator(senderID: TestCCS.senderID, serverKey: TestCCS.serverKey,
+                                        identity: try ccs.authority.issueServerIdentity(), tokenAnswer: tokenAnswer)
+        let database = try await TestDatabase.make()
+        var configuration = try ccs.downstreamWorker(database: database)
+        configuration.httpEndpoint = "127.0.0.1:\(http.port)"
+        let (task, _) = startWorker(configuration)
+        try await ccs.simulator.waitForBoundSessions(1)
+        return (ccs, http, database, task)
+    }
+
+    @Test func aRowWithManyTokensGoesOutAsAMulticastAndRecordsEveryToken() async throws {
+        let (ccs, http, database, task) = try await start(tokenAnswer: { token in
+            if token.hasSuffix("7") { return .error("NotRegistered") }
+            if token == "token-5" { return .success(canonicalRegistrationID: "token-5-new") }
+            return .success()
+        })
+        defer { task.cancel(); ccs.simulator.stop(); http.stop() }
+        let tokens = (0..<2500).map { "token-\($0)" }
+        let id = try await database.query("""
+            INSERT INTO downstream_messages (registration_ids, payload) VALUES ($1::text[], '{"data":{"k":"v"}}') RETURNING id
+            """, [.array(tokens.map { .text($0) })])[0].int(0)!
+        try await database.waitForOutbox("status = 'acked'", count: 1)
+        let row = try await database.outboxRow(id)
+        #expect(row["transport"] == "http" && row["sent_on"] == "http" && row["attempts"] == "1")
+        let results = try #require(row["token_results"].flatMap { try? JSONValue.parse($0) }?.objectValue)
+        #expect(results.count == 2500)
+        #expect(results["token-7"] == .object(["error": .string("NotRegistered")]))
+        #expect(results["token-5"]?["registration_id"] == .string("token-5-new"))
+        #expect(results["token-1"]?["message_id"] != nil)
+        #expect(http.requests.count == 3)
+        #expect(try await database.count("device_tokens", where: "state = 'unregistered'") == 250)
+        #expect(try await database.count("device_tokens", where: "state = 'replaced' AND canonical_token = 'token-5-new'") == 1)
+        // Never sent by both transports.
+        #expect(ccs.simulator.counters.downstreamReceived == 0)
+    }
+
+    @Test func rowsMarkedForHTTPGoOverHTTPAndUnavailableTokensAreRetriedAlone() async throws {
+        let flaky = Atomic<Int>(0)
+        let (ccs, http, database, task) = try await start(tokenAnswer: { token in
+            if token == "flaky", flaky.add(1, ordering: .relaxed).newValue == 1 { return .error("Unavailable") }
+            return .success()
+        })
+        defer { task.cancel(); ccs.simulator.stop(); http.stop() }
+        let single = try await database.query("""
+            INSERT INTO downstream_messages (target, transport, payload) VALUES ('token-h', 'http', '{"data":{"k":"v"}}') RETURNING id
+            """)[0].int(0)!
+        let multicast = try await database.query("""
+            INSERT INTO downstream_messages (registration_ids, payload) VALUES ('{steady,flaky}', '{"data":{"k":"v"}}') RETURNING id
+            """)[0].int(0)!
+        try await database.waitForOutbox("status = 'acked'", count: 2, within: .seconds(20))
+        #expect(try await database.outboxRow(single)["sent_on"] == "http")
+        let row = try await database.outboxRow(multicast)
+        #expect(row["attempts"] == "2")
+        // The retry went to the flaky token only.
+        let bodies = http.requests.map(\.body).filter { $0.contains("flaky") }
+        #expect(bodies.count == 2)
+        #expect(bodies.last.map { !$0.contains("steady") } == true)
+        #expect(ccs.simulator.counters.downstreamReceived == 0)
     }
 }
