@@ -11,6 +11,7 @@ let usage = """
     \(WorkerConfiguration.usage)
       fcm-worker migrate [--database-url URL] [--migrations-dir PATH]
                                       apply pending database migrations
+    \(GroupsCommand.usage)
     \(SimulateCommand.usage)
     \(BenchCommand.usage)
       fcm-worker --help               this text
@@ -70,6 +71,7 @@ case "run":
     }
 case "migrate": status = await migrate(arguments)
 case "simulate": status = await SimulateCommand.run(arguments)
+case "groups": status = await GroupsCommand.run(arguments, environment: ProcessInfo.processInfo.environment)
 case "bench": status = await BenchCommand.run(arguments)
 case "--help", "-h", "help":
     print(usage)

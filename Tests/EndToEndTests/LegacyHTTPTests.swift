@@ -3,6 +3,7 @@ import Foundation
 import Simulator
 import Synchronization
 import Testing
+import Worker
 import XMPP
 
 /// FCM's legacy HTTP endpoints simulated over HTTPS, with a client that trusts them.
@@ -226,5 +227,44 @@ private struct TestHTTP {
         #expect(bodies.count == 2)
         #expect(bodies.last.map { !$0.contains("steady") } == true)
         #expect(ccs.simulator.counters.downstreamReceived == 0)
+    }
+}
+
+@Suite struct DeviceGroupTests {
+    @Test func theLifecycleKeepsTheTableInStepWithFCM() async throws {
+        let http = try TestHTTP()
+        defer { http.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let connection = try await database.connect()
+        defer { Task { await connection.close() } }
+        let groups = DeviceGroups(client: http.client, database: connection)
+        let created = try await groups.create("family", tokens: ["a", "b"])
+        #expect(try await groups.add("family", tokens: ["c", "a"]).tokens == ["a", "b", "c"])
+        #expect(try await groups.show() == [DeviceGroups.Group(name: "family", notificationKey: created.notificationKey,
+                                                                tokens: ["a", "b", "c"])])
+        #expect(try await groups.remove("family", tokens: ["a"])?.tokens == ["b", "c"])
+        #expect(try await groups.remove("family", tokens: ["b", "c"]) == nil)
+        #expect(try await groups.show().isEmpty)
+        #expect(http.simulator.groups.isEmpty)
+        await #expect(throws: DeviceGroups.GroupError.self) { _ = try await groups.add("nobody", tokens: ["x"]) }
+    }
+
+    @Test func theCommandLineCreatesAndShowsAGroup() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let http = try FCMHTTPSimulator(senderID: TestCCS.senderID, serverKey: TestCCS.serverKey,
+                                        identity: try ccs.authority.issueServerIdentity())
+        defer { http.stop() }
+        let database = try await TestDatabase.make()
+        let configuration = try ccs.worker(database: database)
+        let environment = ["FCM_SENDER_ID": TestCCS.senderID, "FCM_SERVER_KEY": TestCCS.serverKey,
+                           "FCM_HTTP_ENDPOINT": "127.0.0.1:\(http.port)", "FCM_CA_FILE": configuration.caFile!,
+                           "DATABASE_URL": database.url]
+        let created = try await CommandLineTests.run(["groups", "create", "team", "t1", "t2"], environment: environment)
+        #expect(created.status == 0, "\(created.standardError)")
+        let key = try #require(http.groups["team"]?.key)
+        #expect(try await database.query("SELECT notification_key FROM device_groups WHERE name = 'team'").first?.string(0) == key)
+        let missing = try await CommandLineTests.run(["groups", "add", "team"], environment: environment)
+        #expect(missing.status == 2 && missing.standardError.contains("at least one token"))
     }
 }
