@@ -67,6 +67,19 @@ private struct TestHTTP {
         #expect(http.simulator.requests.count == 1)
     }
 
+    @Test func aBadRequestIsReportedWithItsReasonAndNotRetried() async throws {
+        let http = try TestHTTP()
+        defer { http.simulator.stop() }
+        http.simulator.scriptNext([.status(400)])
+        do {
+            _ = try await http.client.send(LegacyHTTPMessage(target: .to("token")))
+            Issue.record("a 400 was accepted")
+        } catch {
+            #expect(error == .refused(.badRequest("")))
+        }
+        #expect(http.simulator.requests.count == 1)
+    }
+
     @Test func unavailableIsRetriedAfterRetryAfterAndWithBackoff() async throws {
         let http = try TestHTTP()
         defer { http.simulator.stop() }
