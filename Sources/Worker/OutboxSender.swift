@@ -23,8 +23,8 @@ final class OutboxSender: Sendable {
         case stanzaError(stanzaID: String, condition: String, text: String?)
     }
 
-    /// Counters and round trips, for the benchmark and logs.
-    struct Statistics: Sendable {
+    /// Counters, logged at shutdown.
+    struct Statistics: Sendable, CustomStringConvertible {
         var claimed = 0
         var sent = 0
         var acked = 0
@@ -33,12 +33,13 @@ final class OutboxSender: Sendable {
         var retried = 0
         var expired = 0
         var resent = 0
-        /// Send-to-answer round trips in microseconds (the most recent `roundTripCapacity`).
-        var roundTrips: [UInt32] = []
-        fileprivate var roundTripNext = 0
+
+        var description: String {
+            "claimed \(claimed), sent \(sent), acked \(acked), nacked \(nacked) (failed \(failed), retried \(retried), "
+                + "expired \(expired)), resent after a lost or draining connection \(resent)"
+        }
     }
 
-    static let roundTripCapacity = 1 << 20
     /// Free slots that make a busy link send again (see `takeForWaiters`).
     static let refillSlots = 8
     private static let messageIDPrefix = "ds-"
@@ -129,6 +130,7 @@ final class OutboxSender: Sendable {
             logger.warning("\(unanswered.count) downstream message(s) were not answered before shutdown; they are handed back and will be sent again")
         }
         writeBack.record(unanswered.map(handBack))
+        logger.info("outbox over XMPP: \(statistics)")
         writeBack.stop()
         if !(await writeBack.flushed(within: max(deadline - .now, .seconds(2)))) {
             logger.error("could not write the state of outbox rows \(writeBack.unwrittenRows.prefix(20).map(String.init).joined(separator: ",")) "
@@ -199,8 +201,7 @@ final class OutboxSender: Sendable {
             case .stanzaError(let stanzaID, _, _):
                 found = state.scheduler.stanzaError(link: link, stanzaID: stanzaID)
             }
-            guard let (message, sentAt) = found else { return [] }
-            Self.recordRoundTrip(now - sentAt, in: &state.statistics)
+            guard let (message, _) = found else { return [] }
             let age = Duration.seconds(max(0, date.timeIntervalSince(message.createdAt)))
             var generator = SystemRandomNumberGenerator()
             let verdict: DownstreamVerdict
@@ -530,16 +531,6 @@ final class OutboxSender: Sendable {
             } catch {
                 logger.warning("could not renew the claim on \(ids.count) outbox row(s): \(error)")
             }
-        }
-    }
-
-    private static func recordRoundTrip(_ duration: Duration, in statistics: inout Statistics) {
-        let micros = UInt32(clamping: duration.components.seconds * 1_000_000 + duration.components.attoseconds / 1_000_000_000_000)
-        if statistics.roundTrips.count < roundTripCapacity {
-            statistics.roundTrips.append(micros)
-        } else {
-            statistics.roundTrips[statistics.roundTripNext] = micros
-            statistics.roundTripNext = (statistics.roundTripNext + 1) % roundTripCapacity
         }
     }
 }
