@@ -21,6 +21,8 @@ final class HTTPOutboxSender: Sendable {
     private let logger: Logger
     let doorbell = Doorbell()
     private let running = BlockingLock((claiming: true, refused: false))
+    /// Devices and topics that hit a rate limit, and until when their rows wait.
+    private let slowedUntil = BlockingLock<[String: Date]>([:])
     /// Rows processed at once (each may be a multicast of several requests).
     private let batch = 8
 
@@ -87,6 +89,13 @@ final class HTTPOutboxSender: Sendable {
                         description: "its time to live (\(timeToLive) s) passed before it could be sent")
             return
         }
+        if let target = message.to ?? message.condition,
+           let until = slowedUntil.withLock({ $0[target] }), until > now {
+            // Held back like XMPP's rate-limit slowdown: not sent, not counted as an attempt.
+            await write(row, status: row.attempts > 0 ? "retry" : "pending", errorCode: nil, description: nil,
+                        availableAt: until, countsAsAttempt: false)
+            return
+        }
         var request = LegacyHTTPMessage(target: .to(""))
         request.options = message
         var results = Self.tokenResults(row.tokenResults)
@@ -119,6 +128,7 @@ final class HTTPOutboxSender: Sendable {
         }
 
         var marks: [TokenMark] = []
+        var slowed: [String] = []
         var retryable = false, succeeded = false, firstError: String?
         for (token, result) in outcome {
             var entry: [String: JSONValue] = [:]
@@ -133,7 +143,11 @@ final class HTTPOutboxSender: Sendable {
                 switch NackAction(httpError: error) {
                 case .failAndMarkToken(let state):
                     marks.append(TokenMark(token: token, state: state == .invalid ? .invalid : .unregistered, canonicalToken: nil, errorCode: error))
-                case .retryWithBackoff, .slowDown, .resendOnAnotherConnection, .reportOurBug:
+                case .slowDown:
+                    slowed.append(token)
+                    entry["retry"] = .bool(true)
+                    retryable = true
+                case .retryWithBackoff, .resendOnAnotherConnection, .reportOurBug:
                     entry["retry"] = .bool(true)
                     retryable = true
                 case .fail:
@@ -147,8 +161,13 @@ final class HTTPOutboxSender: Sendable {
             var generator = SystemRandomNumberGenerator()
             switch settings.retry.decide(attempt: row.attempts + 1, age: .seconds(age), timeToLive: message.timeToLive, using: &generator) {
             case .retry(let delay):
+                let until = Date().addingTimeInterval(delay.seconds)
+                slowedUntil.withLock { held in
+                    held = held.filter { $0.value > now }
+                    for target in slowed { held[target] = max(held[target] ?? until, until) }
+                }
                 await write(row, status: "retry", errorCode: firstError, description: "some tokens are retried", results: resultsJSON,
-                            marks: marks, availableAt: Date().addingTimeInterval(delay.seconds))
+                            marks: marks, availableAt: until)
             case .giveUp:
                 await write(row, status: "expired", errorCode: firstError, description: "retries ran out", results: resultsJSON, marks: marks)
             }

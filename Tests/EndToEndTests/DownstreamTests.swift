@@ -562,4 +562,35 @@ extension TestCCS {
         #expect(log.attempts(of: "ds-\(first)").count == 2)
         #expect(log.attempts(of: "ds-\(later[0])").count == 1)
     }
+
+    @Test func overHTTPASlowedDownDeviceWaitsToo() async throws {
+        let limited = Atomic<Bool>(false)
+        let ccs = try TestCCS(log: DownstreamLog())
+        defer { ccs.simulator.stop() }
+        let http = try FCMHTTPSimulator(senderID: TestCCS.senderID, serverKey: TestCCS.serverKey,
+                                        identity: try ccs.authority.issueServerIdentity(), tokenAnswer: { token in
+            token == "busy" && !limited.exchange(true, ordering: .relaxed) ? .error("DeviceMessageRateExceeded") : .success()
+        })
+        defer { http.stop() }
+        let database = try await TestDatabase.make()
+        var configuration = try ccs.downstreamWorker(database: database)
+        configuration.httpEndpoint = "127.0.0.1:\(http.port)"
+        let (task, _) = startWorker(configuration)
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        _ = try await database.query("""
+            INSERT INTO downstream_messages (target, transport, payload) VALUES ('busy', 'http', '{"data":{"n":"1"}}')
+            """)
+        try await database.waitForOutbox("status = 'retry'", count: 1)
+        // The slowdown lasts 1 s × [0.5, 1.5): a later row to that device waits it out.
+        let later = try await database.query("""
+            INSERT INTO downstream_messages (target, transport, payload)
+            VALUES ('busy', 'http', '{"data":{"n":"2"}}'), ('calm', 'http', '{"data":{"n":"3"}}') RETURNING id
+            """).compactMap { $0.int(0) }
+        try await database.waitForOutbox("id = \(later[1]) AND status = 'acked'", count: 1, within: .seconds(5))
+        #expect(!http.requests.contains { $0.body.contains("\"n\":\"2\"") }, "the slowed-down device was not held back")
+        try await database.waitForOutbox("status = 'acked'", count: 3, within: .seconds(10))
+        #expect(try await database.outboxRow(later[0])["attempts"] == "1")
+    }
 }
+
