@@ -48,16 +48,21 @@ public final class FCMHTTPSimulator: Sendable {
     public let serverKey: String
     public let senderID: String
     private let tokenAnswer: @Sendable (String) -> TokenAnswer
+    private let onAnswer: (@Sendable (Request, Int) -> Void)?
     private let context: TLSContext
     private let listenFD: Int32
     private let state = Mutex(State())
 
+    /// `onAnswer` is called with each request and the status it was answered with (the
+    /// `simulate` command logs them).
     public init(senderID: String, serverKey: String, identity: TLSIdentity, host: String = "127.0.0.1",
-                tokenAnswer: @escaping @Sendable (String) -> TokenAnswer = { _ in .success() }) throws {
+                tokenAnswer: @escaping @Sendable (String) -> TokenAnswer = { _ in .success() },
+                onAnswer: (@Sendable (Request, Int) -> Void)? = nil) throws {
         ProcessSignals.ignoreSIGPIPE()
         self.senderID = senderID
         self.serverKey = serverKey
         self.tokenAnswer = tokenAnswer
+        self.onAnswer = onAnswer
         self.context = try TLSContext.server(identity: identity)
         (listenFD, port) = try CCSSimulator.listen(host: host, port: 0)
         let thread = Thread { [self] in acceptLoop() }
@@ -115,7 +120,12 @@ public final class FCMHTTPSimulator: Sendable {
                 _ = try? channel.write(Self.response(400, body: "malformed HTTP request").serialized(), until: .now + .seconds(5))
                 return
             }
-            guard let response = answer(request) else {
+            let response = answer(request)
+            if let onAnswer {
+                onAnswer(Request(path: request.startLine.count > 1 ? request.startLine[1] : "", headers: request.headers,
+                                 body: request.bodyText), response?.status ?? 0)
+            }
+            guard let response else {
                 // A scripted timeout: hold the connection without answering.
                 Thread.sleep(forTimeInterval: 30)
                 return

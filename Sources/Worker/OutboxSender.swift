@@ -46,7 +46,6 @@ final class OutboxSender: Sendable {
 
     private struct State {
         var scheduler = DownstreamScheduler()
-        var labels: [Int: String] = [:]
         var waiters: [Int: CheckedContinuation<Batch?, Never>] = [:]
         var nextLink = 0
         var claiming = true
@@ -117,13 +116,14 @@ final class OutboxSender: Sendable {
         let (unanswered, waiters) = state.withLock { state -> ([OutgoingDownstream], [CheckedContinuation<Batch?, Never>]) in
             state.finished = true
             defer { state.waiters.removeAll() }
-            // They were sent: handed back as retries.
+            // They were sent: handed back as retries. (Messages of a connection that closed
+            // meanwhile were put back in the queue: handed back too.)
             let sent = state.scheduler.removeAllPending().map { message in
                 var sent = message
                 sent.attempt += 1
                 return sent
             }
-            return (sent, Array(state.waiters.values))
+            return (sent + state.scheduler.removeAllReady(), Array(state.waiters.values))
         }
         for waiter in waiters { waiter.resume(returning: nil) }
         if !unanswered.isEmpty {
@@ -150,7 +150,6 @@ final class OutboxSender: Sendable {
         let link = state.withLock { state -> Int in
             state.nextLink += 1
             state.scheduler.open(state.nextLink)
-            state.labels[state.nextLink] = connection.label
             return state.nextLink
         }
         doorbell.ring()
@@ -172,7 +171,6 @@ final class OutboxSender: Sendable {
     func detach(_ link: Int) {
         let (moved, wake) = state.withLock { state -> (Int, [(CheckedContinuation<Batch?, Never>, Batch?)]) in
             let moved = state.scheduler.close(link)
-            state.labels[link] = nil
             state.statistics.resent += moved
             var wake: [(CheckedContinuation<Batch?, Never>, Batch?)] = []
             if let waiter = state.waiters.removeValue(forKey: link) { wake.append((waiter, nil)) }

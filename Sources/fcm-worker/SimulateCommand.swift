@@ -7,7 +7,9 @@ import XMPP
 /// `fcm-worker simulate`: a simulated CCS on loopback with a generated certificate.
 enum SimulateCommand {
     static let usage = """
-      fcm-worker simulate [options]   run a simulated FCM connection server (CCS) over TLS
+      fcm-worker simulate [options]   run a simulated FCM connection server (CCS) over TLS, and
+                                      FCM's legacy HTTP API beside it (tokens named unregistered-…
+                                      or invalid-… fail, old-… get a canonical new-…)
         --host ADDRESS            listen address (default 127.0.0.1)
         --port N                  listen port (default: a free one)
         --sender-id ID            accepted sender ID (default 123456789012)
@@ -67,6 +69,7 @@ enum SimulateCommand {
 
         let logger = Logger(label: "simulator")
         let simulator: CCSSimulator
+        let httpSimulator: FCMHTTPSimulator
         do {
             let authority = try CertificateAuthority(commonName: "fcm-worker simulator CA")
             let identity = try authority.issueServerIdentity(dnsNames: ["localhost"], ipAddresses: ["127.0.0.1", "::1"])
@@ -88,6 +91,10 @@ enum SimulateCommand {
                 load?.observe(event)
             }
             simulator = try CCSSimulator(configuration: configuration)
+            httpSimulator = try FCMHTTPSimulator(senderID: senderID, serverKey: serverKey, identity: identity, host: host,
+                                                 tokenAnswer: Self.httpTokenAnswer, onAnswer: { request, status in
+                                                     logger.info("HTTP \(request.path): \(Self.summary(of: request)) → \(status)")
+                                                 })
             script.attach(simulator)
             load?.attach(simulator)
             let endpointHost = host.contains(":") ? "[\(host)]" : host
@@ -98,10 +105,12 @@ enum SimulateCommand {
                 FCM_SENDER_ID=\(senderID)
                 FCM_SERVER_KEY=\(serverKey)
                 FCM_CA_FILE=\(caPath)
+                FCM_HTTP_ENDPOINT=\(endpointHost):\(httpSimulator.port)
 
                 """.write(toFile: envPath, atomically: true, encoding: .utf8)
             printLine("""
                 simulated CCS listening on \(endpointHost):\(simulator.port) (direct TLS)
+                simulated legacy HTTP API on https://\(endpointHost):\(httpSimulator.port) (/fcm/send, /fcm/notification)
                   XMPP domain   \(configuration.domain)
                   sender ID     \(senderID)
                   server key    \(serverKey)
@@ -126,10 +135,28 @@ enum SimulateCommand {
         watcher.cancel()
         _ = trap
         simulator.stop()
+        httpSimulator.stop()
         let counters = simulator.counters
         printLine("simulator stopped: \(counters.sessionsBound) session(s) bound, \(counters.upstreamDelivered) upstream delivered, "
               + "\(counters.upstreamAcked) acked, \(counters.downstreamReceived) downstream received, \(counters.violations) protocol violation(s)")
         return 0
+    }
+
+    /// How the HTTP simulator answers a token: `unregistered-…` NotRegistered, `invalid-…`
+    /// InvalidRegistration, `old-…` with a canonical id `new-…`, the rest a message id.
+    static let httpTokenAnswer: @Sendable (String) -> FCMHTTPSimulator.TokenAnswer = { token in
+        if token.hasPrefix("unregistered-") { return .error("NotRegistered") }
+        if token.hasPrefix("invalid-") { return .error("InvalidRegistration") }
+        if token.hasPrefix("old-") { return .success(canonicalRegistrationID: "new-" + token.dropFirst(4)) }
+        return .success()
+    }
+
+    /// "3 token(s)" or the operation of a device-group request.
+    private static func summary(of request: FCMHTTPSimulator.Request) -> String {
+        guard let body = try? JSONValue.parse(request.body) else { return "plain-text form" }
+        if let operation = body["operation"]?.stringValue { return "\(operation) group \(body["notification_key_name"]?.stringValue ?? "?")" }
+        if case .array(let tokens)? = body["registration_ids"] { return "multicast to \(tokens.count) token(s)" }
+        return "to \(body["to"]?.stringValue ?? body["condition"]?.stringValue ?? "?")"
     }
 
     private static func describe(_ event: SimulatorEvent) -> String {
