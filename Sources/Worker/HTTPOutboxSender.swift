@@ -101,6 +101,10 @@ final class HTTPOutboxSender: Sendable {
         var results = Self.tokenResults(row.tokenResults)
         let tokens: [String]
         if let registrationIDs = row.registrationIDs {
+            guard !registrationIDs.isEmpty else {
+                await write(row, status: "failed", errorCode: "INVALID_MESSAGE", description: "invalid downstream message: registration_ids is empty")
+                return
+            }
             tokens = registrationIDs.filter { results[$0].map { !Self.isFinal($0) } ?? true }
             request.target = .registrationIDs(tokens)
         } else if let to = message.to {
@@ -157,6 +161,9 @@ final class HTTPOutboxSender: Sendable {
             results[token] = .object(entry)
         }
         let resultsJSON = JSONValue.object(results).serialized
+        // The row's status follows every token's outcome so far, not only this attempt's.
+        succeeded = succeeded || results.values.contains { $0["message_id"] != nil }
+        if firstError == nil { firstError = results.values.lazy.compactMap { $0["error"]?.stringValue }.first }
         if retryable {
             var generator = SystemRandomNumberGenerator()
             switch settings.retry.decide(attempt: row.attempts + 1, age: .seconds(age), timeToLive: message.timeToLive, using: &generator) {
@@ -171,7 +178,7 @@ final class HTTPOutboxSender: Sendable {
             case .giveUp:
                 await write(row, status: "expired", errorCode: firstError, description: "retries ran out", results: resultsJSON, marks: marks)
             }
-        } else if succeeded || (outcome.isEmpty && firstError == nil) {
+        } else if succeeded {
             await write(row, status: "acked", errorCode: firstError, description: nil, results: resultsJSON, marks: marks)
         } else {
             await write(row, status: "failed", errorCode: firstError, description: "every token failed", results: resultsJSON, marks: marks)
