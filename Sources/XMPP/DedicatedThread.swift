@@ -3,7 +3,7 @@ import Synchronization
 
 /// A thread of its own that runs submitted jobs one at a time, in submission order.
 ///
-/// Blocking C calls (libpq) run here instead of on Swift's cooperative pool; `run(_:)`
+/// Blocking C calls (libpq, HTTPS over OpenSSL) run here instead of on Swift's cooperative pool; `run(_:)`
 /// bridges each job to async/await. The thread ends once `shutdown()` is called and the
 /// jobs already queued have run.
 package final class DedicatedThread: Sendable {
