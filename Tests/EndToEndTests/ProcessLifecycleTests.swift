@@ -88,4 +88,38 @@ import Testing
         #expect(log.contains("received SIGTERM"))
         #expect(log.contains("stopped"))
     }
+
+    @Test func twoWorkerProcessesOnOneOutboxSendEachRowOnce() async throws {
+        let log = DownstreamLog { _, _ in .ack(delay: .milliseconds(2)) }
+        let ccs = try TestCCS(log: log)
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let spool = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID())").path
+        let (first, firstErrors) = try startWorkerProcess(ccs, database, spool: spool + "-1", ["--worker-id", "process-1"])
+        defer { if first.isRunning { first.terminate() } }
+        let (second, secondErrors) = try startWorkerProcess(ccs, database, spool: spool + "-2", ["--worker-id", "process-2"])
+        defer { if second.isRunning { second.terminate() } }
+        try await ccs.simulator.waitForBoundSessions(2, timeout: .seconds(20))
+        // In four batches, so that both processes are listening while rows keep coming.
+        for _ in 0..<4 {
+            try await database.insertOutbox((0..<1000).map { ("token-\($0)", #"{"data":{"k":"v"}}"#) })
+            try await Task.sleep(for: .milliseconds(300))
+        }
+        try await database.waitForOutbox("status = 'acked'", count: 4000, within: .seconds(60))
+        kill(first.processIdentifier, SIGTERM)
+        kill(second.processIdentifier, SIGTERM)
+        try await waitForExit(first)
+        try await waitForExit(second)
+        let logs = [await readToEnd(firstErrors.fileHandleForReading), await readToEnd(secondErrors.fileHandleForReading)]
+            .map { String(decoding: $0, as: UTF8.self) }
+        #expect(first.terminationStatus == 0 && second.terminationStatus == 0, "\(logs.map { $0.suffix(1000) })")
+        let sent = log.all.map(\.messageID)
+        #expect(sent.count == 4000, "sent \(sent.count) times for 4000 rows")
+        #expect(Set(sent).count == 4000)
+        let claimers = try await database.query("SELECT claimed_by, count(*) FROM downstream_messages GROUP BY 1 ORDER BY 1")
+            .map { "\($0.string(0) ?? "-")=\($0.string(1) ?? "0")" }
+        #expect(claimers.count == 2 && claimers.allSatisfy { $0.hasPrefix("process-") }, "\(claimers)")
+        #expect(ccs.simulator.violations.isEmpty)
+    }
 }
+
