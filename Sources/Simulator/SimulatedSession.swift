@@ -121,12 +121,17 @@ final class SimulatedSession: StreamDriver {
             return
         }
         guard !muted else { return }
-        while let first = scheduled.first, first.due <= now {
-            scheduled.removeFirst()
-            if let slot = first.freesSlotOf { pendingDownstream.remove(slot) }
-            loop.write(first.stanza)
-            if let event = first.event { simulator.record(event) }
-            if let receipt = first.receipt { queueReceipt(receipt) }
+        // Answers fall due in order; take them all at once (removing one at a time from the
+        // front would move the whole array each time).
+        let due = scheduled.firstIndex { $0.due > now } ?? scheduled.endIndex
+        if due > 0 {
+            for item in scheduled[..<due] {
+                if let slot = item.freesSlotOf { pendingDownstream.remove(slot) }
+                loop.write(item.stanza)
+                if let event = item.event { simulator.record(event) }
+                if let receipt = item.receipt { queueReceipt(receipt) }
+            }
+            scheduled.removeFirst(due)
         }
         if let keepalive = nextKeepalive, now >= keepalive, let interval = config.whitespaceKeepaliveInterval {
             loop.write(" ")
@@ -313,7 +318,9 @@ final class SimulatedSession: StreamDriver {
             if let receipt { queueReceipt(receipt) }
         } else {
             let item = Scheduled(due: .now + delay, stanza: stanza, event: event, freesSlotOf: messageID, receipt: receipt)
-            let index = scheduled.firstIndex { $0.due > item.due } ?? scheduled.endIndex
+            // Usually due after everything scheduled (one delay for all): search from the end.
+            var index = scheduled.endIndex
+            while index > scheduled.startIndex, scheduled[index - 1].due > item.due { index -= 1 }
             scheduled.insert(item, at: index)
         }
     }
