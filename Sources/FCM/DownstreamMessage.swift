@@ -64,6 +64,12 @@ public struct DownstreamMessage: Sendable, Equatable {
         self.data = data
     }
 
+    /// Options and payload only, for protocols that carry the target elsewhere (HTTP).
+    init(messageID: String, data: [String: JSONValue]?) {
+        self.messageID = messageID
+        self.data = data
+    }
+
     public init(condition: String, messageID: String, data: [String: JSONValue]? = nil) {
         self.condition = condition
         self.messageID = messageID

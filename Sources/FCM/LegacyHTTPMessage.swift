@@ -31,8 +31,7 @@ public struct LegacyHTTPMessage: Sendable, Equatable {
 
     public init(target: Target, data: [String: JSONValue]? = nil) {
         self.target = target
-        self.options = DownstreamMessage(to: "-", messageID: "-", data: data)
-        self.options.to = nil
+        self.options = DownstreamMessage(messageID: "-", data: data)
     }
 
     /// Checks the rules of sections 3 and 8.

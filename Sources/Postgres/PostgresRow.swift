@@ -55,6 +55,44 @@ public struct PostgresRow: Sendable, Equatable {
     /// A `timestamptz` value.
     public func date(_ index: Int) -> Date? { values[index].flatMap(PostgresTimestamp.parse) }
     public func date(_ name: String) -> Date? { index(of: name).flatMap(date) }
+
+    /// A one-dimensional `text[]` value (NULL elements dropped); nil for SQL NULL or a
+    /// value that is not an array literal.
+    public func strings(_ index: Int) -> [String]? { values[index].flatMap(Self.parseTextArray) }
+
+    /// Parses PostgreSQL's array output: `{a,"b c","d\"e",NULL}`.
+    static func parseTextArray(_ literal: String) -> [String]? {
+        var scalars = literal.unicodeScalars[...]
+        guard scalars.first == "{", scalars.last == "}" else { return nil }
+        scalars = scalars.dropFirst().dropLast()
+        var items: [String] = []
+        var current = String.UnicodeScalarView()
+        var quoted = false, wasQuoted = false, escaped = false
+        func finish() {
+            let text = String(current)
+            if wasQuoted || text != "NULL" { items.append(text) }
+            current = String.UnicodeScalarView()
+            wasQuoted = false
+        }
+        if scalars.isEmpty { return [] }
+        for scalar in scalars {
+            if escaped {
+                current.append(scalar)
+                escaped = false
+            } else if scalar == "\\" {
+                escaped = true
+            } else if scalar == "\"" {
+                quoted.toggle()
+                wasQuoted = true
+            } else if scalar == ",", !quoted {
+                finish()
+            } else {
+                current.append(scalar)
+            }
+        }
+        finish()
+        return items
+    }
 }
 
 /// The outcome of one statement.

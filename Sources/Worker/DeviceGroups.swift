@@ -70,17 +70,11 @@ public struct DeviceGroups: Sendable {
     /// Every group, or the one named.
     public func show(_ name: String? = nil) async throws -> [Group] {
         let rows = try await database.query("""
-            SELECT name, notification_key, array_to_json(tokens)::text FROM device_groups
+            SELECT name, notification_key, tokens FROM device_groups
             WHERE $1::text IS NULL OR name = $1 ORDER BY name
             """, [name.map { .text($0) } ?? .null])
         return rows.map { row in
-            let tokens: [String]
-            if case .array(let items)? = row.string(2).flatMap({ try? JSONValue.parse($0) }) {
-                tokens = items.compactMap(\.stringValue)
-            } else {
-                tokens = []
-            }
-            return Group(name: row.string(0) ?? "", notificationKey: row.string(1) ?? "", tokens: tokens)
+            Group(name: row.string(0) ?? "", notificationKey: row.string(1) ?? "", tokens: row.strings(2) ?? [])
         }
     }
 

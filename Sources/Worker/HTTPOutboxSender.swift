@@ -67,26 +67,12 @@ final class HTTPOutboxSender: Sendable {
 
     private func send(_ row: OutboxStore.ClaimedRow) async {
         let now = Date()
-        if row.registrationIDs == nil, let state = row.tokenState, state != .replaced {
-            await write(row, status: "failed", errorCode: row.tokenErrorCode ?? state.rawValue,
-                        description: "not sent: FCM reported this token \(state.rawValue) earlier")
-            return
-        }
         let message: DownstreamMessage
-        let payload: JSONValue
-        do {
-            payload = try JSONValue.parse(row.payload)
-            let target = row.tokenState == .replaced ? (row.canonicalToken ?? row.target) : row.target
-            message = try DownstreamMessage(target: target, condition: row.condition, payload: payload, messageID: "http")
-        } catch {
-            await write(row, status: "failed", errorCode: "INVALID_MESSAGE", description: "\(error)")
-            return
-        }
-        let timeToLive = message.timeToLive ?? DownstreamMessage.maximumTimeToLive
-        let age = now.timeIntervalSince(row.createdAt)
-        if (age > Double(timeToLive) && !(timeToLive == 0 && row.attempts == 0)) || age > settings.retry.maximumAge.seconds {
-            await write(row, status: "expired", errorCode: "EXPIRED",
-                        description: "its time to live (\(timeToLive) s) passed before it could be sent")
+        switch row.message(id: "http", validating: false, maximumAge: settings.retry.maximumAge, now: now) {
+        case .success(let prepared):
+            message = prepared.0
+        case .failure(let refusal):
+            await write(row, status: refusal.status.rawValue, errorCode: refusal.errorCode, description: refusal.description)
             return
         }
         if let target = message.to ?? message.condition,
@@ -166,7 +152,7 @@ final class HTTPOutboxSender: Sendable {
         if firstError == nil { firstError = results.values.lazy.compactMap { $0["error"]?.stringValue }.first }
         if retryable {
             var generator = SystemRandomNumberGenerator()
-            switch settings.retry.decide(attempt: row.attempts + 1, age: .seconds(age), timeToLive: message.timeToLive, using: &generator) {
+            switch settings.retry.decide(attempt: row.attempts + 1, age: .seconds(now.timeIntervalSince(row.createdAt)), timeToLive: message.timeToLive, using: &generator) {
             case .retry(let delay):
                 let until = Date().addingTimeInterval(delay.seconds)
                 slowedUntil.withLock { held in

@@ -153,7 +153,7 @@ final class OutboxSender: Sendable {
             return state.nextLink
         }
         doorbell.ring()
-        Task { await sendLoop(link: link, label: connection.label, connection: connection) }
+        Task { await sendLoop(link: link, connection: connection) }
         return link
     }
 
@@ -286,14 +286,14 @@ final class OutboxSender: Sendable {
 
     // MARK: - Sending
 
-    private func sendLoop(link: Int, label: String, connection: XMPPConnection) async {
+    private func sendLoop(link: Int, connection: XMPPConnection) async {
         while let batch = await nextBatch(for: link) {
             guard !batch.placed.isEmpty else { continue }
             let date = Date()
             let leaseEnd = date.addingTimeInterval(settings.lease.seconds)
             // Recorded before the bytes leave, so an answer's update always comes after.
             writeBack.record(batch.placed.map {
-                OutboxUpdate(rowID: $0.message.rowID, status: .sent, attempts: $0.message.attempt, sentOn: label, sentAt: date,
+                OutboxUpdate(rowID: $0.message.rowID, status: .sent, attempts: $0.message.attempt, sentOn: connection.label, sentAt: date,
                              availableAt: leaseEnd)
             })
             var text = ""
@@ -428,32 +428,18 @@ final class OutboxSender: Sendable {
         var updates: [OutboxUpdate] = []
         let now = Date()
         for row in rows {
-            if let tokenState = row.tokenState, tokenState != .replaced {
-                updates.append(OutboxUpdate(rowID: row.id, status: .failed, errorCode: row.tokenErrorCode ?? tokenState.rawValue,
-                                            errorDescription: "not sent: FCM reported this token \(tokenState.rawValue) earlier"))
-                continue
-            }
             let messageID = Self.messageIDPrefix + String(row.id)
             let message: DownstreamMessage
             let payload: JSONValue
-            do {
-                payload = try JSONValue.parse(row.payload)
-                let target = row.tokenState == .replaced ? (row.canonicalToken ?? row.target) : row.target
-                message = try DownstreamMessage(target: target, condition: row.condition, payload: payload, messageID: messageID)
-                try message.validate()
-            } catch {
-                logger.warning("outbox row \(row.id) is invalid and is not sent: \(error)")
-                updates.append(OutboxUpdate(rowID: row.id, status: .failed, errorCode: "INVALID_MESSAGE",
-                                            errorDescription: "\(error)"))
-                continue
-            }
-            let age = now.timeIntervalSince(row.createdAt)
-            let timeToLive = message.timeToLive ?? DownstreamMessage.maximumTimeToLive
-            // Time to live 0 ("now or never") still gets its first attempt.
-            let firstTryOfNowOrNever = timeToLive == 0 && row.attempts == 0
-            if (age > Double(timeToLive) && !firstTryOfNowOrNever) || age > settings.retry.maximumAge.seconds {
-                updates.append(OutboxUpdate(rowID: row.id, status: .expired, errorCode: "EXPIRED",
-                                            errorDescription: "its time to live (\(timeToLive) s) passed before it could be sent"))
+            switch row.message(id: messageID, validating: true, maximumAge: settings.retry.maximumAge, now: now) {
+            case .success(let prepared):
+                (message, payload) = prepared
+            case .failure(let refusal):
+                if refusal.errorCode == "INVALID_MESSAGE" {
+                    logger.warning("outbox row \(row.id) is invalid and is not sent: \(refusal.description)")
+                }
+                updates.append(OutboxUpdate(rowID: row.id, status: refusal.status, errorCode: refusal.errorCode,
+                                            errorDescription: refusal.description))
                 continue
             }
             ready.append(OutgoingDownstream(rowID: row.id, messageID: messageID, target: message.to ?? message.condition ?? "",

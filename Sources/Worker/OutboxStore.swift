@@ -55,7 +55,7 @@ struct OutboxStore: Sendable {
                 )
                 SELECT c.id, c.target, c.condition, c.payload::text, c.attempts,
                        extract(epoch FROM c.created_at)::float8, t.state, t.error_code, t.canonical_token,
-                       array_to_json(c.registration_ids)::text, c.token_results::text
+                       c.registration_ids, c.token_results::text
                 FROM claimed AS c LEFT JOIN device_tokens AS t ON t.token = c.target
                 ORDER BY c.id
                 """, [.text(workerID), .int(Int64(limit)), .double(lease.seconds), .text(transport)])
@@ -64,14 +64,9 @@ struct OutboxStore: Sendable {
             ClaimedRow(id: row.int(0) ?? 0, target: row.string(1), condition: row.string(2), payload: row.string(3) ?? "{}",
                        attempts: Int(row.int(4) ?? 0), createdAt: Date(timeIntervalSince1970: row.double(5) ?? 0),
                        tokenState: row.string(6).flatMap(TokenMark.State.init(rawValue:)), tokenErrorCode: row.string(7),
-                       canonicalToken: row.string(8), registrationIDs: row.string(9).flatMap(Self.strings(fromJSONArray:)),
+                       canonicalToken: row.string(8), registrationIDs: row.strings(9),
                        tokenResults: row.string(10))
         }
-    }
-
-    private static func strings(fromJSONArray text: String) -> [String]? {
-        guard case .array(let items)? = try? JSONValue.parse(text) else { return nil }
-        return items.compactMap(\.stringValue)
     }
 
     /// Writes `updates` (one per row), `tokens` (one per token) and `extra` statements in

@@ -96,10 +96,10 @@ struct UpstreamBench {
     func run() async throws {
         say("fcm-worker bench upstream: \(messages) messages per run, \(connections) connection(s), \(concurrency) lane(s), "
               + "\(ProcessInfo.processInfo.activeProcessorCount) cores; simulator in its own process, TLS on loopback")
-        let schema = "bench_\(UInt32.random(in: 0...UInt32.max))"
-        let url = try await BenchDatabase.makeSchema(schema, in: databaseURL)
-        defer { Task { try? await BenchDatabase.dropSchema(schema, in: databaseURL) } }
+        try await BenchDatabase.withSchema(in: databaseURL) { url in try await measure(url: url) }
+    }
 
+    private func measure(url: String) async throws {
         let ceiling = try await rawCeiling(url: url, rows: min(messages, 200_000))
         say(String(format: "raw PostgreSQL ceiling: %.0f rows/s (100-row INSERT transactions, one connection)", ceiling))
 
@@ -197,9 +197,23 @@ struct UpstreamBench {
 
 /// The benchmark's own schema, and what it reads about this process.
 enum BenchDatabase {
+    /// Runs `body` with the URL of a fresh, migrated schema of its own, dropped afterwards
+    /// (also when `body` throws).
+    static func withSchema(in databaseURL: String, _ body: (String) async throws -> Void) async throws {
+        let schema = "bench_\(UInt32.random(in: 0...UInt32.max))"
+        let url = try await makeSchema(schema, in: databaseURL)
+        do {
+            try await body(url)
+        } catch {
+            try? await dropSchema(schema, in: databaseURL)
+            throw error
+        }
+        try? await dropSchema(schema, in: databaseURL)
+    }
+
     /// Creates `schema` in the database at `databaseURL`, migrates it, and returns a URL
     /// whose sessions use it.
-    static func makeSchema(_ schema: String, in databaseURL: String) async throws -> String {
+    private static func makeSchema(_ schema: String, in databaseURL: String) async throws -> String {
         let admin = try await PostgresConnection.connect(databaseURL)
         try await admin.execute("CREATE SCHEMA \(schema)")
         await admin.close()
@@ -210,7 +224,7 @@ enum BenchDatabase {
         return url
     }
 
-    static func dropSchema(_ schema: String, in databaseURL: String) async throws {
+    private static func dropSchema(_ schema: String, in databaseURL: String) async throws {
         let admin = try await PostgresConnection.connect(databaseURL)
         try await admin.execute("DROP SCHEMA \(schema) CASCADE")
         await admin.close()

@@ -35,18 +35,19 @@ struct DownstreamBench {
     func run() async throws {
         say("fcm-worker bench downstream: \(runs.count) run(s) of about \(seconds) s, "
               + "\(ProcessInfo.processInfo.activeProcessorCount) cores; simulator in its own process, TLS on loopback")
-        let schema = "bench_\(UInt32.random(in: 0...UInt32.max))"
-        let url = try await BenchDatabase.makeSchema(schema, in: databaseURL)
-        defer { Task { try? await BenchDatabase.dropSchema(schema, in: databaseURL) } }
-        for run in runs {
-            let messages = max(5_000, min(500_000, Int(run.bound) * seconds))
-            let result = try await measure(run, messages: messages, url: url)
-            say(String(format: "%@: %d messages, sent %.0f msgs/s, acked %.0f msgs/s = %.0f%% of the bound %.0f msgs/s; "
-                               + "ack round trip p50 %.1f ms, p99 %.1f ms",
-                       run.description, messages, result.sentPerSecond, result.ackedPerSecond,
-                       100 * result.ackedPerSecond / run.bound, run.bound, result.p50 * 1000, result.p99 * 1000))
+        try await BenchDatabase.withSchema(in: databaseURL) { url in
+            for run in runs { try await report(run, url: url) }
         }
         say("peak RSS of the worker process: \(BenchDatabase.peakResidentMegabytes()) MB")
+    }
+
+    private func report(_ run: Run, url: String) async throws {
+        let messages = max(5_000, min(500_000, Int(run.bound) * seconds))
+        let result = try await measure(run, messages: messages, url: url)
+        say(String(format: "%@: %d messages, sent %.0f msgs/s, acked %.0f msgs/s = %.0f%% of the bound %.0f msgs/s; "
+                           + "ack round trip p50 %.1f ms, p99 %.1f ms",
+                   run.description, messages, result.sentPerSecond, result.ackedPerSecond,
+                   100 * result.ackedPerSecond / run.bound, run.bound, result.p50 * 1000, result.p99 * 1000))
     }
 
     struct Result {

@@ -262,7 +262,7 @@ private struct TestHTTP {
         await #expect(throws: DeviceGroups.GroupError.self) { _ = try await groups.add("nobody", tokens: ["x"]) }
     }
 
-    @Test func theCommandLineCreatesAndShowsAGroup() async throws {
+    @Test func theCommandLineCreatesAGroupAndRefusesAnAddWithoutTokens() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
         let http = try FCMHTTPSimulator(senderID: TestCCS.senderID, serverKey: TestCCS.serverKey,

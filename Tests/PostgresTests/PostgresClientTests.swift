@@ -27,6 +27,18 @@ import Testing
         #expect(row.double(7) == 2.5)
     }
 
+    @Test func textArraysDecodeWithQuotesEscapesAndNulls() async throws {
+        let connection = try await connect()
+        defer { Task { await connection.close() } }
+        let values = ["plain", "with space", "comma,inside", "quote\"inside", "back\\slash", "NULL", "{braces}", ""]
+        let rows = try await connection.query("SELECT $1::text[] || ARRAY[NULL]::text[], '{}'::text[], NULL::text[]",
+                                              [.array(values.map { .text($0) })])
+        let row = try #require(rows.first)
+        #expect(row.strings(0) == values, "NULL elements are dropped; the string \"NULL\" is kept")
+        #expect(row.strings(1) == [])
+        #expect(row.strings(2) == nil)
+    }
+
     @Test func arrayParametersFeedUnnest() async throws {
         let connection = try await connect()
         defer { Task { await connection.close() } }
