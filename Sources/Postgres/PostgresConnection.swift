@@ -151,8 +151,18 @@ final class ConnectionHandle: @unchecked Sendable {
             self.connection = nil
             throw PostgresError(kind: .connection, message: message)
         }
+        PQsetNoticeReceiver(connection, Self.receiveNotice, nil)
         let setup = PQexec(connection, "SET TimeZone = 'UTC'; SET DateStyle = 'ISO'")
         PQclear(setup)
+    }
+
+    /// Server notices: warnings go to standard error as `postgres WARNING: …`; NOTICE,
+    /// INFO and DEBUG messages ("relation … already exists, skipping") are dropped rather
+    /// than printed raw into the worker's log as libpq would by default.
+    private static let receiveNotice: PQnoticeReceiver = { _, result in
+        guard let result, let severity = PQresultErrorField(result, Int32(UInt8(ascii: "V"))),
+              String(cString: severity) == "WARNING", let message = PQresultErrorMessage(result) else { return }
+        FileHandle.standardError.write(Data("postgres \(redact(String(cString: message)))".utf8))
     }
 
     var isHealthy: Bool { healthy.value }
