@@ -17,6 +17,8 @@ enum BenchCommand {
         --concurrency N           handling lanes (default 4)
         --rate N                  offered load of the latency run, msgs/s (default 10000)
         --rate-seconds N          length of the latency run (default 5)
+        --phases LIST             which of ceiling,immediate,durable,latency to run (default all;
+                                      the ratio needs ceiling)
         --database-url URL        default $DATABASE_URL
       fcm-worker bench downstream [options] measure sending the outbox through the simulator,
                                       which acks each message after the round trip
@@ -41,7 +43,7 @@ enum BenchCommand {
             index += 2
         }
         let known: Set<String> = arguments[0] == "upstream"
-            ? ["--messages", "--connections", "--concurrency", "--rate", "--rate-seconds", "--database-url"]
+            ? ["--messages", "--connections", "--concurrency", "--rate", "--rate-seconds", "--phases", "--database-url"]
             : ["--runs", "--seconds", "--database-url"]
         if let unknown = options.keys.first(where: { !known.contains($0) }) {
             WorkerMain.printError("bench: unknown option \(unknown) for bench \(arguments[0])")
@@ -68,8 +70,14 @@ enum BenchCommand {
             WorkerMain.printError("bench: options take positive whole numbers")
             return 2
         }
+        let phaseNames = (options["--phases"] ?? "ceiling,immediate,durable,latency").split(separator: ",")
+        let phases = Set(phaseNames.compactMap { UpstreamBench.Phase(rawValue: String($0)) })
+        guard phases.count == Set(phaseNames).count, !phases.isEmpty else {
+            WorkerMain.printError("bench: --phases takes a list of ceiling, immediate, durable, latency")
+            return 2
+        }
         let bench = UpstreamBench(databaseURL: databaseURL, messages: messages, connections: connections,
-                                  concurrency: concurrency, rate: rate, rateSeconds: rateSeconds)
+                                  concurrency: concurrency, rate: rate, rateSeconds: rateSeconds, phases: phases)
         return await report { try await bench.run() }
     }
 
@@ -92,6 +100,12 @@ struct UpstreamBench {
     let concurrency: Int
     let rate: Int
     let rateSeconds: Int
+    let phases: Set<Phase>
+
+    /// The parts of the benchmark, in the order they run.
+    enum Phase: String {
+        case ceiling, immediate, durable, latency
+    }
 
     func run() async throws {
         say("fcm-worker bench upstream: \(messages) messages per run, \(connections) connection(s), \(concurrency) lane(s), "
@@ -100,17 +114,26 @@ struct UpstreamBench {
     }
 
     private func measure(url: String) async throws {
-        let ceiling = try await rawCeiling(url: url, rows: min(messages, 200_000))
-        say(String(format: "raw PostgreSQL ceiling: %.0f rows/s (100-row INSERT transactions, one connection)", ceiling))
+        var ceiling: Double?
+        if phases.contains(.ceiling) {
+            let rows = try await rawCeiling(url: url, rows: min(messages, 200_000))
+            say(String(format: "raw PostgreSQL ceiling: %.0f rows/s (100-row INSERT transactions, one connection)", rows))
+            ceiling = rows
+        }
 
-        for mode in [WorkerConfiguration.AckMode.immediate, .durable] {
+        for (phase, mode) in [(Phase.immediate, WorkerConfiguration.AckMode.immediate), (.durable, .durable)] where phases.contains(phase) {
             try await truncate(url)
             let result = try await throughputRun(url: url, mode: mode)
-            say(String(format: "%@ ack mode: acked %.0f msgs/s, persisted %.0f msgs/s = %.0f%% of the ceiling", mode.rawValue,
-                         result.ackedPerSecond, result.persistedPerSecond, 100 * result.persistedPerSecond / ceiling))
+            let share = ceiling.map { String(format: " = %.0f%% of the ceiling", 100 * result.persistedPerSecond / $0) } ?? ""
+            say(String(format: "%@ ack mode: acked %.0f msgs/s, persisted %.0f msgs/s", mode.rawValue,
+                         result.ackedPerSecond, result.persistedPerSecond) + share)
             say("  ack latency (simulator-measured) \(result.ackLatency); receive-to-commit \(result.commitLatency)")
         }
 
+        guard phases.contains(.latency) else {
+            say("peak RSS of the worker process (the simulator runs as its own process): \(BenchDatabase.peakResidentMegabytes()) MB")
+            return
+        }
         try await truncate(url)
         let paced = try await pacedRun(url: url)
         say("latency at \(rate) msgs/s offered for \(rateSeconds) s (immediate mode): ack \(paced.ackLatency); "
