@@ -437,7 +437,8 @@ public final class CCSSimulator: Sendable {
         let driver = SimulatedSession(id: id, simulator: self, mailbox: mailbox)
         let loop = StreamLoop(name: "ccs-simulator session \(id)", origin: .accepted(fd: fd), tlsContext: tls, role: .server,
                               handshakeTimeout: .seconds(10), maxStanzaBytes: configuration.maxStanzaBytes,
-                              maxDepth: XMLStreamParser.defaultMaxDepth, outboundCapacity: 1 << 20, driver: driver)
+                              maxDepth: XMLStreamParser.defaultMaxDepth, outboundCapacity: 1 << 20,
+                              niceness: configuration.threadNiceness, driver: driver)
         let accepted = state.withLock { state -> Bool in
             guard !state.stopped else { return false }
             state.sessions[id] = SessionHandle(loop: loop, mailbox: mailbox)

@@ -25,6 +25,10 @@ public struct SimulatorConfiguration: Sendable {
     public var responder: @Sendable (DownstreamRequest) -> DownstreamResponse = { _ in .ack() }
     /// Largest stanza accepted from the client.
     public var maxStanzaBytes = XMLStreamParser.defaultMaxStanzaBytes
+    /// The nice value session threads ask for (nil: leave it). Benchmarks raise it so that
+    /// the simulator, which stands in for servers on other machines, does not queue behind
+    /// the worker on shared cores and add that wait to the latencies it measures.
+    public var threadNiceness: Int32?
     /// Keep every event in memory for `events` and `wait(for:)` (off for long benchmarks,
     /// which read `counters` instead).
     public var recordsEvents = true

@@ -62,6 +62,11 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     public var httpEndpoint = "fcm.googleapis.com:443"
     /// How the outbox is sent: lease, sweep, retry policy.
     public var downstream = DownstreamSettings()
+    /// The nice value of each connection's thread (`--io-niceness`, nil: leave it). The
+    /// default -10 keeps reading and acking ahead of handler and database work when the
+    /// cores are busy; without root or `CAP_SYS_NICE` the threads keep the default
+    /// priority and the worker says so once at start.
+    public var ioNiceness: Int32? = -10
 
     public init(senderID: String, serverKey: String) {
         self.senderID = senderID
@@ -94,6 +99,9 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         --retry-max-age SECS      FCM_RETRY_MAX_AGE     no retry after this age (default 86400)
         --worker-id ID            FCM_WORKER_ID         claimed_by on outbox rows (default host:pid:random)
         --http-endpoint HOST:PORT FCM_HTTP_ENDPOINT     legacy HTTP API (default fcm.googleapis.com:443)
+        --io-niceness N|off       FCM_IO_NICENESS       nice value of connection threads, -20 to 19
+                                                        (default -10: acks ahead of database work;
+                                                        below 0 needs root or CAP_SYS_NICE)
       """
 
     private static let flags: [String: String] = [
@@ -105,7 +113,7 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         "--spool-file": "FCM_SPOOL_FILE", "--shutdown-timeout": "FCM_SHUTDOWN_TIMEOUT",
         "--migrations-dir": "FCM_MIGRATIONS_DIR", "--migrate": "FCM_MIGRATE",
         "--outbox-lease": "FCM_OUTBOX_LEASE", "--retry-base": "FCM_RETRY_BASE", "--retry-max-age": "FCM_RETRY_MAX_AGE",
-        "--worker-id": "FCM_WORKER_ID", "--http-endpoint": "FCM_HTTP_ENDPOINT",
+        "--worker-id": "FCM_WORKER_ID", "--http-endpoint": "FCM_HTTP_ENDPOINT", "--io-niceness": "FCM_IO_NICENESS",
     ]
     /// Flags that take no value.
     private static let switches: Set<String> = ["--migrate"]
@@ -251,6 +259,16 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             }
             configuration.downstream.workerID = workerID
         }
+        if let niceness = setting("FCM_IO_NICENESS") {
+            if niceness == "off" {
+                configuration.ioNiceness = nil
+            } else {
+                guard let value = Int32(niceness), (-20...19).contains(value) else {
+                    throw ConfigurationError("invalid I/O niceness \(niceness): expected -20 to 19, or off")
+                }
+                configuration.ioNiceness = value
+            }
+        }
         return configuration
     }
 
@@ -300,6 +318,7 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             trust: caFile.map { .caFile($0) } ?? .systemDefault)
         client.pingInterval = pingInterval
         client.pingTimeout = pingTimeout
+        client.threadNiceness = ioNiceness
         return client
     }
 

@@ -59,6 +59,7 @@ package final class StreamLoop: @unchecked Sendable {
     private let role: TLSRole
     private let handshakeTimeout: Duration
     private let parserLimits: (stanzaBytes: Int, depth: Int)
+    private let niceness: Int32?
     private let driver: StreamDriver
     private var tls: TLSStream?
     private var parser: XMLStreamParser
@@ -76,7 +77,7 @@ package final class StreamLoop: @unchecked Sendable {
 
     package init(name: String, origin: Origin, tlsContext: TLSContext, role: TLSRole,
          handshakeTimeout: Duration, maxStanzaBytes: Int, maxDepth: Int,
-         outboundCapacity: Int, driver: StreamDriver) {
+         outboundCapacity: Int, niceness: Int32? = nil, driver: StreamDriver) {
         ProcessSignals.ignoreSIGPIPE()
         var fds: [Int32] = [0, 0]
         guard pipe(&fds) == 0 else { fatalError("pipe() failed: \(String(cString: strerror(errno)))") }
@@ -93,6 +94,7 @@ package final class StreamLoop: @unchecked Sendable {
         self.role = role
         self.handshakeTimeout = handshakeTimeout
         self.parserLimits = (maxStanzaBytes, maxDepth)
+        self.niceness = niceness
         self.parser = XMLStreamParser(maxStanzaBytes: maxStanzaBytes, maxDepth: maxDepth)
         self.driver = driver
         let wakePending = WakePendingFlag()
@@ -171,6 +173,7 @@ package final class StreamLoop: @unchecked Sendable {
     // MARK: - The loop
 
     private func main() {
+        if let niceness { ThreadPriority.setCurrentThread(niceness: niceness) }
         let reason: XMPPError
         do {
             try open()

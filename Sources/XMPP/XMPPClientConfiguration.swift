@@ -18,6 +18,11 @@ public struct XMPPClientConfiguration: Sendable {
     public var inboundCapacity = 1024
     /// Bytes queued for writing before senders wait.
     public var outboundCapacityBytes = 1 << 20
+    /// The nice value the connection's thread asks for (nil: leave it). Negative values put
+    /// reading and acking ahead of handler and database work on a busy machine; they need
+    /// root or `CAP_SYS_NICE`, and without it the thread runs at the default priority
+    /// (`ThreadPriority.refusalCount` counts the refusals).
+    public var threadNiceness: Int32? = nil
     /// Runs on the connection's thread for each received stanza (FCM acks upstream
     /// messages from there).
     public var interceptor: (any StanzaInterceptor)?

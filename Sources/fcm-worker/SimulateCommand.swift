@@ -24,6 +24,8 @@ enum SimulateCommand {
                                   control lets them through) instead of --upstream-interval
         --exit-when-acked         with --upstream-rate: exit once every injected message is
                                   acked, printing `stats acked=… p50_us=… p99_us=… p999_us=… max_us=…`
+        --niceness N              nice value for session threads (-20…19; below 0 needs root or
+                                  CAP_SYS_NICE; the benchmarks pass -10)
         --quiet                   log sessions and protocol violations, not every message
       """
 
@@ -35,7 +37,7 @@ enum SimulateCommand {
         arguments.removeAll { $0 == "--exit-when-acked" || $0 == "--quiet" }
         var index = 0
         let known: Set<String> = ["--host", "--port", "--sender-id", "--server-key", "--out", "--upstream",
-                                  "--upstream-interval", "--drop-after", "--keepalive", "--ack-delay", "--upstream-rate"]
+                                  "--upstream-interval", "--drop-after", "--keepalive", "--ack-delay", "--upstream-rate", "--niceness"]
         while index < arguments.count {
             let flag = arguments[index]
             guard known.contains(flag), index + 1 < arguments.count else {
@@ -50,8 +52,9 @@ enum SimulateCommand {
               let upstreamCount = Int(options["--upstream"] ?? "0"), upstreamCount >= 0,
               let interval = Int(options["--upstream-interval"] ?? "100"), interval >= 0,
               let ackDelay = Int(options["--ack-delay"] ?? "0"), ackDelay >= 0,
-              let rate = options["--upstream-rate"].map({ Int($0) }) ?? -1 else {
-            return fail("simulate: --port, --upstream, --upstream-interval and --ack-delay take whole numbers")
+              let rate = options["--upstream-rate"].map({ Int($0) }) ?? -1,
+              let niceness = options["--niceness"].map({ Int32($0).flatMap { (-20...19).contains($0) ? $0 : nil } }) ?? .some(nil) else {
+            return fail("simulate: --port, --upstream, --upstream-interval, --ack-delay and --niceness take whole numbers")
         }
         let dropAfter = options["--drop-after"].flatMap(Double.init)
         let keepalive = options["--keepalive"].flatMap(Double.init)
@@ -78,6 +81,7 @@ enum SimulateCommand {
             var configuration = SimulatorConfiguration(senderID: senderID, serverKey: serverKey, identity: identity)
             configuration.host = host
             configuration.port = port
+            configuration.threadNiceness = niceness
             configuration.recordsEvents = false
             configuration.whitespaceKeepaliveInterval = keepalive.map { .milliseconds(Int64($0 * 1000)) }
             if ackDelay > 0 { configuration.responder = { _ in .ack(delay: .milliseconds(ackDelay)) } }

@@ -24,7 +24,8 @@ final class SimulatorProcess: Sendable {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("bench-sim-\(UUID())").path
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-        process.arguments = ["simulate", "--out", directory, "--sender-id", "123456789012", "--server-key", "bench-key"] + arguments
+        process.arguments = ["simulate", "--out", directory, "--sender-id", "123456789012", "--server-key", "bench-key",
+                             "--niceness", "-10"] + arguments
         let pipe = Pipe()
         process.standardOutput = capturesOutput ? pipe : FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice

@@ -66,6 +66,26 @@ import XMPP
         }
     }
 
+    /// Reports the nice value of the thread it runs on (the connection's thread).
+    private struct PriorityProbe: StanzaInterceptor {
+        func intercept(_ stanza: XMLElement) -> Interception {
+            Interception(attachment: getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0))
+        }
+    }
+
+    @Test func theConnectionThreadRunsAtTheConfiguredNiceness() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        var configuration = ccs.client()
+        configuration.threadNiceness = 6   // raising a nice value needs no privilege
+        configuration.interceptor = PriorityProbe()
+        let (connection, session) = try await ccs.connect(configuration)
+        ccs.simulator.sendRaw(session: session, Array("<message id=\"probe\"/>".utf8), recordSize: 16 * 1024)
+        let received = await connection.nextReceived()
+        #expect(received?.attachment as? Int32 == 6)
+        await connection.close()
+    }
+
     @Test func aStanzaSentOneByteAtATimeArrivesWhole() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }

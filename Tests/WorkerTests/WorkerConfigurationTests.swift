@@ -16,6 +16,14 @@ import XMPP
         #expect(configuration.handlers == ["store"])
         #expect(configuration.xmppClient.credentials.authenticationIdentity == "123@gcm.googleapis.com")
         #expect(configuration.xmppClient.trust == .systemDefault)
+        #expect(configuration.ioNiceness == -10 && configuration.xmppClient.threadNiceness == -10)
+    }
+
+    @Test func ioNicenessParses() throws {
+        let off = try WorkerConfiguration.parse(arguments: ["--io-niceness", "off"], environment: base)
+        #expect(off.ioNiceness == nil && off.xmppClient.threadNiceness == nil)
+        let set = try WorkerConfiguration.parse(arguments: [], environment: base.merging(["FCM_IO_NICENESS": "-5"]) { $1 })
+        #expect(set.xmppClient.threadNiceness == -5)
     }
 
     @Test func flagsWinOverEnvironment() throws {
@@ -91,6 +99,8 @@ import XMPP
             (["--ping-interval", "-1"], base, "invalid ping interval"),
             (["--outbox-lease", "0.5"], base, "invalid outbox lease"),
             (["--retry-base", "soon"], base, "invalid retry base"),
+            (["--io-niceness", "-21"], base, "invalid I/O niceness"),
+            (["--io-niceness", "high"], base, "invalid I/O niceness"),
         ]
         for (arguments, environment, expected) in cases {
             do {
