@@ -41,6 +41,30 @@ final class BoundedQueue<Element: Sendable>: Sendable {
         }
     }
 
+    /// Adds `items` in order, with one lock and at most one consumer wakeup for what fits;
+    /// the rest waits for room one by one as `push` does.
+    func push<S: Sequence>(contentsOf items: S) async where S.Element == Element {
+        var iterator = items.makeIterator()
+        var leftover: Element?
+        let consumer = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            guard state.producers.isEmpty else { leftover = iterator.next(); return nil }
+            var added = false
+            while state.count < capacity, let item = iterator.next() {
+                state.items.append(item)
+                added = true
+            }
+            if state.count >= capacity { leftover = iterator.next() }
+            guard added else { return nil }
+            defer { state.consumer = nil }
+            return state.consumer
+        }
+        consumer?.resume()
+        while let item = leftover {
+            await push(item)
+            leftover = iterator.next()
+        }
+    }
+
     /// Takes up to `maximum` items, waiting until at least one is there, the queue is closed
     /// (returns what is left, possibly nothing), or `deadline` passes.
     func take(maximum: Int, deadline: ContinuousClock.Instant? = nil) async -> [Element] {

@@ -67,6 +67,11 @@ final class CCSConnectionSlot: Sendable {
                 if shutdown.isRequested { connection.stopReceiving() }
                 logger.info("connected to \(configuration.host):\(configuration.port) as \(connection.label), bound as \(connection.boundJID)")
                 observer?(.connected(slot: index, jid: connection.boundJID))
+                if ThreadPriority.takeUnreportedRefusal() {
+                    logger.warning("connection threads could not raise their priority (nice \(configuration.ioNiceness.map(String.init) ?? "-")): "
+                                     + "that needs root or CAP_SYS_NICE; acks may wait behind database work on busy cores "
+                                     + "(pass --io-niceness off to silence this)")
+                }
                 let link = sender.attach(connection)
                 drainHook.link = link
                 if await serve(connection, link: link) {
@@ -105,10 +110,25 @@ final class CCSConnectionSlot: Sendable {
     /// Reads stanzas until the stream ends or receiving stops (false), or until CCS
     /// announces that it is draining the connection (true).
     private func serve(_ connection: XMPPConnection, link: Int) async -> Bool {
-        while let received = await connection.nextReceived() {
-            if await handle(received, on: connection, link: link) { return true }
+        while let batch = await connection.nextReceived(maximum: Self.readBatch) {
+            if await handle(batch, on: connection, link: link) { return true }
         }
         return false
+    }
+
+    /// Stanzas taken from a connection at once: what one read turn typically completes.
+    private static let readBatch = 256
+
+    /// Handles stanzas in order and hands their upstream work to the pipeline together.
+    /// Returns true when the batch held a `CONNECTION_DRAINING` control message; the
+    /// stanzas after it are handled too (upstream messages behind it were acked already).
+    private func handle(_ batch: [ReceivedStanza], on connection: XMPPConnection, link: Int) async -> Bool {
+        var work: [UpstreamWork] = []
+        work.reserveCapacity(batch.count)
+        var draining = false
+        for received in batch where handle(received, on: connection, link: link, into: &work) { draining = true }
+        if !work.isEmpty { await pipeline.submit(work) }
+        return draining
     }
 
     /// Reads a draining connection in the background until CCS closes it (its upstream
@@ -118,8 +138,8 @@ final class CCSConnectionSlot: Sendable {
         logger.info("CCS is draining \(connection.label): opening a replacement now, reading it until CCS closes it")
         let key = ObjectIdentifier(connection)
         let reader = Task { [self] in
-            while let received = await connection.nextReceived() {
-                _ = await handle(received, on: connection, link: link)
+            while let batch = await connection.nextReceived(maximum: Self.readBatch) {
+                _ = await handle(batch, on: connection, link: link)
             }
             sender.detach(link)
             if shutdown.isRequested { return }
@@ -143,7 +163,7 @@ final class CCSConnectionSlot: Sendable {
 
     /// Returns true when CCS announced it is draining this connection. The connection's
     /// thread already decoded the stanza and, where the mode says so, acked it.
-    private func handle(_ received: ReceivedStanza, on connection: XMPPConnection, link: Int) async -> Bool {
+    private func handle(_ received: ReceivedStanza, on connection: XMPPConnection, link: Int, into work: inout [UpstreamWork]) -> Bool {
         let stanza = received.element
         if stanza.name == "message", stanza.attribute("type") == "error" {
             let condition = stanza.child("error")?.elements.first { $0.name != "text" }?.name ?? "undefined-condition"
@@ -167,7 +187,7 @@ final class CCSConnectionSlot: Sendable {
         case .failure(let error):
             logger.warning("unreadable CCS message, dead-lettered: \(error)")
             observer?(.unreadable(slot: index, reason: error.description))
-            await pipeline.submit(UpstreamWork(kind: .deadLetter(.init(
+            work.append(UpstreamWork(kind: .deadLetter(.init(
                 rawPayload: payload, reason: "unreadable", error: error.description, attempts: 0, receivedAt: receivedAt))))
             return false
         }
@@ -176,22 +196,22 @@ final class CCSConnectionSlot: Sendable {
             guard let messageID = upstream.messageID, let from = upstream.from else {
                 logger.warning("cannot ack a message without message_id or from; dead-lettered: \(payload.prefix(200))")
                 observer?(.unackable(slot: index, raw: payload))
-                await pipeline.submit(UpstreamWork(kind: .deadLetter(.init(
+                work.append(UpstreamWork(kind: .deadLetter(.init(
                     messageID: upstream.messageID, from: upstream.from, category: upstream.category, rawPayload: payload,
                     reason: "unackable", error: "missing \(upstream.messageID == nil ? "message_id" : "from")",
                     attempts: 0, receivedAt: receivedAt))))
                 return false
             }
-            var work = UpstreamWork(kind: .message(UpstreamMessage(
+            var item = UpstreamWork(kind: .message(UpstreamMessage(
                 messageID: messageID, from: from, category: upstream.category, rawData: upstream.data,
                 raw: upstream.raw, rawPayload: payload, connection: connection.label, receivedAt: receivedAt)))
             if intercepted.acked {
                 observer?(.acked(slot: index, messageID: messageID, message: message))
             } else {
                 let ack = CCSStanza.ack(to: from, messageID: messageID)
-                work.ack = { [self] in await send(ack, messageID: messageID, on: connection, message: message) }
+                item.ack = { [self] in await send(ack, messageID: messageID, on: connection, message: message) }
             }
-            await pipeline.submit(work)
+            work.append(item)
         case .receipt(let receipt):
             if intercepted.acked, let messageID = receipt.messageID {
                 observer?(.acked(slot: index, messageID: messageID, message: message))

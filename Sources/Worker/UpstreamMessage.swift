@@ -1,40 +1,71 @@
 import FCM
 import Foundation
+import Synchronization
 
 /// An upstream message from a device, as handlers see it (PROTOCOL.md section 5).
+///
+/// A value type whose fields live in one shared, immutable box: the pipeline copies each
+/// message several times on its way to the handlers, and a copy costs one reference count.
 public struct UpstreamMessage: Sendable {
+    private final class Storage: Sendable {
+        let messageID: String
+        let from: String
+        let category: String?
+        let rawData: [String: JSONValue]
+        let raw: JSONValue
+        let rawPayload: String
+        let connection: String
+        let receivedAt: Date
+        /// `data`, made on first use (the `store` handler never needs it).
+        let stringData = Mutex<[String: String]?>(nil)
+
+        init(messageID: String, from: String, category: String?, rawData: [String: JSONValue],
+             raw: JSONValue, rawPayload: String, connection: String, receivedAt: Date) {
+            self.messageID = messageID
+            self.from = from
+            self.category = category
+            self.rawData = rawData
+            self.raw = raw
+            self.rawPayload = rawPayload
+            self.connection = connection
+            self.receivedAt = receivedAt
+        }
+    }
+
+    private let storage: Storage
+
     /// CCS's id for the message: unique, and the key of exactly-once handling.
-    public let messageID: String
+    public var messageID: String { storage.messageID }
     /// The sending device's registration token (the address to reply to).
-    public let from: String
+    public var from: String { storage.from }
     /// The app's package name, as CCS reports it.
-    public let category: String?
+    public var category: String? { storage.category }
     /// `data` with every value as a string (non-string JSON values as their JSON text).
-    public let data: [String: String]
+    public var data: [String: String] {
+        storage.stringData.withLock { cached in
+            if let cached { return cached }
+            let made = storage.rawData.mapValues { value in
+                if case .string(let text) = value { return text }
+                return value.serialized
+            }
+            cached = made
+            return made
+        }
+    }
     /// `data` with its values as sent.
-    public let rawData: [String: JSONValue]
+    public var rawData: [String: JSONValue] { storage.rawData }
     /// The whole JSON object, including fields the worker does not use.
-    public let raw: JSONValue
+    public var raw: JSONValue { storage.raw }
     /// The JSON text exactly as received.
-    public let rawPayload: String
+    public var rawPayload: String { storage.rawPayload }
     /// The connection it came in on (`ccs#1`, …; `spool` when replayed from the spool).
-    public let connection: String
+    public var connection: String { storage.connection }
     /// When the worker parsed it.
-    public let receivedAt: Date
+    public var receivedAt: Date { storage.receivedAt }
 
     public init(messageID: String, from: String, category: String?, rawData: [String: JSONValue],
                 raw: JSONValue, rawPayload: String, connection: String, receivedAt: Date) {
-        self.messageID = messageID
-        self.from = from
-        self.category = category
-        self.rawData = rawData
-        self.data = rawData.mapValues { value in
-            if case .string(let text) = value { return text }
-            return value.serialized
-        }
-        self.raw = raw
-        self.rawPayload = rawPayload
-        self.connection = connection
-        self.receivedAt = receivedAt
+        storage = Storage(messageID: messageID, from: from, category: category, rawData: rawData, raw: raw,
+                          rawPayload: rawPayload, connection: connection, receivedAt: receivedAt)
     }
 }

@@ -12,6 +12,12 @@ public struct PipelineSettings: Sendable {
     public var queueCapacity = 2048
     /// Most messages committed in one transaction.
     public var batchSize = 1000
+    /// How long a lane holding fewer than `lingerBelow` messages waits for more before it
+    /// commits them: at moderate load this turns many tiny transactions (each costing
+    /// PostgreSQL a commit and two round trips) into fewer larger ones. Zero commits at once.
+    public var batchLinger: Duration = .milliseconds(2)
+    /// The batch size from which a lane commits without lingering.
+    public var lingerBelow = 64
     /// Handling attempts before a failing message is dead-lettered.
     public var maxAttempts = 5
     /// First retry delay of a failing message (doubling, with jitter, up to `retryCap`).
@@ -77,6 +83,16 @@ final class UpstreamPipeline: Sendable {
         await lanes[lane(for: work.orderingKey)].queue.push(work)
     }
 
+    /// Queues each piece of `work` on its device's lane, in order, waiting while a lane is full.
+    func submit(_ work: [UpstreamWork]) async {
+        guard lanes.count > 1 else { return await lanes[0].queue.push(contentsOf: work) }
+        var byLane = [[UpstreamWork]](repeating: [], count: lanes.count)
+        for item in work { byLane[lane(for: item.orderingKey)].append(item) }
+        for (index, items) in byLane.enumerated() where !items.isEmpty {
+            await lanes[index].queue.push(contentsOf: items)
+        }
+    }
+
     /// Work queued or waiting for a retry, across lanes.
     var backlog: Int { lanes.reduce(0) { $0 + $1.queue.count + $1.retries.withLock { $0.count } } }
 
@@ -129,7 +145,12 @@ final class UpstreamPipeline: Sendable {
                 }
             }
             // Wait for new work, waking for the next retry.
-            let batch = await lane.queue.take(maximum: settings.batchSize, deadline: due.isEmpty ? lane.earliestRetry : .now)
+            var batch = await lane.queue.take(maximum: settings.batchSize, deadline: due.isEmpty ? lane.earliestRetry : .now)
+            if !batch.isEmpty && batch.count < settings.lingerBelow && settings.batchLinger > .zero && !lane.queue.isClosed {
+                // One sleep, then whatever came meanwhile: cheaper than waking per arrival.
+                try? await Task.sleep(for: settings.batchLinger)
+                batch += await lane.queue.take(maximum: settings.batchSize - batch.count, deadline: .now)
+            }
             if batch.isEmpty {
                 if isAbandoned { return await remaining(lane) }
                 if !due.isEmpty { continue }

@@ -10,7 +10,7 @@ import Synchronization
 final class StanzaInbox: Sendable {
     private struct State {
         var items = FIFO<ReceivedStanza>()
-        var waiting: CheckedContinuation<ReceivedStanza?, Never>?
+        var waiting: CheckedContinuation<[ReceivedStanza]?, Never>?
         var finished = false
         var stopped = false
     }
@@ -35,7 +35,7 @@ final class StanzaInbox: Sendable {
     /// Adds a stanza for the consumer.
     @discardableResult
     func push(_ stanza: ReceivedStanza) -> PushResult {
-        let (waiter, result) = state.withLock { state -> (CheckedContinuation<ReceivedStanza?, Never>?, PushResult) in
+        let (waiter, result) = state.withLock { state -> (CheckedContinuation<[ReceivedStanza]?, Never>?, PushResult) in
             if state.stopped { return (nil, PushResult(accepted: false, hasRoom: false)) }
             if let waiter = state.waiting {
                 state.waiting = nil
@@ -44,7 +44,7 @@ final class StanzaInbox: Sendable {
             state.items.append(stanza)
             return (nil, PushResult(accepted: true, hasRoom: state.items.count < capacity))
         }
-        waiter?.resume(returning: stanza)
+        waiter?.resume(returning: [stanza])
         return result
     }
 
@@ -55,7 +55,7 @@ final class StanzaInbox: Sendable {
     /// the sequence once the consumer has taken what is already queued: those may have
     /// been acked by an interceptor and must not be dropped.
     func stop() {
-        let waiter = state.withLock { state -> CheckedContinuation<ReceivedStanza?, Never>? in
+        let waiter = state.withLock { state -> CheckedContinuation<[ReceivedStanza]?, Never>? in
             state.finished = true
             state.stopped = true
             defer { state.waiting = nil }
@@ -72,7 +72,7 @@ final class StanzaInbox: Sendable {
 
     /// Ends the sequence after the stanzas already queued.
     func finish() {
-        let waiter = state.withLock { state -> CheckedContinuation<ReceivedStanza?, Never>? in
+        let waiter = state.withLock { state -> CheckedContinuation<[ReceivedStanza]?, Never>? in
             state.finished = true
             defer { state.waiting = nil }
             return state.waiting
@@ -83,16 +83,24 @@ final class StanzaInbox: Sendable {
     /// The next stanza, or nil once the stream has ended and everything was taken.
     /// Only one task may wait at a time.
     func next() async -> ReceivedStanza? {
+        await next(maximum: 1)?.first
+    }
+
+    /// Up to `maximum` queued stanzas in arrival order (waiting for at least one), or nil
+    /// once the stream has ended and everything was taken. One call per read turn rather
+    /// than per stanza keeps the hand-over cheap under load. Only one task may wait at a time.
+    func next(maximum: Int) async -> [ReceivedStanza]? {
         await withCheckedContinuation { continuation in
-            let (item, wasFull) = state.withLock { state -> (ReceivedStanza??, Bool) in
+            let (items, wasFull) = state.withLock { state -> ([ReceivedStanza]??, Bool) in
                 let wasFull = state.items.count >= capacity
-                if let item = state.items.popFirst() { return (.some(item), wasFull) }
+                let items = state.items.popFirst(max(1, maximum))
+                if !items.isEmpty { return (.some(items), wasFull) }
                 if state.finished { return (.some(nil), false) }
                 precondition(state.waiting == nil, "StanzaInbox supports one consumer at a time")
                 state.waiting = continuation
                 return (nil, false)
             }
-            if let item { continuation.resume(returning: item) }
+            if let items { continuation.resume(returning: items) }
             if wasFull { onSpace() }
         }
     }

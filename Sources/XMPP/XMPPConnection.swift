@@ -41,7 +41,7 @@ public final class XMPPConnection: Sendable {
             tlsContext: tls, role: .client(serverName: configuration.host),
             handshakeTimeout: configuration.negotiationTimeout,
             maxStanzaBytes: configuration.maxStanzaBytes, maxDepth: configuration.maxDepth,
-            outboundCapacity: configuration.outboundCapacityBytes, driver: driver)
+            outboundCapacity: configuration.outboundCapacityBytes, niceness: configuration.threadNiceness, driver: driver)
         wake.target = loop
         loop.start()
         let jid = try await withTaskCancellationHandler {
@@ -61,6 +61,12 @@ public final class XMPPConnection: Sendable {
     /// has ended.
     public func nextReceived() async -> ReceivedStanza? {
         await inbox.next()
+    }
+
+    /// Every received stanza waiting (at most `maximum`, at least one), with attachments,
+    /// in arrival order; nil once the stream has ended and all were taken.
+    public func nextReceived(maximum: Int) async -> [ReceivedStanza]? {
+        await inbox.next(maximum: maximum)
     }
 
     /// Queues `stanza` for sending, waiting while the write buffer is full.

@@ -1,3 +1,4 @@
+import Foundation
 import Synchronization
 import Testing
 @testable import XMPP
@@ -92,5 +93,42 @@ private func chunk(_ size: Int) -> OutboundBuffer.Chunk { .init(bytes: [UInt8](r
         #expect(inbox.push(ReceivedStanza(element: XMLElement("late"))) == .init(accepted: false, hasRoom: false))
         #expect(await inbox.next()?.element.name == "queued")
         #expect(await inbox.next() == nil)
+    }
+}
+
+@Suite struct StanzaInboxBatchTests {
+    @Test func aBatchTakesWhatIsQueuedInOrderUpToTheMaximumAndWakesAFullReader() async {
+        let wakes = Locked(0)
+        let inbox = StanzaInbox(capacity: 3) { wakes.withLock { $0 += 1 } }
+        for name in ["a", "b", "c", "d"] { inbox.push(ReceivedStanza(element: XMLElement(name))) }
+        #expect(!inbox.hasRoom)
+        #expect(await inbox.next(maximum: 3)?.map(\.element.name) == ["a", "b", "c"])
+        #expect(wakes.withLock { $0 } == 1)
+        inbox.finish()
+        #expect(await inbox.next(maximum: 3)?.map(\.element.name) == ["d"])
+        #expect(await inbox.next(maximum: 3) == nil)
+    }
+
+    @Test func aWaitingBatchConsumerIsHandedTheFirstStanzaAtOnce() async {
+        let inbox = StanzaInbox(capacity: 8) {}
+        let consumer = Task { await inbox.next(maximum: 100)?.map(\.element.name) }
+        while !inbox.hasWaiter { await Task.yield() }
+        inbox.push(ReceivedStanza(element: XMLElement("x")))
+        #expect(await consumer.value == ["x"])
+    }
+}
+
+@Suite struct ThreadPriorityTests {
+    @Test func aThreadCanLowerItsOwnPriorityWithoutTouchingOtherThreads() async {
+        let before = getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0)
+        let seen = await withCheckedContinuation { (continuation: CheckedContinuation<Int32, Never>) in
+            let thread = Thread {
+                let raised = ThreadPriority.setCurrentThread(niceness: 7)
+                continuation.resume(returning: raised ? getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0) : -100)
+            }
+            thread.start()
+        }
+        #expect(seen == 7)
+        #expect(getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0) == before)
     }
 }
