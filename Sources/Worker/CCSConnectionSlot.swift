@@ -110,8 +110,9 @@ final class CCSConnectionSlot: Sendable {
     /// Reads stanzas until the stream ends or receiving stops (false), or until CCS
     /// announces that it is draining the connection (true).
     private func serve(_ connection: XMPPConnection, link: Int) async -> Bool {
+        let route = ackRoute(for: connection)
         while let batch = await connection.nextReceived(maximum: Self.readBatch) {
-            if await handle(batch, on: connection, link: link) { return true }
+            if await handle(batch, on: connection, route: route, link: link) { return true }
         }
         return false
     }
@@ -122,11 +123,11 @@ final class CCSConnectionSlot: Sendable {
     /// Handles stanzas in order and hands their upstream work to the pipeline together.
     /// Returns true when the batch held a `CONNECTION_DRAINING` control message; the
     /// stanzas after it are handled too (upstream messages behind it were acked already).
-    private func handle(_ batch: [ReceivedStanza], on connection: XMPPConnection, link: Int) async -> Bool {
+    private func handle(_ batch: [ReceivedStanza], on connection: XMPPConnection, route: AckRoute, link: Int) async -> Bool {
         var work: [UpstreamWork] = []
         work.reserveCapacity(batch.count)
         var draining = false
-        for received in batch where handle(received, on: connection, link: link, into: &work) { draining = true }
+        for received in batch where handle(received, on: connection, route: route, link: link, into: &work) { draining = true }
         if !work.isEmpty { await pipeline.submit(work) }
         return draining
     }
@@ -137,9 +138,10 @@ final class CCSConnectionSlot: Sendable {
     private func keepReadingWhileDraining(_ connection: XMPPConnection, link: Int) {
         logger.info("CCS is draining \(connection.label): opening a replacement now, reading it until CCS closes it")
         let key = ObjectIdentifier(connection)
+        let route = ackRoute(for: connection)
         let reader = Task { [self] in
             while let batch = await connection.nextReceived(maximum: Self.readBatch) {
-                _ = await handle(batch, on: connection, link: link)
+                _ = await handle(batch, on: connection, route: route, link: link)
             }
             sender.detach(link)
             if shutdown.isRequested { return }
@@ -163,7 +165,8 @@ final class CCSConnectionSlot: Sendable {
 
     /// Returns true when CCS announced it is draining this connection. The connection's
     /// thread already decoded the stanza and, where the mode says so, acked it.
-    private func handle(_ received: ReceivedStanza, on connection: XMPPConnection, link: Int, into work: inout [UpstreamWork]) -> Bool {
+    private func handle(_ received: ReceivedStanza, on connection: XMPPConnection, route: AckRoute, link: Int,
+                        into work: inout [UpstreamWork]) -> Bool {
         let stanza = received.element
         if stanza.name == "message", stanza.attribute("type") == "error" {
             let condition = stanza.child("error")?.elements.first { $0.name != "text" }?.name ?? "undefined-condition"
@@ -208,8 +211,7 @@ final class CCSConnectionSlot: Sendable {
             if intercepted.acked {
                 observer?(.acked(slot: index, messageID: messageID, message: message))
             } else {
-                let ack = CCSStanza.ack(to: from, messageID: messageID)
-                item.ack = { [self] in await send(ack, messageID: messageID, on: connection, message: message) }
+                item.ack = route.pending(messageID: messageID, from: from, message: message)
             }
             work.append(item)
         case .receipt(let receipt):
@@ -236,13 +238,13 @@ final class CCSConnectionSlot: Sendable {
         return false
     }
 
-    private func send(_ ack: String, messageID: String, on connection: XMPPConnection, message: CCSMessage) async {
-        do {
-            try await connection.send(serialized: ack)
+    /// Where durable-mode acks of `connection` go after their commit.
+    private func ackRoute(for connection: XMPPConnection) -> AckRoute {
+        AckRoute(connection: connection, onSent: { [index, observer] messageID, message in
             observer?(.acked(slot: index, messageID: messageID, message: message))
-        } catch {
-            logger.warning("could not ack \(messageID): \(error); CCS will redeliver it")
-        }
+        }, onFailure: { [logger] messageIDs, error in
+            logger.warning("could not ack \(messageIDs.count) message(s) (\(messageIDs.prefix(3).joined(separator: ","))…): \(error); CCS will redeliver them")
+        })
     }
 }
 

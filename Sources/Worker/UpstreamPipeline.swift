@@ -311,9 +311,16 @@ final class UpstreamPipeline: Sendable {
         }
     }
 
+    /// Sends the durable-mode acks of a committed batch, one write per connection.
     private func acknowledge(_ batch: [UpstreamWork]) async {
+        var routes: [ObjectIdentifier: [AckRoute.Pending]] = [:]
+        var order: [AckRoute] = []
         for work in batch {
-            if let ack = work.ack { await ack() }
+            guard let ack = work.ack else { continue }
+            let key = ObjectIdentifier(ack.route)
+            if routes[key] == nil { order.append(ack.route) }
+            routes[key, default: []].append(ack)
         }
+        for route in order { await route.send(routes[ObjectIdentifier(route)] ?? []) }
     }
 }

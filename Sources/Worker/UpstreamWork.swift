@@ -23,7 +23,7 @@ struct UpstreamWork: Sendable {
     var kind: Kind
     /// In durable mode, sends the ack once the work is committed; nil when it was acked on
     /// arrival (or cannot be acked).
-    var ack: (@Sendable () async -> Void)?
+    var ack: AckRoute.Pending?
     /// Failed handling attempts so far.
     var attempts = 0
     /// When a failed message may be tried again.
