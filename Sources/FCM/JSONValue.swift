@@ -96,7 +96,12 @@ public enum JSONValue: Sendable, Equatable, Codable, CustomStringConvertible {
     /// Appends `text` as a JSON string literal.
     public static func appendQuoted(_ text: String, to output: inout String) {
         output += "\""
-        if !text.utf8.contains(where: { $0 < 0x20 || $0 == 0x22 || $0 == 0x5C }) {
+        var scanned = text
+        let plain = scanned.withUTF8 { bytes in
+            for byte in bytes where byte < 0x20 || byte == 0x22 || byte == 0x5C { return false }
+            return true
+        }
+        if plain {
             output += text
             output += "\""
             return

@@ -125,19 +125,13 @@ public final class CCSSimulator: Sendable {
         return id
     }
 
-    /// Queues many upstream messages at once (`from`, `messageID`, `data` each), cheaper
-    /// than one call per message; delivered like `injectUpstream`.
-    public func injectUpstream(batch: [(from: String, messageID: String, data: [String: JSONValue])], category: String = "com.example.app") {
-        let records = batch.map { message -> UpstreamRecord in
-            var json = "{\"category\":"
-            JSONValue.appendQuoted(category, to: &json)
-            json += ",\"data\":" + JSONValue.object(message.data).serialized + ",\"from\":"
-            JSONValue.appendQuoted(message.from, to: &json)
-            json += ",\"message_id\":"
-            JSONValue.appendQuoted(message.messageID, to: &json)
-            json += "}"
-            return UpstreamRecord(messageID: message.messageID, from: message.from, stanza: Self.upstreamStanza(json: json))
-        }
+    /// Queues upstream messages given as complete JSON payloads (each with its
+    /// `message_id` and `from`, as a load generator makes them); delivered like `injectUpstream`.
+    public func injectUpstream(payloads: [(messageID: String, from: String, json: String)]) {
+        enqueue(payloads.map { UpstreamRecord(messageID: $0.messageID, from: $0.from, stanza: Self.upstreamStanza(json: $0.json)) })
+    }
+
+    private func enqueue(_ records: [UpstreamRecord]) {
         let handles = state.withLock { state -> [SessionHandle] in
             state.undelivered.append(contentsOf: records)
             return state.boundSessions.compactMap { state.sessions[$0] }

@@ -23,7 +23,12 @@ public enum XMLEscaping {
 
     private static func append(_ text: String, to output: inout String, inAttribute: Bool) {
         // Fast path: nothing to escape.
-        if !text.utf8.contains(where: { needsEscape($0, inAttribute: inAttribute) }) {
+        var scanned = text
+        let plain = scanned.withUTF8 { bytes in
+            for byte in bytes where needsEscape(byte, inAttribute: inAttribute) { return false }
+            return true
+        }
+        if plain {
             output += text
             return
         }
@@ -48,6 +53,7 @@ public enum XMLEscaping {
         }
     }
 
+    @inline(__always)
     private static func needsEscape(_ byte: UInt8, inAttribute: Bool) -> Bool {
         switch byte {
         case UInt8(ascii: "&"), UInt8(ascii: "<"), UInt8(ascii: ">"), UInt8(ascii: "\r"): return true
