@@ -22,6 +22,9 @@ public enum CCSMessage: Sendable, Equatable {
         public var from: String?
         public var category: String?
         public var data: [String: JSONValue]
+        /// `data` exactly as received (`{}` when absent): what the `store` handler keeps,
+        /// with numbers to every digit and members in their order.
+        public var dataJSON: String
         /// The whole JSON object as received.
         public var raw: JSONValue
     }
@@ -45,17 +48,19 @@ public enum CCSMessage: Sendable, Equatable {
 
     /// Classifies the JSON text of a `<gcm>` element.
     public static func decode(json text: String) throws(DecodingError) -> CCSMessage {
-        let value: JSONValue
+        let value: JSONValue, dataText: String?
         do {
-            value = try JSONValue.parse(text)
+            (value, dataText) = try JSONParser.parse(text, recording: "data")
         } catch {
             throw .notJSON(String(describing: error).prefix(200).description)
         }
         guard case .object(let members) = value else { throw .notAnObject }
         let messageType = members["message_type"]?.stringValue
         func upstream() -> Upstream {
-            Upstream(messageID: members["message_id"]?.stringValue, from: members["from"]?.stringValue,
-                     category: members["category"]?.stringValue, data: members["data"]?.objectValue ?? [:], raw: value)
+            let data = members["data"]?.objectValue
+            return Upstream(messageID: members["message_id"]?.stringValue, from: members["from"]?.stringValue,
+                            category: members["category"]?.stringValue, data: data ?? [:],
+                            dataJSON: data == nil ? "{}" : dataText ?? "{}", raw: value)
         }
         switch messageType {
         case nil: return .upstream(upstream())

@@ -11,21 +11,34 @@ struct JSONParser {
 
     private let bytes: UnsafeBufferPointer<UInt8>
     private var index = 0
+    /// A member of the outermost object whose value's exact text is wanted.
+    private let recordedMember: String?
+    /// Where that member's value lies in `bytes` (the last one, as for its value).
+    private var recordedSpan: Range<Int>?
 
-    private init(_ bytes: UnsafeBufferPointer<UInt8>) {
+    private init(_ bytes: UnsafeBufferPointer<UInt8>, recording member: String?) {
         self.bytes = bytes
+        self.recordedMember = member
     }
 
     static func parse(_ text: String) throws(Failure) -> JSONValue {
+        try parse(text, recording: nil).value
+    }
+
+    /// Parses `text` and also returns the exact text of the value of `member` in the
+    /// outermost object (nil when there is no such member), as it was written: numbers
+    /// keep every digit and members their order.
+    static func parse(_ text: String, recording member: String?) throws(Failure) -> (value: JSONValue, memberText: String?) {
         var text = text
-        let result: Result<JSONValue, Failure> = text.withUTF8 { buffer in
-            var parser = JSONParser(buffer)
+        let result: Result<(JSONValue, String?), Failure> = text.withUTF8 { buffer in
+            var parser = JSONParser(buffer, recording: member)
             do {
                 parser.skipWhitespace()
                 let value = try parser.value(depth: 0)
                 parser.skipWhitespace()
                 guard parser.index == buffer.count else { throw parser.fail("unexpected text after the value") }
-                return .success(value)
+                let memberText = parser.recordedSpan.map { String(decoding: UnsafeBufferPointer(rebasing: buffer[$0]), as: UTF8.self) }
+                return .success((value, memberText))
             } catch let failure as Failure {
                 return .failure(failure)
             } catch {
@@ -86,7 +99,13 @@ struct JSONParser {
             guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { throw fail("expected ':'") }
             index += 1
             skipWhitespace()
-            members[key] = try value(depth: depth)
+            if depth == 1, let recordedMember, key == recordedMember {
+                let start = index
+                members[key] = try value(depth: depth)
+                recordedSpan = start..<index
+            } else {
+                members[key] = try value(depth: depth)
+            }
             skipWhitespace()
             guard index < bytes.count else { throw fail("unexpected end of input") }
             if bytes[index] == UInt8(ascii: ",") { index += 1; continue }

@@ -15,7 +15,7 @@ public struct StoreHandler: BatchUpstreamHandler {
             INSERT INTO upstream_messages (message_id, from_token, category, data, received_at)
             VALUES ($1, $2, $3, $4::jsonb, $5) ON CONFLICT (message_id) DO NOTHING
             """, [.text(message.messageID), .text(message.from), message.category.map { .text($0) } ?? .null,
-                  .jsonb(JSONValue.object(message.rawData).serialized), .timestamptz(message.receivedAt)])
+                  .jsonb(message.dataJSON), .timestamptz(message.receivedAt)])
     }
 
     public func handle(batch messages: [UpstreamMessage], in context: BatchContext) async throws {
@@ -25,7 +25,7 @@ public struct StoreHandler: BatchUpstreamHandler {
             ON CONFLICT (message_id) DO NOTHING
             """, [.array(messages.map { .text($0.messageID) }), .array(messages.map { .text($0.from) }),
                   .array(messages.map { $0.category.map { .text($0) } ?? .null }),
-                  .array(messages.map { .jsonb(JSONValue.object($0.rawData).serialized) }),
+                  .array(messages.map { .jsonb($0.dataJSON) }),
                   .array(messages.map { .timestamptz($0.receivedAt) })])
     }
 }

@@ -207,7 +207,7 @@ final class CCSConnectionSlot: Sendable {
             }
             var item = UpstreamWork(kind: .message(UpstreamMessage(
                 messageID: messageID, from: from, category: upstream.category, rawData: upstream.data,
-                raw: upstream.raw, rawPayload: payload, connection: connection.label, receivedAt: receivedAt)))
+                dataJSON: upstream.dataJSON, raw: upstream.raw, rawPayload: payload, connection: connection.label, receivedAt: receivedAt)))
             if intercepted.acked {
                 observer?(.acked(slot: index, messageID: messageID, message: message))
             } else {

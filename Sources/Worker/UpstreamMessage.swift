@@ -12,6 +12,7 @@ public struct UpstreamMessage: Sendable {
         let from: String
         let category: String?
         let rawData: [String: JSONValue]
+        let dataJSON: String
         let raw: JSONValue
         let rawPayload: String
         let connection: String
@@ -19,12 +20,13 @@ public struct UpstreamMessage: Sendable {
         /// `data`, made on first use (the `store` handler never needs it).
         let stringData = Mutex<[String: String]?>(nil)
 
-        init(messageID: String, from: String, category: String?, rawData: [String: JSONValue],
+        init(messageID: String, from: String, category: String?, rawData: [String: JSONValue], dataJSON: String,
              raw: JSONValue, rawPayload: String, connection: String, receivedAt: Date) {
             self.messageID = messageID
             self.from = from
             self.category = category
             self.rawData = rawData
+            self.dataJSON = dataJSON
             self.raw = raw
             self.rawPayload = rawPayload
             self.connection = connection
@@ -54,6 +56,9 @@ public struct UpstreamMessage: Sendable {
     }
     /// `data` with its values as sent.
     public var rawData: [String: JSONValue] { storage.rawData }
+    /// `data` as JSON text exactly as the device sent it (numbers to every digit, members
+    /// in their order): what to store in a `jsonb` column.
+    public var dataJSON: String { storage.dataJSON }
     /// The whole JSON object, including fields the worker does not use.
     public var raw: JSONValue { storage.raw }
     /// The JSON text exactly as received.
@@ -63,9 +68,11 @@ public struct UpstreamMessage: Sendable {
     /// When the worker parsed it.
     public var receivedAt: Date { storage.receivedAt }
 
-    public init(messageID: String, from: String, category: String?, rawData: [String: JSONValue],
+    /// `dataJSON` is the text `rawData` was parsed from; without it `rawData` is serialised.
+    public init(messageID: String, from: String, category: String?, rawData: [String: JSONValue], dataJSON: String? = nil,
                 raw: JSONValue, rawPayload: String, connection: String, receivedAt: Date) {
-        storage = Storage(messageID: messageID, from: from, category: category, rawData: rawData, raw: raw,
+        storage = Storage(messageID: messageID, from: from, category: category, rawData: rawData,
+                          dataJSON: dataJSON ?? JSONValue.object(rawData).serialized, raw: raw,
                           rawPayload: rawPayload, connection: connection, receivedAt: receivedAt)
     }
 }

@@ -161,6 +161,21 @@ final class FlakyHandler: UpstreamHandler {
         #expect(flaky.attemptsMade("doomed") == runsBefore)
     }
 
+    @Test func theStoreHandlerKeepsDataAsSentToTheLastDigit() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let (task, _) = startWorker(try ccs.worker(database: database))
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        ccs.simulator.injectRaw(json: "{\"from\":\"device\",\"message_id\":\"exact\",\"data\":{\"big\":12345678901234567890,\"f\":0.1000}}",
+                                messageID: "exact", from: "device")
+        await database.waitForRows(in: "upstream_messages", count: 1, within: .seconds(10))
+        // A Double would have made it 1.2345678901234567e19 (and 0.1000 would be 0.1).
+        let rows = try await database.query("SELECT data->>'big', data->>'f' FROM upstream_messages WHERE message_id = 'exact'")
+        #expect(rows.first?.values == ["12345678901234567890", "0.1000"])
+    }
+
     @Test func unackableAndUnreadableMessagesAreDeadLetteredWithTheirRawPayload() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }

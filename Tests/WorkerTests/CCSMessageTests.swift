@@ -14,6 +14,22 @@ import XMPP
         #expect(upstream.raw["time_to_live"] == .number(86400))
     }
 
+    @Test func theDataTextIsKeptExactlyAsReceived() throws {
+        func dataJSON(_ json: String) throws -> String? {
+            guard case .upstream(let upstream) = try CCSMessage.decode(json: json) else { return nil }
+            return upstream.dataJSON
+        }
+        // Every digit of a large number, the members' order and spacing, nested values.
+        #expect(try dataJSON("{\"message_id\":\"m\",\"data\": {\"z\":12345678901234567890, \"a\":[1.50,{\"k\":\"\\u00e9\"}]},\"from\":\"t\"}")
+                == "{\"z\":12345678901234567890, \"a\":[1.50,{\"k\":\"\\u00e9\"}]}")
+        #expect(try dataJSON("{\"message_id\":\"m\",\"from\":\"t\"}") == "{}")
+        #expect(try dataJSON("{\"message_id\":\"m\",\"data\":\"not an object\"}") == "{}")
+        // A nested member named data is not the message's.
+        #expect(try dataJSON("{\"x\":{\"data\":{\"inner\":1}},\"data\":{\"outer\":2}}") == "{\"outer\":2}")
+        // A repeated member counts once, the last, as its parsed value does.
+        #expect(try dataJSON("{\"data\":{\"first\":1},\"data\":{\"second\":2}}") == "{\"second\":2}")
+    }
+
     @Test func everyMessageTypeIsClassified() throws {
         #expect(try CCSMessage.decode(json: "{\"message_type\":\"ack\",\"message_id\":\"d1\",\"from\":\"tok\",\"registration_id\":\"new\"}")
                 == .ack(messageID: "d1", from: "tok", canonicalRegistrationID: "new"))
