@@ -131,6 +131,13 @@ public final class PostgresConnection: Sendable {
 final class ConnectionHandle: @unchecked Sendable {
     private var connection: OpaquePointer?
     private let healthy = AtomicFlag(true)
+    /// SQL text → the server-side prepared statement made for it on this connection.
+    private var preparedNames: [String: String] = [:]
+    /// Names handed out so far (a failed preparation's name is not reused).
+    private var preparedCount = 0
+    /// Statements prepared per connection at most: past it, new SQL texts run unprepared
+    /// (so handlers that build SQL text on the fly cannot grow the server's memory).
+    static let preparedLimit = 64
 
     init(conninfo: String, timeout: Duration) throws {
         let seconds = max(1, Int(timeout.components.seconds))
@@ -188,9 +195,31 @@ final class ConnectionHandle: @unchecked Sendable {
         guard !statements.isEmpty else { return [] }
         guard PQenterPipelineMode(connection) == 1 else { throw connectionError("cannot enter pipeline mode") }
         defer { PQexitPipelineMode(connection) }
-        for statement in statements {
-            let sent = withParameters(statement.parameters) { values in
-                PQsendQueryParams(connection, statement.sql, Int32(values.count), nil, values, nil, nil, 0)
+        // Statements with parameters run as prepared statements, prepared on first use in
+        // the same pipeline: the server then parses and plans each once per connection.
+        var preparing: [Int: String] = [:]
+        var preparingNames: [String: String] = [:]
+        for (index, statement) in statements.enumerated() {
+            let sent: Int32
+            if let name = preparedNames[statement.sql] ?? preparingNames[statement.sql] {
+                sent = withParameters(statement.parameters) { values in
+                    PQsendQueryPrepared(connection, name, Int32(values.count), values, nil, nil, 0)
+                }
+            } else if !statement.parameters.isEmpty && preparedNames.count + preparing.count < Self.preparedLimit {
+                preparedCount += 1
+                let name = "fcm_\(preparedCount)"
+                preparingNames[statement.sql] = name
+                guard PQsendPrepare(connection, name, statement.sql, Int32(statement.parameters.count), nil) == 1 else {
+                    throw connectionError("sending a pipelined statement failed")
+                }
+                preparing[index] = name
+                sent = withParameters(statement.parameters) { values in
+                    PQsendQueryPrepared(connection, name, Int32(values.count), values, nil, nil, 0)
+                }
+            } else {
+                sent = withParameters(statement.parameters) { values in
+                    PQsendQueryParams(connection, statement.sql, Int32(values.count), nil, values, nil, nil, 0)
+                }
             }
             guard sent == 1 else { throw connectionError("sending a pipelined statement failed") }
         }
@@ -198,8 +227,23 @@ final class ConnectionHandle: @unchecked Sendable {
         var results: [PostgresResult] = []
         results.reserveCapacity(statements.count)
         var firstError: PostgresError?
-        // Each statement's results end with a NULL; then comes the sync marker.
+        // Each statement's results end with a NULL (a preparation's come first, ending the
+        // same way); then comes the sync marker.
         for index in statements.indices {
+            if let name = preparing[index] {
+                var prepared = false
+                while let result = PQgetResult(connection) {
+                    defer { PQclear(result) }
+                    if PQresultStatus(result) == PGRES_COMMAND_OK {
+                        prepared = true
+                    } else if PQresultStatus(result) != PGRES_PIPELINE_ABORTED {
+                        do { _ = try decode(result, statement: index) } catch let error as PostgresError {
+                            if firstError == nil { firstError = error }
+                        }
+                    }
+                }
+                if prepared { preparedNames[statements[index].sql] = name }
+            }
             var outcome: PostgresResult?
             while let result = PQgetResult(connection) {
                 defer { PQclear(result) }

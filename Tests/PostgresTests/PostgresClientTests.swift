@@ -114,6 +114,49 @@ import Testing
         #expect(try await connection.query("SELECT count(*) FROM \(table)").first?.int(0) == 500)
     }
 
+    @Test func pipelinedStatementsArePreparedOncePerConnectionAndFailedPreparationsAreNotKept() async throws {
+        let connection = try await connect()
+        defer { Task { await connection.close() } }
+        let table = "prep_test_\(UInt32.random(in: 0...UInt32.max))"
+        try await connection.execute("CREATE TABLE \(table) (id int primary key)")
+        defer { Task { try? await connection.execute("DROP TABLE \(table)") } }
+        let insert = "INSERT INTO \(table) VALUES ($1)"
+        func prepared() async throws -> [String] {
+            try await connection.query("SELECT statement FROM pg_prepared_statements ORDER BY name").compactMap { $0.string(0) }
+        }
+        for round in 0..<3 {
+            _ = try await connection.pipeline([PostgresStatement("BEGIN")]
+                + (1...10).map { PostgresStatement(insert, [.int(Int64(round * 10 + $0))]) } + [PostgresStatement("COMMIT")])
+        }
+        #expect(try await prepared() == [insert])
+        #expect(try await connection.query("SELECT count(*) FROM \(table)").first?.int(0) == 30)
+
+        // A statement whose preparation fails reports its own index; one whose preparation
+        // the failure aborted is prepared by a later pipeline.
+        let broken = "INSERT INTO \(table) VALUES ($1) RETURNING nonexistent"
+        let later = "SELECT $1::int + 1"
+        do {
+            _ = try await connection.pipeline([PostgresStatement("BEGIN"), PostgresStatement(broken, [.int(100)]),
+                                               PostgresStatement(later, [.int(1)]), PostgresStatement("COMMIT")])
+            Issue.record("a broken statement went through")
+        } catch let error as PostgresError {
+            #expect(error.statementIndex == 1)
+            #expect(error.message.contains("nonexistent"))
+        }
+        try await connection.execute("ROLLBACK")
+        #expect(try await prepared() == [insert])
+        let results = try await connection.pipeline([PostgresStatement(later, [.int(41)])])
+        #expect(results.first?.rows.first?.int(0) == 42)
+        #expect(Set(try await prepared()) == [insert, later])
+        await #expect(throws: PostgresError.self) { _ = try await connection.pipeline([PostgresStatement(broken, [.int(101)])]) }
+
+        // Past the limit, new texts still run (unprepared).
+        let texts = (0..<70).map { "SELECT $1::int + \($0)" }
+        let sums = try await connection.pipeline(texts.map { PostgresStatement($0, [.int(1)]) })
+        #expect(sums.map { $0.rows.first?.int(0) } == (0..<70).map { Int64($0 + 1) })
+        #expect(try await prepared().count == 64)
+    }
+
     @Test func notificationsArriveOnAListeningConnection() async throws {
         let listener = try await connect()
         let sender = try await connect()
