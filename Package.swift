@@ -23,7 +23,8 @@ let package = Package(
         .systemLibrary(
             name: "CExpat", path: "Sources/CExpat", pkgConfig: "expat",
             providers: [.apt(["libexpat1-dev"])]),
-        .target(name: "XMPP", dependencies: ["COpenSSL", "CExpat"]),
+        .target(name: "CSystem", path: "Sources/CSystem"),
+        .target(name: "XMPP", dependencies: ["COpenSSL", "CExpat", "CSystem"]),
         .target(name: "FCM", dependencies: ["XMPP"]),
         .target(name: "Postgres", dependencies: ["CLibPQ", "XMPP"]),
         .target(name: "Simulator", dependencies: ["XMPP", "FCM", "COpenSSL"]),

@@ -1,3 +1,4 @@
+import CSystem
 import Foundation
 import Synchronization
 #if canImport(Glibc)
@@ -265,13 +266,16 @@ package final class StreamLoop: @unchecked Sendable {
             events |= writeWaitsFor
             var deadline = driver.nextDeadline(self)
             if let closing { deadline = min(deadline ?? closing.deadline, closing.deadline) }
-            let timeout: Int32
+            // ppoll(2) takes the wait to the nanosecond: poll's whole milliseconds would
+            // make every timed event (a scripted answer delay, a ping) up to 1 ms late.
+            let timeout: timespec?
             if moreToRead {
-                timeout = 0
+                timeout = timespec(tv_sec: 0, tv_nsec: 0)
             } else if let deadline {
-                timeout = (deadline - .now).pollMilliseconds
+                let (seconds, attoseconds) = max(deadline - .now, .zero).components
+                timeout = timespec(tv_sec: Int(min(seconds, 86_400)), tv_nsec: Int(attoseconds / 1_000_000_000))
             } else {
-                timeout = -1
+                timeout = nil
             }
             // poll(2) reports a hang-up whatever was asked for: while not reading, a socket
             // that hung up would wake the loop forever, so then only the wake pipe is watched
@@ -281,7 +285,12 @@ package final class StreamLoop: @unchecked Sendable {
                 pollfd(fd: watchSocket ? tls!.fd : -1, events: events, revents: 0),
                 pollfd(fd: wakeReadFD, events: Int16(POLLIN), revents: 0),
             ]
-            let result = poll(&descriptors, 2, timeout)
+            let result: Int32
+            if var timeout {
+                result = fcm_ppoll(&descriptors, 2, &timeout)
+            } else {
+                result = fcm_ppoll(&descriptors, 2, nil)
+            }
             if result < 0 && errno != EINTR {
                 end(.connectionLost("poll failed: \(String(cString: strerror(errno)))"))
                 return
