@@ -86,27 +86,6 @@ final class FlakyHandler: UpstreamHandler {
         #expect(sample.first?.values == ["device-21", "com.example.app", "4321"])
     }
 
-    @Test func messagesArrivingCloseTogetherShareOneTransaction() async throws {
-        let ccs = try TestCCS()
-        defer { ccs.simulator.stop() }
-        let database = try await TestDatabase.make()
-        var configuration = try ccs.worker(database: database)
-        configuration.concurrency = 1
-        configuration.pipeline.partitions = 1
-        configuration.pipeline.batchLinger = .milliseconds(400)
-        let (task, events) = startWorker(configuration)
-        defer { task.cancel() }
-        try await ccs.simulator.waitForBoundSessions(1)
-        for index in 0..<5 {
-            ccs.simulator.injectUpstream(from: "device-\(index)", messageID: "close-\(index)")
-            try await Task.sleep(for: .milliseconds(20))
-        }
-        await database.waitForRows(in: "upstream_messages", count: 5, within: .seconds(10))
-        let commits = events.all.compactMap { if case .committed(let handled, _, _) = $0 { handled.map(\.0) } else { nil } }
-        // Without the linger the first message commits alone while the others arrive.
-        #expect(commits == [(0..<5).map { "close-\($0)" }])
-    }
-
     @Test func aFailingHandlerIsRetriedThenDeadLetteredWhileOthersGoOn() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
@@ -419,5 +398,30 @@ struct ReplyingHandler: UpstreamHandler {
         try await task.value
         let all = try Migrator(directory: TestDatabase.migrationsDirectory).migrations
         #expect(try await database.count("schema_migrations") == all.count)
+    }
+}
+
+/// Upstream behaviour with timing bounds, run on its own by `scripts/test` (see
+/// `DownstreamTimingTests`).
+@Suite struct UpstreamTimingTests {
+    @Test func messagesArrivingCloseTogetherShareOneTransaction() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        var configuration = try ccs.worker(database: database)
+        configuration.concurrency = 1
+        configuration.pipeline.partitions = 1
+        configuration.pipeline.batchLinger = .seconds(2)
+        let (task, events) = startWorker(configuration)
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        for index in 0..<5 {
+            ccs.simulator.injectUpstream(from: "device-\(index)", messageID: "close-\(index)")
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        await database.waitForRows(in: "upstream_messages", count: 5, within: .seconds(10))
+        let commits = events.all.compactMap { if case .committed(let handled, _, _) = $0 { handled.map(\.0) } else { nil } }
+        // Without the linger the first message commits alone while the others arrive.
+        #expect(commits == [(0..<5).map { "close-\($0)" }])
     }
 }
