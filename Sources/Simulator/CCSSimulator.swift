@@ -16,11 +16,24 @@ import Glibc
 /// `counters` and `wait(for:)`. Every rule the client breaks is recorded as a
 /// `ProtocolViolation`.
 public final class CCSSimulator: Sendable {
-    struct UpstreamRecord: Sendable {
+    /// An upstream message ready to deliver: its stanza is made once, up front.
+    public struct UpstreamRecord: Sendable {
         let messageID: String
         /// Who the ack must be addressed to.
         let from: String
         let stanza: String
+
+        init(messageID: String, from: String, stanza: String) {
+            self.messageID = messageID
+            self.from = from
+            self.stanza = stanza
+        }
+
+        /// A message from `from` whose payload is the JSON text `json` (holding that
+        /// `message_id` and `from`), as a load generator makes them ahead of a run.
+        public init(messageID: String, from: String, json: String) {
+            self.init(messageID: messageID, from: from, stanza: CCSSimulator.upstreamStanza(json: json))
+        }
     }
 
     struct InFlight: Sendable {
@@ -125,13 +138,8 @@ public final class CCSSimulator: Sendable {
         return id
     }
 
-    /// Queues upstream messages given as complete JSON payloads (each with its
-    /// `message_id` and `from`, as a load generator makes them); delivered like `injectUpstream`.
-    public func injectUpstream(payloads: [(messageID: String, from: String, json: String)]) {
-        enqueue(payloads.map { UpstreamRecord(messageID: $0.messageID, from: $0.from, stanza: Self.upstreamStanza(json: $0.json)) })
-    }
-
-    private func enqueue(_ records: [UpstreamRecord]) {
+    /// Queues prepared upstream messages, delivered like `injectUpstream`'s.
+    public func injectUpstream<Records: Sequence>(_ records: Records) where Records.Element == UpstreamRecord {
         let handles = state.withLock { state -> [SessionHandle] in
             state.undelivered.append(contentsOf: records)
             return state.boundSessions.compactMap { state.sessions[$0] }

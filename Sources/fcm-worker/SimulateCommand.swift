@@ -239,9 +239,13 @@ final class DemoScript: @unchecked Sendable {
 }
 
 /// The `--upstream N --upstream-rate R` load of `simulate`: starts at the first bound session.
+///
+/// The messages are made before the first session binds, so that making them does not
+/// take CPU from the worker the run measures (the simulator shares its cores).
 final class LoadScript: @unchecked Sendable {
     private let count: Int
     private let rate: Int
+    private let records: [CCSSimulator.UpstreamRecord]
     private let lock = NSLock()
     private var simulator: CCSSimulator?
     private var started = false
@@ -249,6 +253,7 @@ final class LoadScript: @unchecked Sendable {
     init(count: Int, rate: Int) {
         self.count = count
         self.rate = rate
+        self.records = (0..<count).map(Self.record)
     }
 
     func attach(_ simulator: CCSSimulator) {
@@ -262,7 +267,7 @@ final class LoadScript: @unchecked Sendable {
             return started ? nil : self.simulator
         }
         guard let simulator, count > 0 else { return }
-        let count = self.count, rate = self.rate
+        let count = self.count, rate = self.rate, records = self.records
         Task {
             let begin = ContinuousClock.now
             var injected = 0
@@ -275,7 +280,7 @@ final class LoadScript: @unchecked Sendable {
                     target = min(count, Int(Double(rate) * (ContinuousClock.now - begin).seconds) + 1)
                 }
                 if target > injected {
-                    simulator.injectUpstream(payloads: (injected..<target).map(Self.payload))
+                    simulator.injectUpstream(records[injected..<target])
                     injected = target
                 }
                 try? await Task.sleep(for: .milliseconds(1))
@@ -285,14 +290,12 @@ final class LoadScript: @unchecked Sendable {
 }
 
 extension LoadScript {
-    /// Message `number` of the load: 1,000 devices in turn, the same small `data` each. Made
-    /// as text directly, as a device's app would send it, so that making the load costs
-    /// the simulator little of the CPU it shares with the worker it measures.
-    static func payload(_ number: Int) -> (messageID: String, from: String, json: String) {
+    /// Message `number` of the load: 1,000 devices in turn, the same small `data` each.
+    static func record(_ number: Int) -> CCSSimulator.UpstreamRecord {
         let messageID = "load-\(number)", from = "device-\(number % 1000)"
         let json = "{\"category\":\"com.example.bench\",\"data\":{\"n\":\"\(number)\",\"text\":\"benchmark payload\"},"
             + "\"from\":\"\(from)\",\"message_id\":\"\(messageID)\"}"
-        return (messageID, from, json)
+        return CCSSimulator.UpstreamRecord(messageID: messageID, from: from, json: json)
     }
 }
 
