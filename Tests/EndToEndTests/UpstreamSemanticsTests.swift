@@ -86,6 +86,36 @@ final class FlakyHandler: UpstreamHandler {
         #expect(sample.first?.values == ["device-21", "com.example.app", "4321"])
     }
 
+    @Test func durableAcksLeaveAfterTheCommitOnTheConnectionEachMessageCameIn() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        var configuration = try ccs.worker(database: database)
+        configuration.ackMode = .durable
+        configuration.connections = 3
+        let committed = Mutex(Set<String>())
+        let (task, events) = startWorker(configuration)
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(3)
+        for index in 0..<3_000 {
+            ccs.simulator.injectUpstream(from: "device-\(index % 50)", messageID: "durable-\(index)")
+        }
+        try await ccs.simulator.wait(for: "3,000 acks", timeout: .seconds(60)) { $0.acked.count >= 3_000 }
+        // An ack on another connection than its message's is a violation the simulator records.
+        #expect(ccs.simulator.violations.isEmpty)
+        #expect(Set(ccs.simulator.events.acked).count == 3_000)
+        let delivered = Set(ccs.simulator.events.compactMap { if case .upstreamDelivered(let session, _) = $0 { session } else { nil } })
+        #expect(delivered.count == 3, "the messages came in on every connection")
+        // Every ack the worker reported was for a message already committed.
+        for event in events.all {
+            if case .committed(let handled, _, _) = event { committed.withLock { $0.formUnion(handled.map(\.0)) } }
+            if case .acked(_, let messageID, _) = event {
+                #expect(committed.withLock { $0.contains(messageID) }, "\(messageID) acked before its commit")
+            }
+        }
+        #expect(try await database.count("upstream_messages") == 3_000)
+    }
+
     @Test func aFailingHandlerIsRetriedThenDeadLetteredWhileOthersGoOn() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
