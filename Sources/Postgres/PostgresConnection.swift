@@ -19,12 +19,19 @@ public final class PostgresConnection: Sendable {
 
     /// Connects with a URL (`postgresql://user@host:port/db`) or keyword conninfo string.
     ///
+    /// With `preparesStatements`, each SQL text with parameters is prepared on the server
+    /// the first time this connection runs it (up to 64 texts), so the server parses it
+    /// once. Turn it off behind a pooler that does not keep prepared statements across
+    /// transactions (PgBouncer's transaction mode before 1.21).
     /// - Throws: `PostgresError` of kind `.connection` when the server cannot be reached or
     ///   refuses the login within `timeout`.
-    public static func connect(_ conninfo: String, timeout: Duration = .seconds(10)) async throws -> PostgresConnection {
+    public static func connect(_ conninfo: String, timeout: Duration = .seconds(10),
+                               preparesStatements: Bool = true) async throws -> PostgresConnection {
         let thread = DedicatedThread(name: "postgres-connection")
         do {
-            let handle = try await thread.run { try ConnectionHandle(conninfo: conninfo, timeout: timeout) }
+            let handle = try await thread.run {
+                try ConnectionHandle(conninfo: conninfo, timeout: timeout, preparedLimit: preparesStatements ? 64 : 0)
+            }
             return PostgresConnection(thread: thread, handle: handle)
         } catch {
             thread.shutdown()
@@ -135,11 +142,12 @@ final class ConnectionHandle: @unchecked Sendable {
     private var preparedNames: [String: String] = [:]
     /// Names handed out so far (a failed preparation's name is not reused).
     private var preparedCount = 0
-    /// Statements prepared per connection at most: past it, new SQL texts run unprepared
-    /// (so handlers that build SQL text on the fly cannot grow the server's memory).
-    static let preparedLimit = 64
+    /// Statements prepared at most: past it, new SQL texts run unprepared (so handlers that
+    /// build SQL text on the fly cannot grow the server's memory). Zero prepares none.
+    private let preparedLimit: Int
 
-    init(conninfo: String, timeout: Duration) throws {
+    init(conninfo: String, timeout: Duration, preparedLimit: Int) throws {
+        self.preparedLimit = preparedLimit
         let seconds = max(1, Int(timeout.components.seconds))
         // libpq reads connect_timeout from the conninfo; URLs and keyword strings take it differently.
         let withTimeout: String
@@ -176,11 +184,36 @@ final class ConnectionHandle: @unchecked Sendable {
 
     func execute(_ statement: PostgresStatement) throws -> PostgresResult {
         let connection = try live()
+        // Statements with parameters are prepared on first use, as in `pipeline`.
+        var name = preparedNames[statement.sql]
+        if name == nil && !statement.parameters.isEmpty && preparedNames.count < preparedLimit {
+            preparedCount += 1
+            let candidate = "fcm_\(preparedCount)"
+            let preparation = PQprepare(connection, candidate, statement.sql, Int32(statement.parameters.count), nil)
+            defer { PQclear(preparation) }
+            _ = try decode(preparation, statement: 0)
+            preparedNames[statement.sql] = candidate
+            name = candidate
+        }
         let result = withParameters(statement.parameters) { values in
-            PQexecParams(connection, statement.sql, Int32(values.count), nil, values, nil, nil, 0)
+            if let name { return PQexecPrepared(connection, name, Int32(values.count), values, nil, nil, 0) }
+            return PQexecParams(connection, statement.sql, Int32(values.count), nil, values, nil, nil, 0)
         }
         defer { PQclear(result) }
-        return try decode(result, statement: 0)
+        do {
+            return try decode(result, statement: 0)
+        } catch let error as PostgresError {
+            forgetIfStale(statement.sql, after: error)
+            throw error
+        }
+    }
+
+    /// A prepared statement whose tables changed shape (`SELECT *` after `ALTER TABLE`)
+    /// fails with "cached plan must not change result type" until it is prepared again:
+    /// forget it, so the next run of that SQL prepares a fresh one. (The old one stays on
+    /// the server until the connection closes: one per such change.)
+    private func forgetIfStale(_ sql: String, after error: PostgresError) {
+        if error.sqlState == "0A000" { preparedNames[sql] = nil }
     }
 
     func simpleQuery(_ sql: String) throws {
@@ -196,7 +229,8 @@ final class ConnectionHandle: @unchecked Sendable {
         guard PQenterPipelineMode(connection) == 1 else { throw connectionError("cannot enter pipeline mode") }
         defer { PQexitPipelineMode(connection) }
         // Statements with parameters run as prepared statements, prepared on first use in
-        // the same pipeline: the server then parses and plans each once per connection.
+        // the same pipeline: the server then parses each once per connection (and, once
+        // its generic plan proves as good, plans it once too).
         var preparing: [Int: String] = [:]
         var preparingNames: [String: String] = [:]
         for (index, statement) in statements.enumerated() {
@@ -205,7 +239,7 @@ final class ConnectionHandle: @unchecked Sendable {
                 sent = withParameters(statement.parameters) { values in
                     PQsendQueryPrepared(connection, name, Int32(values.count), values, nil, nil, 0)
                 }
-            } else if !statement.parameters.isEmpty && preparedNames.count + preparing.count < Self.preparedLimit {
+            } else if !statement.parameters.isEmpty && preparedNames.count + preparing.count < preparedLimit {
                 preparedCount += 1
                 let name = "fcm_\(preparedCount)"
                 preparingNames[statement.sql] = name
@@ -251,6 +285,7 @@ final class ConnectionHandle: @unchecked Sendable {
                 do {
                     outcome = try decode(result, statement: index)
                 } catch let error as PostgresError {
+                    forgetIfStale(statements[index].sql, after: error)
                     if firstError == nil { firstError = error }
                 }
             }

@@ -17,13 +17,16 @@ public final class PostgresPool: Sendable {
     public let conninfo: String
     public let size: Int
     public let connectTimeout: Duration
+    /// Whether its connections prepare statements (see `PostgresConnection.connect`).
+    public let preparesStatements: Bool
     private let state = Mutex(State())
 
-    public init(conninfo: String, size: Int, connectTimeout: Duration = .seconds(5)) {
+    public init(conninfo: String, size: Int, connectTimeout: Duration = .seconds(5), preparesStatements: Bool = true) {
         precondition(size > 0, "a pool needs at least one connection")
         self.conninfo = conninfo
         self.size = size
         self.connectTimeout = connectTimeout
+        self.preparesStatements = preparesStatements
     }
 
     /// Runs `body` with a connection of its own.
@@ -71,7 +74,7 @@ public final class PostgresPool: Sendable {
                 await discard(connection)
             case .openNew:
                 do {
-                    return try await PostgresConnection.connect(conninfo, timeout: connectTimeout)
+                    return try await PostgresConnection.connect(conninfo, timeout: connectTimeout, preparesStatements: preparesStatements)
                 } catch {
                     release()
                     throw error

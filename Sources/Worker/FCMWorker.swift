@@ -46,7 +46,8 @@ public struct FCMWorker: Sendable {
         }
         let tls = try TLSContext.client(trust: configuration.xmppClient.trust)
         let httpClient = try FCMHTTPClient(settings: configuration.httpClient)
-        let pool = PostgresPool(conninfo: databaseURL, size: configuration.concurrency + 1)
+        let pool = PostgresPool(conninfo: databaseURL, size: configuration.concurrency + 1,
+                                preparesStatements: configuration.preparedStatements)
         logger.info("starting: \(configuration)")
         do {
             try await prepareSchema(pool, shutdown: shutdown)
@@ -64,11 +65,11 @@ public struct FCMWorker: Sendable {
         let pipeline = UpstreamPipeline(pool: pool, handlers: handlers, settings: configuration.pipeline,
                                         logger: logger.labeled("pipeline"), observer: observer)
         let pipelineTask = Task { await pipeline.run() }
-        let senderPool = PostgresPool(conninfo: databaseURL, size: 2)
+        let senderPool = PostgresPool(conninfo: databaseURL, size: 2, preparesStatements: configuration.preparedStatements)
         let sender = OutboxSender(pool: senderPool, conninfo: databaseURL, settings: configuration.downstream,
                                   logger: logger.labeled("outbox"), observer: observer)
         let senderTask = Task { await sender.run() }
-        let httpPool = PostgresPool(conninfo: databaseURL, size: 2)
+        let httpPool = PostgresPool(conninfo: databaseURL, size: 2, preparesStatements: configuration.preparedStatements)
         let httpSender = HTTPOutboxSender(pool: httpPool, client: httpClient,
                                           settings: configuration.downstream, logger: logger.labeled("http"))
         sender.alsoWake = httpSender.doorbell

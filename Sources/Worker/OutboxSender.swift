@@ -481,7 +481,7 @@ final class OutboxSender: Sendable {
         var delay = Duration.milliseconds(250)
         while state.withLock({ $0.claiming }) {
             do {
-                let connection = try await PostgresConnection.connect(conninfo, timeout: .seconds(5))
+                let connection = try await PostgresConnection.connect(conninfo, timeout: .seconds(5), preparesStatements: false)
                 defer { Task { await connection.close() } }
                 try await connection.listen("fcm_downstream")
                 delay = .milliseconds(250)

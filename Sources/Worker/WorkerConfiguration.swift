@@ -67,6 +67,9 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     /// cores are busy; without root or `CAP_SYS_NICE` the threads keep the default
     /// priority and the worker says so once at start.
     public var ioNiceness: Int32? = -10
+    /// Prepare each SQL text once per database connection (`--prepared-statements`); off
+    /// behind PgBouncer in transaction mode before 1.21, which loses them between transactions.
+    public var preparedStatements = true
 
     public init(senderID: String, serverKey: String) {
         self.senderID = senderID
@@ -102,6 +105,9 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         --io-niceness N|off       FCM_IO_NICENESS       nice value of connection threads, -20 to 19
                                                         (default -10: acks ahead of database work;
                                                         below 0 needs root or CAP_SYS_NICE)
+        --prepared-statements on|off FCM_PREPARED_STATEMENTS  prepare SQL once per connection
+                                                        (default on; off behind PgBouncer's
+                                                        transaction mode before 1.21)
       """
 
     private static let flags: [String: String] = [
@@ -114,6 +120,7 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         "--migrations-dir": "FCM_MIGRATIONS_DIR", "--migrate": "FCM_MIGRATE",
         "--outbox-lease": "FCM_OUTBOX_LEASE", "--retry-base": "FCM_RETRY_BASE", "--retry-max-age": "FCM_RETRY_MAX_AGE",
         "--worker-id": "FCM_WORKER_ID", "--http-endpoint": "FCM_HTTP_ENDPOINT", "--io-niceness": "FCM_IO_NICENESS",
+        "--prepared-statements": "FCM_PREPARED_STATEMENTS",
     ]
     /// Flags that take no value.
     private static let switches: Set<String> = ["--migrate"]
@@ -267,6 +274,13 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
                     throw ConfigurationError("invalid I/O niceness \(niceness): expected -20 to 19, or off")
                 }
                 configuration.ioNiceness = value
+            }
+        }
+        if let prepared = setting("FCM_PREPARED_STATEMENTS") {
+            switch prepared.lowercased() {
+            case "on", "1", "true", "yes": configuration.preparedStatements = true
+            case "off", "0", "false", "no": configuration.preparedStatements = false
+            default: throw ConfigurationError("invalid prepared statements setting \(prepared): expected on or off")
             }
         }
         return configuration

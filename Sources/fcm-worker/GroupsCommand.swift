@@ -36,7 +36,8 @@ enum GroupsCommand {
             return fail("missing database URL: pass --database-url or set DATABASE_URL")
         }
         do {
-            let database = try await PostgresConnection.connect(databaseURL)
+            // A one-off command gains nothing from prepared statements, and then works behind any pooler.
+            let database = try await PostgresConnection.connect(databaseURL, preparesStatements: false)
             defer { Task { await database.close() } }
             let groups = DeviceGroups(client: try FCMHTTPClient(settings: configuration.httpClient), database: database)
             switch operation {

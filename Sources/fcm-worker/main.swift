@@ -46,7 +46,8 @@ func migrate(_ arguments: [String]) async -> Int32 {
     }
     do {
         let migrator = try Migrator(directory: directory)
-        let connection = try await PostgresConnection.connect(databaseURL)
+        // A one-off command gains nothing from prepared statements, and then works behind any pooler.
+        let connection = try await PostgresConnection.connect(databaseURL, preparesStatements: false)
         let applied = try await migrator.migrate(connection)
         await connection.close()
         print(applied.isEmpty ? "the database is up to date (\(migrator.migrations.count) migration(s))"

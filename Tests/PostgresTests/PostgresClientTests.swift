@@ -157,6 +157,34 @@ import Testing
         #expect(try await prepared().count == 64)
     }
 
+    @Test func singleStatementsArePreparedTooAndRecoverWhenATableChangesShape() async throws {
+        let connection = try await connect()
+        defer { Task { await connection.close() } }
+        let table = "shape_test_\(UInt32.random(in: 0...UInt32.max))"
+        try await connection.execute("CREATE TABLE \(table) (id int)")
+        defer { Task { try? await connection.execute("DROP TABLE \(table)") } }
+        let insert = "INSERT INTO \(table) VALUES ($1)", select = "SELECT * FROM \(table) WHERE id = $1"
+        for id in 1...3 { try await connection.execute(insert, [.int(Int64(id))]) }
+        #expect(try await connection.query(select, [.int(2)]).first?.values == ["2"])
+        let names = try await connection.query("SELECT statement FROM pg_prepared_statements").compactMap { $0.string(0) }
+        #expect(Set(names) == [insert, select])
+        // A statement that cannot be prepared reports its error and is not kept.
+        await #expect(throws: PostgresError.self) { try await connection.query("SELECT nonexistent FROM \(table) WHERE id = $1", [.int(1)]) }
+        // `SELECT *` changes shape with the table: the first run after it fails, then it
+        // is prepared afresh.
+        try await connection.execute("ALTER TABLE \(table) ADD COLUMN note text DEFAULT 'n'")
+        await #expect { _ = try await connection.query(select, [.int(2)]) } throws: { ($0 as? PostgresError)?.sqlState == "0A000" }
+        #expect(try await connection.query(select, [.int(2)]).first?.values == ["2", "n"])
+    }
+
+    @Test func aConnectionThatDoesNotPrepareLeavesNoPreparedStatements() async throws {
+        let connection = try await PostgresConnection.connect(try testDatabaseURL(), preparesStatements: false)
+        defer { Task { await connection.close() } }
+        _ = try await connection.query("SELECT $1::int", [.int(1)])
+        _ = try await connection.pipeline([PostgresStatement("SELECT $1::int + 1", [.int(1)])])
+        #expect(try await connection.query("SELECT count(*) FROM pg_prepared_statements").first?.int(0) == 0)
+    }
+
     @Test func notificationsArriveOnAListeningConnection() async throws {
         let listener = try await connect()
         let sender = try await connect()

@@ -26,6 +26,14 @@ import XMPP
         #expect(set.xmppClient.threadNiceness == -5)
     }
 
+    @Test func preparedStatementsCanBeTurnedOff() throws {
+        #expect(try WorkerConfiguration.parse(arguments: [], environment: base).preparedStatements)
+        #expect(try !WorkerConfiguration.parse(arguments: ["--prepared-statements", "off"], environment: base).preparedStatements)
+        #expect(throws: ConfigurationError.self) {
+            try WorkerConfiguration.parse(arguments: ["--prepared-statements", "sometimes"], environment: base)
+        }
+    }
+
     @Test func flagsWinOverEnvironment() throws {
         let environment = base.merging(["FCM_ENDPOINT": "env.example:1", "FCM_CONNECTIONS": "2"]) { $1 }
         let configuration = try WorkerConfiguration.parse(
