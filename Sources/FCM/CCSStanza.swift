@@ -12,6 +12,7 @@ public enum CCSStanza {
     /// A `<message>` stanza carrying `json`, with `id` as its stanza id when given.
     public static func message(json: String, id: String? = nil) -> String {
         var stanza = "<message"
+        stanza.reserveCapacity(json.utf8.count + 64 + (id?.utf8.count ?? 0))
         if let id {
             stanza += " id=\""
             XMLEscaping.appendAttribute(id, to: &stanza)
@@ -26,6 +27,7 @@ public enum CCSStanza {
     /// The ack for an upstream message or receipt: `{"to":…,"message_id":…,"message_type":"ack"}`.
     public static func ack(to: String, messageID: String) -> String {
         var json = "{\"to\":"
+        json.reserveCapacity(48 + to.utf8.count + messageID.utf8.count)
         JSONValue.appendQuoted(to, to: &json)
         json += ",\"message_id\":"
         JSONValue.appendQuoted(messageID, to: &json)

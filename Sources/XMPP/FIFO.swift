@@ -32,6 +32,11 @@ package struct FIFO<Element> {
 
     /// Takes up to `maximum` of the oldest elements, oldest first.
     package mutating func popFirst(_ maximum: Int) -> [Element] {
+        if maximum >= count && head == 0 {
+            // Everything, from the start: hand over the storage itself, no copy.
+            defer { items = [] }
+            return items
+        }
         let taken = Array(items[head..<(head + min(maximum, count))])
         head += taken.count
         compact()

@@ -16,4 +16,17 @@ import Testing
         #expect(rest.first == 3001 && rest.last == 9999 && rest.count == 2000)
         #expect(fifo.isEmpty && fifo.popFirst() == nil && fifo.popFirst(5).isEmpty)
     }
+
+    @Test func takingEverythingFromTheStartLeavesAnEmptyQueueThatKeepsWorking() {
+        var fifo = FIFO<Int>()
+        fifo.append(contentsOf: [1, 2, 3])
+        #expect(fifo.popFirst(3) == [1, 2, 3])
+        #expect(fifo.isEmpty && fifo.count == 0)
+        fifo.append(4)
+        #expect(fifo.popFirst(100) == [4])
+        fifo.append(contentsOf: [5, 6])
+        #expect(fifo.popFirst() == 5)
+        #expect(fifo.popFirst(100) == [6])   // from a moved head: the copying path
+        #expect(fifo.popFirst() == nil)
+    }
 }
