@@ -264,18 +264,25 @@ final class UpstreamPipeline: Sendable {
                 }
             }
         }
+        // The ids recorded now are the ones seen for the first time. Usually that is all of
+        // them, and then only the count comes back rather than every id.
         let opening = try await connection.pipeline([
             PostgresStatement("BEGIN"),
             PostgresStatement("""
-                INSERT INTO processed_upstream (message_id, outcome)
-                SELECT * FROM unnest($1::text[], $2::text[]) ON CONFLICT DO NOTHING RETURNING message_id
-                """, [.array(ids), .array(outcomes)]),
+                WITH recorded AS (
+                    INSERT INTO processed_upstream (message_id, outcome)
+                    SELECT * FROM unnest($1::text[], $2::text[]) ON CONFLICT DO NOTHING RETURNING message_id
+                )
+                SELECT count(*), CASE WHEN count(*) < $3 THEN array_agg(message_id) END FROM recorded
+                """, [.array(ids), .array(outcomes), .int(Int64(ids.count))]),
         ])
-        let fresh = Set(opening[1].rows.compactMap { $0.string(0) })
+        let row = opening[1].rows.first
+        let firstSeen: Set<String>? = row?.int(0) == Int64(ids.count) ? nil : Set(row?.strings(1) ?? [])
+        let fresh = { (id: String) in firstSeen?.contains(id) ?? true }
         let transaction = UpstreamTransaction(connection: connection)
         do {
             for letter in letters {
-                if letter.reason == "handler_failed", let id = letter.messageID, !fresh.contains(id) { continue }
+                if letter.reason == "handler_failed", let id = letter.messageID, !fresh(id) { continue }
                 transaction.enqueue(PostgresStatement("""
                     INSERT INTO dead_letters (message_id, from_token, category, raw_payload, reason, error, attempts, received_at)
                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
@@ -283,7 +290,7 @@ final class UpstreamPipeline: Sendable {
                           letter.category.map { .text($0) } ?? .null, .text(letter.rawPayload), .text(letter.reason),
                           letter.error.map { .text($0) } ?? .null, .int(Int64(letter.attempts)), .timestamptz(letter.receivedAt)]))
             }
-            let newMessages = messages.filter { fresh.contains($0.messageID) }
+            let newMessages = messages.filter { fresh($0.messageID) }
             for route in handlers.routes {
                 let matching = newMessages.filter { route.match.matches($0) }
                 guard !matching.isEmpty else { continue }
@@ -300,7 +307,7 @@ final class UpstreamPipeline: Sendable {
             try await transaction.flush()
             if let observer {
                 let arrivals = batch.count { if case .message = $0.kind { true } else { false } }
-                let written = letters.filter { $0.reason != "handler_failed" || $0.messageID.map(fresh.contains) == true }
+                let written = letters.filter { $0.reason != "handler_failed" || $0.messageID.map(fresh) == true }
                 observer(.committed(handled: newMessages.map { ($0.messageID, $0.receivedAt) },
                                     duplicates: arrivals - newMessages.count,
                                     deadLettered: written.map { $0.messageID ?? "" }))
