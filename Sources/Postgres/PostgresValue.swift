@@ -40,9 +40,16 @@ public enum PostgresValue: Sendable, Equatable {
                 continue
             }
             literal.append(UInt8(ascii: "\""))
-            for byte in text.utf8 {
-                if byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") { literal.append(UInt8(ascii: "\\")) }
-                literal.append(byte)
+            var element = text
+            element.withUTF8 { bytes in
+                // Runs without a quote or backslash are copied whole; those two get a backslash.
+                var start = 0
+                for (offset, byte) in bytes.enumerated() where byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") {
+                    literal.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[start..<offset]))
+                    literal.append(UInt8(ascii: "\\"))
+                    start = offset
+                }
+                literal.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[start...]))
             }
             literal.append(UInt8(ascii: "\""))
         }
