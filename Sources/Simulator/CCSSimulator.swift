@@ -343,17 +343,19 @@ public final class CCSSimulator: Sendable {
         return state.withLock { state in
             acks.map { ack in
                 let messageID = ack.messageID
-                guard let inFlight = state.inFlight[messageID] else {
+                guard let inFlight = state.inFlight.removeValue(forKey: messageID) else {
                     return state.recentlyAcked.contains(messageID)
                         ? .violation(.duplicateAck(messageID)) : .violation(.ackForUnknownMessage(messageID))
                 }
+                // A refused ack leaves the message in flight (one lookup for the usual case).
                 guard inFlight.session == session else {
+                    state.inFlight[messageID] = inFlight
                     return .violation(.ackOnWrongConnection(messageID: messageID, deliveredOn: inFlight.session))
                 }
                 if let to = ack.to, to != inFlight.record.from {
+                    state.inFlight[messageID] = inFlight
                     return .violation(.ackToWrongAddress(messageID: messageID, expected: inFlight.record.from, got: to))
                 }
-                state.inFlight[messageID] = nil
                 state.recentlyAcked.insert(messageID)
                 state.recentlyAckedOrder.append(messageID)
                 if state.recentlyAckedOrder.count > 100_000 {

@@ -248,19 +248,18 @@ final class UpstreamPipeline: Sendable {
         var messages: [UpstreamMessage] = []
         var letters: [UpstreamWork.DeadLetter] = []
         var seen = Set<String>()
-        var ids: [PostgresValue] = [], outcomes: [PostgresValue] = []
+        var ids: [PostgresValue] = [], deadLettered: [PostgresValue] = []
         for work in batch {
             switch work.kind {
             case .message(let message):
                 guard seen.insert(message.messageID).inserted else { continue }
                 messages.append(message)
                 ids.append(.text(message.messageID))
-                outcomes.append(.text("handled"))
             case .deadLetter(let letter):
                 letters.append(letter)
                 if letter.reason == "handler_failed", let id = letter.messageID, seen.insert(id).inserted {
                     ids.append(.text(id))
-                    outcomes.append(.text("dead_lettered"))
+                    deadLettered.append(.text(id))
                 }
             }
         }
@@ -271,10 +270,12 @@ final class UpstreamPipeline: Sendable {
             PostgresStatement("""
                 WITH recorded AS (
                     INSERT INTO processed_upstream (message_id, outcome)
-                    SELECT * FROM unnest($1::text[], $2::text[]) ON CONFLICT DO NOTHING RETURNING message_id
+                    SELECT id, CASE WHEN id = ANY($2::text[]) THEN 'dead_lettered' ELSE 'handled' END
+                    FROM unnest($1::text[]) AS id
+                    ON CONFLICT DO NOTHING RETURNING message_id
                 )
                 SELECT count(*), CASE WHEN count(*) < $3 THEN array_agg(message_id) END FROM recorded
-                """, [.array(ids), .array(outcomes), .int(Int64(ids.count))]),
+                """, [.array(ids), .array(deadLettered), .int(Int64(ids.count))]),
         ])
         let row = opening[1].rows.first
         let firstSeen: Set<String>? = row?.int(0) == Int64(ids.count) ? nil : Set(row?.strings(1) ?? [])
