@@ -117,9 +117,17 @@ struct UpstreamBench {
         // The ceiling is measured again right before each throughput run: this machine's
         // speed drifts by ±15% over minutes, and the ratio should compare like with like.
         var ceiling: Double?
+        let cpu = await CPUAccount.locate(databaseURL: url)
         func measureCeiling() async throws {
-            let rows = try await rawCeiling(url: url, rows: min(messages, 200_000))
-            say(String(format: "raw PostgreSQL ceiling: %.0f rows/s (100-row INSERT transactions, one connection)", rows))
+            let count = min(messages, 200_000)
+            let before = cpu.sample()
+            let rows = try await rawCeiling(url: url, rows: count)
+            let after = cpu.sample()
+            var perRow = ""
+            if let start = before.postgres, let end = after.postgres {
+                perRow = String(format: "; PostgreSQL %.1f µs CPU per row", (end - start) / Double(count) * 1_000_000)
+            }
+            say(String(format: "raw PostgreSQL ceiling: %.0f rows/s (100-row INSERT transactions, one connection%@)", rows, perRow))
             ceiling = rows
         }
         let throughputPhases = [(Phase.immediate, WorkerConfiguration.AckMode.immediate), (.durable, .durable)].filter { phases.contains($0.0) }
@@ -131,11 +139,14 @@ struct UpstreamBench {
                 try await measureCeiling()
             }
             try await truncate(url)
+            let before = cpu.sample()
             let result = try await throughputRun(url: url, mode: mode)
+            let after = cpu.sample()
             let share = ceiling.map { String(format: " = %.0f%% of the ceiling", 100 * result.persistedPerSecond / $0) } ?? ""
             say(String(format: "%@ ack mode: acked %.0f msgs/s, persisted %.0f msgs/s", mode.rawValue,
                          result.ackedPerSecond, result.persistedPerSecond) + share)
             say("  ack latency (simulator-measured) \(result.ackLatency); receive-to-commit \(result.commitLatency)")
+            say("  " + CPUAccount.describe(from: before, to: after, messages: messages, cores: ProcessInfo.processInfo.activeProcessorCount))
         }
 
         guard phases.contains(.latency) else {

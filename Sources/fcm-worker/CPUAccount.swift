@@ -1,0 +1,79 @@
+import Foundation
+import Postgres
+
+/// CPU time spent by the three parties of a benchmark run: this process (the worker), its
+/// reaped child processes (the simulator), and a local PostgreSQL cluster (the postmaster,
+/// its live children, and the children it has reaped). Differences of two samples, per
+/// message, say where a run's CPU went, which the throughput alone cannot.
+struct CPUAccount {
+    /// CPU seconds (user + system) so far.
+    struct Sample {
+        var worker: Double
+        var children: Double
+        /// Nil when the cluster is not on this machine (or its processes are unreadable).
+        var postgres: Double?
+    }
+
+    /// The postmaster's process id, found through a backend's parent; nil for a remote server.
+    let postmaster: Int32?
+
+    static func locate(databaseURL: String) async -> CPUAccount {
+        guard let connection = try? await PostgresConnection.connect(databaseURL, preparesStatements: false) else {
+            return CPUAccount(postmaster: nil)
+        }
+        defer { Task { await connection.close() } }
+        let backend = (try? await connection.query("SELECT pg_backend_pid()"))?.first?.int(0)
+        guard let backend, let fields = Self.statFields(Int32(backend)), fields.count > 2, let parent = Int32(fields[2]),
+              let command = Self.statFields(parent)?.first, command == "(postgres)" || command == "(postmaster)" else {
+            return CPUAccount(postmaster: nil)
+        }
+        return CPUAccount(postmaster: parent)
+    }
+
+    func sample() -> Sample {
+        var own = rusage(), reaped = rusage()
+        getrusage(RUSAGE_SELF.rawValue, &own)
+        getrusage(RUSAGE_CHILDREN.rawValue, &reaped)
+        return Sample(worker: Self.seconds(own), children: Self.seconds(reaped), postgres: postmaster.flatMap(Self.clusterSeconds))
+    }
+
+    /// "worker 15.2 µs, simulator 7.3 µs, PostgreSQL 19.0 µs per message (…)".
+    static func describe(from start: Sample, to end: Sample, messages: Int, cores: Int) -> String {
+        func micros(_ seconds: Double) -> Double { seconds / Double(max(messages, 1)) * 1_000_000 }
+        let worker = micros(end.worker - start.worker), simulator = micros(end.children - start.children)
+        var text = String(format: "CPU per message: worker %.1f µs, simulator %.1f µs", worker, simulator)
+        guard let before = start.postgres, let after = end.postgres else {
+            return text + ", PostgreSQL not measured (not a local cluster)"
+        }
+        let postgres = micros(after - before), total = worker + simulator + postgres
+        text += String(format: ", PostgreSQL %.1f µs; %.1f µs in all, which %d cores could do %.0f times a second",
+                       postgres, total, cores, Double(cores) * 1_000_000 / total)
+        return text
+    }
+
+    private static func seconds(_ usage: rusage) -> Double {
+        Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1_000_000
+    }
+
+    /// The postmaster's own and reaped children's time, plus every live child's.
+    private static func clusterSeconds(_ postmaster: Int32) -> Double? {
+        guard let own = statFields(postmaster), own.count > 15 else { return nil }
+        // Indexes: the command 0, state 1, ppid 2, … utime 12, stime 13, cutime 14, cstime 15.
+        var ticks = [12, 13, 14, 15].reduce(0.0) { $0 + (Double(own[$1]) ?? 0) }
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+        for entry in entries {
+            guard let pid = Int32(entry), pid != postmaster, let fields = statFields(pid), fields.count > 13,
+                  fields[2] == String(postmaster) else { continue }
+            ticks += (Double(fields[12]) ?? 0) + (Double(fields[13]) ?? 0)
+        }
+        return ticks / Double(sysconf(Int32(_SC_CLK_TCK)))
+    }
+
+    /// `/proc/PID/stat` as fields: the command in parentheses first, then state, ppid, …
+    private static func statFields(_ pid: Int32) -> [String]? {
+        guard let text = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let open = text.firstIndex(of: "("), let close = text.lastIndex(of: ")") else { return nil }
+        let command = "(" + text[text.index(after: open)..<close] + ")"
+        return [command] + text[text.index(after: close)...].split(separator: " ").map(String.init)
+    }
+}
