@@ -30,12 +30,20 @@ struct CPUAccount {
         return CPUAccount(postmaster: parent)
     }
 
-    func sample() -> Sample {
+    /// `liveChild`: a child process still running (a simulator stopped only after the run),
+    /// whose time so far counts with the children already reaped.
+    func sample(liveChild: Int32? = nil) -> Sample {
         var own = rusage(), reaped = rusage()
         getrusage(RUSAGE_SELF.rawValue, &own)
         getrusage(RUSAGE_CHILDREN.rawValue, &reaped)
-        return Sample(worker: Self.seconds(own), children: Self.seconds(reaped), postgres: postmaster.flatMap(Self.clusterSeconds))
+        let live = liveChild.flatMap { Self.statFields($0) }.map { fields in
+            fields.count > 13 ? ((Double(fields[12]) ?? 0) + (Double(fields[13]) ?? 0)) / Self.ticksPerSecond : 0
+        } ?? 0
+        return Sample(worker: Self.seconds(own), children: Self.seconds(reaped) + live,
+                      postgres: postmaster.flatMap(Self.clusterSeconds))
     }
+
+    private static var ticksPerSecond: Double { Double(sysconf(Int32(_SC_CLK_TCK))) }
 
     /// "worker 15.2 µs, simulator 7.3 µs, PostgreSQL 19.0 µs per message (…)".
     static func describe(from start: Sample, to end: Sample, messages: Int, cores: Int) -> String {
@@ -66,7 +74,7 @@ struct CPUAccount {
                   fields[2] == String(postmaster) else { continue }
             ticks += (Double(fields[12]) ?? 0) + (Double(fields[13]) ?? 0)
         }
-        return ticks / Double(sysconf(Int32(_SC_CLK_TCK)))
+        return ticks / ticksPerSecond
     }
 
     /// `/proc/PID/stat` as fields: the command in parentheses first, then state, ppid, …

@@ -48,6 +48,7 @@ struct DownstreamBench {
                            + "ack round trip p50 %.1f ms, p99 %.1f ms",
                    run.description, messages, result.sentPerSecond, result.ackedPerSecond,
                    100 * result.ackedPerSecond / run.bound, run.bound, result.p50 * 1000, result.p99 * 1000))
+        say("  " + result.cpu)
     }
 
     struct Result {
@@ -55,6 +56,8 @@ struct DownstreamBench {
         var ackedPerSecond: Double
         var p50: Double
         var p99: Double
+        /// Where the CPU went, per message.
+        var cpu: String
     }
 
     private func measure(_ run: Run, messages: Int, url: String) async throws -> Result {
@@ -83,6 +86,7 @@ struct DownstreamBench {
             try await Task.sleep(for: .milliseconds(10))
         }
 
+        let cpu = await CPUAccount.locate(databaseURL: url)
         // One statement, so the rows appear at once; the worker is woken by its NOTIFY. The
         // statistics are refreshed at once, as autovacuum would within a minute: without
         // them the planner reads and sorts every due row for each claim (a new table's
@@ -97,6 +101,8 @@ struct DownstreamBench {
             PostgresStatement("ANALYZE downstream_messages"),
             PostgresStatement("COMMIT"),
         ])
+        // From here: the sending (the rows' insert is the application's cost, not the sender's).
+        let before = cpu.sample(liveChild: simulator.processIdentifier)
         let limit = ContinuousClock.now + .seconds(Int64(messages / 1000 + 120))
         while true {
             // An index probe, not a count: polling must not weigh on the database it measures.
@@ -105,6 +111,7 @@ struct DownstreamBench {
             guard ContinuousClock.now < limit else { throw SimulatorError("the outbox was not sent in time") }
             try await Task.sleep(for: .milliseconds(200))
         }
+        let after = cpu.sample(liveChild: simulator.processIdentifier)
         task.cancel()
         _ = try? await task.value
 
@@ -121,6 +128,8 @@ struct DownstreamBench {
         }
         return Result(sentPerSecond: Double(messages) / (row?.double(1) ?? .nan),
                       ackedPerSecond: Double(messages) / (row?.double(2) ?? .nan),
-                      p50: row?.double(3) ?? .nan, p99: row?.double(4) ?? .nan)
+                      p50: row?.double(3) ?? .nan, p99: row?.double(4) ?? .nan,
+                      cpu: CPUAccount.describe(from: before, to: after, messages: messages,
+                                               cores: ProcessInfo.processInfo.activeProcessorCount))
     }
 }

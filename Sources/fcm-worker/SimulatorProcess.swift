@@ -18,6 +18,7 @@ final class SimulatorProcess: Sendable {
     /// Its standard output, once it has closed it (with `capturesOutput`).
     var output: String? { captured.withLock { $0 } }
     var isRunning: Bool { process.isRunning }
+    var processIdentifier: Int32 { process.processIdentifier }
 
     /// Starts `fcm-worker simulate ARGUMENTS` and waits for its settings file.
     static func start(arguments: [String], capturesOutput: Bool = false) async throws -> SimulatorProcess {
