@@ -186,9 +186,7 @@ final class ConnectionHandle: @unchecked Sendable {
         let connection = try live()
         // Statements with parameters are prepared on first use, as in `pipeline`.
         var name = preparedNames[statement.sql]
-        if name == nil && !statement.parameters.isEmpty && preparedNames.count < preparedLimit {
-            preparedCount += 1
-            let candidate = "fcm_\(preparedCount)"
+        if name == nil, let candidate = newPreparedName(for: statement) {
             let preparation = PQprepare(connection, candidate, statement.sql, Int32(statement.parameters.count), nil)
             defer { PQclear(preparation) }
             _ = try decode(preparation, statement: 0)
@@ -206,6 +204,14 @@ final class ConnectionHandle: @unchecked Sendable {
             forgetIfStale(statement.sql, after: error)
             throw error
         }
+    }
+
+    /// A fresh name to prepare `statement` under, or nil when it has no parameters or the
+    /// limit is reached (`pending`: preparations sent but not yet confirmed).
+    private func newPreparedName(for statement: PostgresStatement, pending: Int = 0) -> String? {
+        guard !statement.parameters.isEmpty, preparedNames.count + pending < preparedLimit else { return nil }
+        preparedCount += 1
+        return "fcm_\(preparedCount)"
     }
 
     /// A prepared statement whose tables changed shape (`SELECT *` after `ALTER TABLE`)
@@ -239,9 +245,7 @@ final class ConnectionHandle: @unchecked Sendable {
                 sent = withParameters(statement.parameters) { values in
                     PQsendQueryPrepared(connection, name, Int32(values.count), values, nil, nil, 0)
                 }
-            } else if !statement.parameters.isEmpty && preparedNames.count + preparing.count < preparedLimit {
-                preparedCount += 1
-                let name = "fcm_\(preparedCount)"
+            } else if let name = newPreparedName(for: statement, pending: preparing.count) {
                 preparingNames[statement.sql] = name
                 guard PQsendPrepare(connection, name, statement.sql, Int32(statement.parameters.count), nil) == 1 else {
                     throw connectionError("sending a pipelined statement failed")

@@ -185,7 +185,7 @@ public struct FCMWorker: Sendable {
                                         logger: logger.labeled("spool"), observer: observer)
         shutdown.onRequest { pipeline.abandon() }
         let task = Task { await pipeline.run() }
-        for entry in entries { await pipeline.submit(Self.work(from: entry)) }
+        await pipeline.submit(entries.map(Self.work))
         pipeline.close()
         let leftovers = await task.value
         guard leftovers.isEmpty else {

@@ -78,11 +78,6 @@ final class UpstreamPipeline: Sendable {
         self.lanes = (0..<max(1, settings.partitions)).map { Lane(index: $0, capacity: settings.queueCapacity) }
     }
 
-    /// Queues `work` on its device's lane, waiting while that lane is full.
-    func submit(_ work: UpstreamWork) async {
-        await lanes[lane(for: work.orderingKey)].queue.push(work)
-    }
-
     /// Queues each piece of `work` on its device's lane, in order, waiting while a lane is full.
     func submit(_ work: [UpstreamWork]) async {
         guard lanes.count > 1 else { return await lanes[0].queue.push(contentsOf: work) }

@@ -36,9 +36,7 @@ struct CPUAccount {
         var own = rusage(), reaped = rusage()
         getrusage(RUSAGE_SELF.rawValue, &own)
         getrusage(RUSAGE_CHILDREN.rawValue, &reaped)
-        let live = liveChild.flatMap { Self.statFields($0) }.map { fields in
-            fields.count > 13 ? ((Double(fields[12]) ?? 0) + (Double(fields[13]) ?? 0)) / Self.ticksPerSecond : 0
-        } ?? 0
+        let live = (liveChild.flatMap(Self.statFields).map(Self.ownTicks) ?? 0) / Self.ticksPerSecond
         return Sample(worker: Self.seconds(own), children: Self.seconds(reaped) + live,
                       postgres: postmaster.flatMap(Self.clusterSeconds))
     }
@@ -67,14 +65,19 @@ struct CPUAccount {
     private static func clusterSeconds(_ postmaster: Int32) -> Double? {
         guard let own = statFields(postmaster), own.count > 15 else { return nil }
         // Indexes: the command 0, state 1, ppid 2, … utime 12, stime 13, cutime 14, cstime 15.
-        var ticks = [12, 13, 14, 15].reduce(0.0) { $0 + (Double(own[$1]) ?? 0) }
+        var ticks = ownTicks(own) + (Double(own[14]) ?? 0) + (Double(own[15]) ?? 0)
         let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
         for entry in entries {
             guard let pid = Int32(entry), pid != postmaster, let fields = statFields(pid), fields.count > 13,
                   fields[2] == String(postmaster) else { continue }
-            ticks += (Double(fields[12]) ?? 0) + (Double(fields[13]) ?? 0)
+            ticks += ownTicks(fields)
         }
         return ticks / ticksPerSecond
+    }
+
+    /// A process's own user and system clock ticks (utime and stime) from `statFields`.
+    private static func ownTicks(_ fields: [String]) -> Double {
+        fields.count > 13 ? (Double(fields[12]) ?? 0) + (Double(fields[13]) ?? 0) : 0
     }
 
     /// `/proc/PID/stat` as fields: the command in parentheses first, then state, ppid, …
