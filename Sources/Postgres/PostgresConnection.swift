@@ -114,6 +114,10 @@ public final class PostgresConnection: Sendable {
     /// False once the connection is known to be broken (a pool then replaces it).
     public var isHealthy: Bool { handle.isHealthy }
 
+    /// False while a transaction is open or aborted on this connection, as of the last
+    /// statement sent. A pool rolls such a connection back before lending it again.
+    public var isOutsideTransaction: Bool { handle.isOutsideTransaction }
+
     /// Closes the connection; later calls fail.
     public func close() async {
         let handle = self.handle
@@ -138,6 +142,8 @@ public final class PostgresConnection: Sendable {
 final class ConnectionHandle: @unchecked Sendable {
     private var connection: OpaquePointer?
     private let healthy = AtomicFlag(true)
+    /// False while a transaction is open (or aborted) on the server, as of the last call.
+    private let outsideTransaction = AtomicFlag(true)
     /// SQL text → the server-side prepared statement made for it on this connection.
     private var preparedNames: [String: String] = [:]
     /// Names handed out so far (a failed preparation's name is not reused).
@@ -181,9 +187,18 @@ final class ConnectionHandle: @unchecked Sendable {
     }
 
     var isHealthy: Bool { healthy.value }
+    var isOutsideTransaction: Bool { outsideTransaction.value }
+
+    /// Records whether a transaction is open; called on this connection's thread after
+    /// every call that sends SQL.
+    private func noteTransactionStatus() {
+        guard let connection else { return }
+        outsideTransaction.value = PQtransactionStatus(connection) == PQTRANS_IDLE
+    }
 
     func execute(_ statement: PostgresStatement) throws -> PostgresResult {
         let connection = try live()
+        defer { noteTransactionStatus() }
         // Statements with parameters are prepared on first use, as in `pipeline`.
         var name = preparedNames[statement.sql]
         if name == nil, let candidate = newPreparedName(for: statement) {
@@ -224,6 +239,7 @@ final class ConnectionHandle: @unchecked Sendable {
 
     func simpleQuery(_ sql: String) throws {
         let connection = try live()
+        defer { noteTransactionStatus() }
         let result = PQexec(connection, sql)
         defer { PQclear(result) }
         _ = try decode(result, statement: 0)
@@ -233,7 +249,10 @@ final class ConnectionHandle: @unchecked Sendable {
         let connection = try live()
         guard !statements.isEmpty else { return [] }
         guard PQenterPipelineMode(connection) == 1 else { throw connectionError("cannot enter pipeline mode") }
-        defer { PQexitPipelineMode(connection) }
+        defer {
+            PQexitPipelineMode(connection)
+            noteTransactionStatus()
+        }
         // Statements with parameters run as prepared statements, prepared on first use in
         // the same pipeline: the server then parses each once per connection (and, once
         // its generic plan proves as good, plans it once too).

@@ -93,6 +93,14 @@ public final class PostgresPool: Sendable {
     }
 
     private func checkIn(_ connection: PostgresConnection) async {
+        // A borrower that left a transaction open (or failed inside one without rolling
+        // back) must not hand it to the next: roll it back, or replace the connection.
+        if connection.isHealthy && !connection.isOutsideTransaction {
+            if (try? await connection.execute("ROLLBACK")) == nil || !connection.isOutsideTransaction {
+                await discard(connection)
+                return
+            }
+        }
         guard connection.isHealthy else {
             await discard(connection)
             return

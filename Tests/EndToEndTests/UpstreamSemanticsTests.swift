@@ -86,6 +86,47 @@ final class FlakyHandler: UpstreamHandler {
         #expect(sample.first?.values == ["device-21", "com.example.app", "4321"])
     }
 
+    /// The de-duplication record and the store handler's rows are written with plain INSERTs
+    /// (cheaper than `ON CONFLICT`); a redelivery, or a stored row that lost its record,
+    /// makes such a batch fail once and is then sorted out without losing or doubling work.
+    @Test func redeliveriesAmongNewMessagesAndARowStoredWithoutItsRecordAreHandledOnce() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        try await addOrderTable(database)
+        // A stored message whose de-duplication record is gone (pruned before its row).
+        _ = try await database.query("""
+            INSERT INTO upstream_messages (message_id, from_token, data, received_at)
+            VALUES ('stored-before', 'device-0', '{"kept": "1"}', now())
+            """)
+        var configuration = try ccs.worker(database: database)
+        configuration.concurrency = 1  // one lane, so what arrives together shares a batch
+        configuration.pipeline.batchLinger = .milliseconds(300)
+        configuration.pipeline.lingerBelow = 1_000
+        let (task, events) = startWorker(configuration, handlers: storeAndRecord())
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        for index in 0..<50 { ccs.simulator.injectUpstream(from: "device-\(index % 5)", messageID: "first-\(index)") }
+        await database.waitForRows(in: "processed_upstream", count: 50, within: .seconds(20))
+        // One burst: ten redeliveries, forty new messages and the one stored before.
+        for index in 0..<10 { ccs.simulator.injectUpstream(from: "device-\(index % 5)", messageID: "first-\(index)") }
+        for index in 0..<40 { ccs.simulator.injectUpstream(from: "device-\(index % 5)", messageID: "second-\(index)") }
+        ccs.simulator.injectUpstream(from: "device-0", data: ["kept": .string("2")], messageID: "stored-before")
+        await database.waitForRows(in: "processed_upstream", count: 91, within: .seconds(20))
+        try await ccs.simulator.wait(for: "101 acks", timeout: .seconds(20)) { $0.acked.count >= 101 }
+        let duplicates = events.all.reduce(0) { total, event in
+            if case .committed(_, let duplicates, _) = event { total + duplicates } else { total }
+        }
+        #expect(duplicates == 10)
+        #expect(try await database.count("processed_upstream") == 91)
+        #expect(try await database.count("handled_order") == 91, "every handler ran once per message")
+        #expect(try await database.count("upstream_messages") == 91)
+        #expect(try await database.query("SELECT data->>'kept' FROM upstream_messages WHERE message_id = 'stored-before'")
+            .first?.string(0) == "1", "the row stored before is kept as it was")
+        #expect(try await database.count("dead_letters") == 0)
+        #expect(ccs.simulator.violations.isEmpty)
+    }
+
     @Test func durableAcksLeaveAfterTheCommitOnTheConnectionEachMessageCameIn() async throws {
         let ccs = try TestCCS(configure: { $0.recordsEvents = true })
         defer { ccs.simulator.stop() }

@@ -227,6 +227,31 @@ import Testing
         await pool.close()
     }
 
+    @Test func thePoolRollsBackATransactionItsBorrowerLeftOpenOrAborted() async throws {
+        let pool = PostgresPool(conninfo: try testDatabaseURL(), size: 1)
+        let table = "pool_leftover_\(UInt32.random(in: 0...UInt32.max))"
+        _ = try await pool.withConnection { try await $0.execute("CREATE TABLE \(table) (n int)") }
+        // Left open: the insert must not commit along with the next borrower's work.
+        try await pool.withConnection { connection in
+            try await connection.execute("BEGIN")
+            try await connection.execute("INSERT INTO \(table) VALUES (1)")
+            #expect(!connection.isOutsideTransaction)
+        }
+        // Aborted: without a rollback, the next borrower's statements would fail (25P02).
+        await #expect(throws: PostgresError.self) {
+            try await pool.withConnection { connection in
+                try await connection.pipeline([PostgresStatement("BEGIN"), PostgresStatement("SELECT 1 / $1::int", [.int(0)])])
+            }
+        }
+        let (count, outside) = try await pool.withConnection { connection in
+            (try await connection.query("SELECT count(*) FROM \(table)").first?.int(0), connection.isOutsideTransaction)
+        }
+        #expect(count == 0)
+        #expect(outside)
+        _ = try await pool.withConnection { try await $0.execute("DROP TABLE \(table)") }
+        await pool.close()
+    }
+
     @Test func passwordsAreRedactedFromErrors() async throws {
         do {
             _ = try await PostgresConnection.connect("postgresql://someone:hunter2secret@127.0.0.1:1/db", timeout: .seconds(2))
