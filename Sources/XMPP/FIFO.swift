@@ -1,7 +1,10 @@
 /// A first-in, first-out buffer: an array with a moving head, so taking from the front is
 /// O(1) amortised; the storage is compacted once most of it has been taken.
+///
+/// Taken elements are moved out (their slot left nil), not copied: a copy would cost a
+/// retain now and a release at compaction for every element that holds a reference.
 package struct FIFO<Element> {
-    private var items: [Element] = []
+    private var items: [Element?] = []
     private var head = 0
 
     package init() {}
@@ -9,14 +12,16 @@ package struct FIFO<Element> {
     package var count: Int { items.count - head }
     package var isEmpty: Bool { head == items.count }
     /// What is queued, oldest first.
-    package var elements: ArraySlice<Element> { items[head...] }
+    package var elements: [Element] { items[head...].map { $0! } }
 
     package mutating func append(_ element: Element) { items.append(element) }
-    package mutating func append<S: Sequence>(contentsOf elements: S) where S.Element == Element { items.append(contentsOf: elements) }
+    package mutating func append<S: Sequence>(contentsOf elements: S) where S.Element == Element {
+        items.append(contentsOf: elements.lazy.map { Optional($0) })
+    }
 
     /// Puts `elements` in front of what is queued, in their order.
     package mutating func prepend<S: Sequence>(contentsOf elements: S) where S.Element == Element {
-        items = Array(elements) + items[head...]
+        items = elements.map { Optional($0) } + items[head...]
         head = 0
     }
 
@@ -27,18 +32,16 @@ package struct FIFO<Element> {
             head += 1
             compact()
         }
-        return items[head]
+        return items[head].take()
     }
 
     /// Takes up to `maximum` of the oldest elements, oldest first.
     package mutating func popFirst(_ maximum: Int) -> [Element] {
-        if maximum >= count && head == 0 {
-            // Everything, from the start: hand over the storage itself, no copy.
-            defer { items = [] }
-            return items
-        }
-        let taken = Array(items[head..<(head + min(maximum, count))])
-        head += taken.count
+        let end = head + min(maximum, count)
+        var taken: [Element] = []
+        taken.reserveCapacity(end - head)
+        for index in head..<end { taken.append(items[index].take()!) }
+        head = end
         compact()
         return taken
     }
