@@ -85,12 +85,14 @@ struct JSONParser {
     private mutating func object(depth: Int) throws(Failure) -> JSONValue {
         guard depth <= Self.maxDepth else { throw fail("nesting deeper than \(Self.maxDepth)") }
         index += 1
-        var members: [String: JSONValue] = [:]
         skipWhitespace()
         if index < bytes.count, bytes[index] == UInt8(ascii: "}") {
             index += 1
-            return .object(members)
+            return .object([:])
         }
+        // Room for a CCS message's members from the start: growing one member at a time
+        // would rehash the table three times.
+        var members = [String: JSONValue](minimumCapacity: 8)
         while true {
             skipWhitespace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { throw fail("expected a member name") }
