@@ -21,12 +21,16 @@ public enum CCSMessage: Sendable, Equatable {
         /// The sender's registration token (`gcm.googleapis.com` for receipts).
         public var from: String?
         public var category: String?
-        public var data: [String: JSONValue]
         /// `data` exactly as received (`{}` when absent): what the `store` handler keeps,
         /// with numbers to every digit and members in their order.
         public var dataJSON: String
-        /// The whole JSON object as received.
-        public var raw: JSONValue
+        /// The whole JSON text as received.
+        public var json: String
+
+        /// `data` with its values parsed (from `dataJSON`, on each access: keep the result).
+        public var data: [String: JSONValue] { (try? JSONParser.parse(dataJSON))?.objectValue ?? [:] }
+        /// The whole JSON object (parsed from `json`, on each access: keep the result).
+        public var raw: JSONValue { (try? JSONParser.parse(json)) ?? .object([:]) }
     }
 
     /// Why a `<gcm>` payload could not be understood.
@@ -46,38 +50,55 @@ public enum CCSMessage: Sendable, Equatable {
         }
     }
 
+    /// The string members `decode` reads.
+    private static let keptMembers = JSONParser.Keys([
+        "message_type", "message_id", "from", "category", "registration_id", "error", "error_description", "control_type",
+    ])
+
+    /// `decode`'s view of the kept members, by name.
+    private struct KeptMembers {
+        let values: [String?]
+        subscript(name: String) -> String? {
+            guard let position = CCSMessage.keptMembers.names.firstIndex(of: name) else {
+                preconditionFailure("\(name) is not among CCSMessage.keptMembers")
+            }
+            return values[position]
+        }
+    }
+
     /// Classifies the JSON text of a `<gcm>` element.
     public static func decode(json text: String) throws(DecodingError) -> CCSMessage {
-        let value: JSONValue, dataText: String?
+        // Checked in full, but only what is needed now is built: the string members and
+        // the text of `data`. `data` and `raw` are parsed later by whoever wants them.
+        let skim: JSONParser.Skim
         do {
-            (value, dataText) = try JSONParser.parse(text, recording: "data")
+            skim = try JSONParser.skim(text, keeping: Self.keptMembers, recording: "data")
         } catch {
             throw .notJSON(String(describing: error).prefix(200).description)
         }
-        guard case .object(let members) = value else { throw .notAnObject }
-        let messageType = members["message_type"]?.stringValue
+        guard skim.isObject else { throw .notAnObject }
+        let members = KeptMembers(values: skim.strings)
+        let messageType = members["message_type"]
         func upstream() -> Upstream {
-            let data = members["data"]?.objectValue
-            return Upstream(messageID: members["message_id"]?.stringValue, from: members["from"]?.stringValue,
-                            category: members["category"]?.stringValue, data: data ?? [:],
-                            dataJSON: data == nil ? "{}" : dataText ?? "{}", raw: value)
+            Upstream(messageID: members["message_id"], from: members["from"], category: members["category"],
+                     dataJSON: skim.memberIsObject ? skim.memberText ?? "{}" : "{}", json: text)
         }
         switch messageType {
         case nil: return .upstream(upstream())
         case "receipt": return .receipt(upstream())
         case "ack", "nack":
-            guard let messageID = members["message_id"]?.stringValue else {
+            guard let messageID = members["message_id"] else {
                 throw .missingField("message_id", messageType: messageType!)
             }
-            let from = members["from"]?.stringValue
-            let canonical = members["registration_id"]?.stringValue
+            let from = members["from"]
+            let canonical = members["registration_id"]
             if messageType == "ack" {
                 return .ack(messageID: messageID, from: from, canonicalRegistrationID: canonical)
             }
-            return .nack(messageID: messageID, from: from, error: members["error"]?.stringValue ?? "UNKNOWN",
-                         description: members["error_description"]?.stringValue, canonicalRegistrationID: canonical)
+            return .nack(messageID: messageID, from: from, error: members["error"] ?? "UNKNOWN",
+                         description: members["error_description"], canonicalRegistrationID: canonical)
         case "control":
-            return .control(type: members["control_type"]?.stringValue ?? "")
+            return .control(type: members["control_type"] ?? "")
         case let other?:
             throw .unknownMessageType(other)
         }

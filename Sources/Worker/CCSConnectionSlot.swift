@@ -206,8 +206,7 @@ final class CCSConnectionSlot: Sendable {
                 return false
             }
             var item = UpstreamWork(kind: .message(UpstreamMessage(
-                messageID: messageID, from: from, category: upstream.category, rawData: upstream.data,
-                dataJSON: upstream.dataJSON, raw: upstream.raw, rawPayload: payload, connection: connection.label, receivedAt: receivedAt)))
+                upstream, messageID: messageID, from: from, connection: connection.label, receivedAt: receivedAt)))
             if intercepted.acked {
                 observer?(.acked(slot: index, messageID: messageID, message: message))
             } else {

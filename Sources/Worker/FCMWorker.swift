@@ -203,9 +203,7 @@ public struct FCMWorker: Sendable {
         if entry.connection != "dead-letter", case .upstream(let upstream)? = try? CCSMessage.decode(json: entry.payload),
            let messageID = upstream.messageID, let from = upstream.from {
             return UpstreamWork(kind: .message(UpstreamMessage(
-                messageID: messageID, from: from, category: upstream.category, rawData: upstream.data,
-                dataJSON: upstream.dataJSON, raw: upstream.raw,
-                rawPayload: entry.payload, connection: "spool", receivedAt: receivedAt)))
+                upstream, messageID: messageID, from: from, connection: "spool", receivedAt: receivedAt)))
         }
         return UpstreamWork(kind: .deadLetter(.init(rawPayload: entry.payload, reason: "unreadable",
                                                     error: "spooled without a usable message_id and from", attempts: 0, receivedAt: receivedAt)))

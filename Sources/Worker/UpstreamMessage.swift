@@ -11,23 +11,26 @@ public struct UpstreamMessage: Sendable {
         let messageID: String
         let from: String
         let category: String?
-        let rawData: [String: JSONValue]
         let dataJSON: String
-        let raw: JSONValue
         let rawPayload: String
         let connection: String
         let receivedAt: Date
-        /// `data`, made on first use (the `store` handler never needs it).
+        /// `rawData` and `raw`: given, or parsed on first use from `dataJSON` and
+        /// `rawPayload` (the `store` handler needs neither, so a queued message holds
+        /// only its text).
+        let parsedData: Mutex<[String: JSONValue]?>
+        let parsedRaw: Mutex<JSONValue?>
+        /// `data`, made on first use.
         let stringData = Mutex<[String: String]?>(nil)
 
-        init(messageID: String, from: String, category: String?, rawData: [String: JSONValue], dataJSON: String,
-             raw: JSONValue, rawPayload: String, connection: String, receivedAt: Date) {
+        init(messageID: String, from: String, category: String?, rawData: [String: JSONValue]?, dataJSON: String,
+             raw: JSONValue?, rawPayload: String, connection: String, receivedAt: Date) {
             self.messageID = messageID
             self.from = from
             self.category = category
-            self.rawData = rawData
+            self.parsedData = Mutex(rawData)
             self.dataJSON = dataJSON
-            self.raw = raw
+            self.parsedRaw = Mutex(raw)
             self.rawPayload = rawPayload
             self.connection = connection
             self.receivedAt = receivedAt
@@ -46,7 +49,7 @@ public struct UpstreamMessage: Sendable {
     public var data: [String: String] {
         storage.stringData.withLock { cached in
             if let cached { return cached }
-            let made = storage.rawData.mapValues { value in
+            let made = rawData.mapValues { value in
                 if case .string(let text) = value { return text }
                 return value.serialized
             }
@@ -55,12 +58,26 @@ public struct UpstreamMessage: Sendable {
         }
     }
     /// `data` with its values as sent.
-    public var rawData: [String: JSONValue] { storage.rawData }
+    public var rawData: [String: JSONValue] {
+        storage.parsedData.withLock { cached in
+            if let cached { return cached }
+            let made = (try? JSONValue.parse(storage.dataJSON))?.objectValue ?? [:]
+            cached = made
+            return made
+        }
+    }
     /// `data` as JSON text exactly as the device sent it (numbers to every digit, members
     /// in their order): what to store in a `jsonb` column.
     public var dataJSON: String { storage.dataJSON }
     /// The whole JSON object, including fields the worker does not use.
-    public var raw: JSONValue { storage.raw }
+    public var raw: JSONValue {
+        storage.parsedRaw.withLock { cached in
+            if let cached { return cached }
+            let made = (try? JSONValue.parse(storage.rawPayload)) ?? .object([:])
+            cached = made
+            return made
+        }
+    }
     /// The JSON text exactly as received.
     public var rawPayload: String { storage.rawPayload }
     /// The connection it came in on (`ccs#1`, …; `spool` when replayed from the spool).
@@ -74,5 +91,13 @@ public struct UpstreamMessage: Sendable {
         storage = Storage(messageID: messageID, from: from, category: category, rawData: rawData,
                           dataJSON: dataJSON ?? JSONValue.object(rawData).serialized, raw: raw,
                           rawPayload: rawPayload, connection: connection, receivedAt: receivedAt)
+    }
+
+    /// A message as CCS sent it: `rawData` and `raw` are parsed from `upstream`'s text when
+    /// first asked for. `upstream` has a `message_id` and a `from`.
+    init(_ upstream: CCSMessage.Upstream, messageID: String, from: String, connection: String, receivedAt: Date) {
+        storage = Storage(messageID: messageID, from: from, category: upstream.category, rawData: nil,
+                          dataJSON: upstream.dataJSON, raw: nil, rawPayload: upstream.json,
+                          connection: connection, receivedAt: receivedAt)
     }
 }

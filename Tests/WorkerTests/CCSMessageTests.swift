@@ -14,6 +14,51 @@ import XMPP
         #expect(upstream.raw["time_to_live"] == .number(86400))
     }
 
+    /// `decode` checks the text without building every value; it must refuse exactly what
+    /// the full parser refuses and keep the same fields.
+    @Test func decodingRefusesExactlyWhatTheParserRefuses() throws {
+        func nested(_ depth: Int) -> String {
+            "{\"message_id\":\"m\",\"from\":\"t\",\"data\":{\"deep\":" + String(repeating: "[", count: depth - 2)
+                + String(repeating: "]", count: depth - 2) + "}}"
+        }
+        let samples = [
+            "{\"message_id\":\"m\",\"from\":\"t\",\"category\":\"c\",\"data\":{\"a\":\"b\",\"n\":[1,2.5e3,-0,true,false,null,{}]}}",
+            "{\"message_id\":\"m\\u00e9\\ud83d\\ude00\\n\",\"from\":\"t\\\"q\"}",
+            "{\"message_id\":1,\"from\":\"t\",\"from\":2}", "{\"message_id\":\"a\",\"message_id\":\"b\"}",
+            "{\"message\\u005fid\":\"escaped name\",\"fro\\u006d\":\"t\",\"d\\u0061ta\":{\"k\":1}}",
+            "{}", " { } ", "[1,2]", "\"text\"", "12", "null",
+            nested(64), nested(65),
+            "", "{", "{\"a\":}", "{\"a\" 1}", "{\"a\":1,}", "{\"data\":{\"a\":[1,]}}", "{\"data\":{\"a\":01}}",
+            "{\"data\":{\"a\":1.}}", "{\"data\":{\"a\":\"\\x\"}}", "{\"data\":{\"a\":\"\\ud800\"}}", "{\"data\":{\"a\":tru}}",
+            "{\"data\":{\"a\":\"x\ny\"}}", "{\"data\":{\"a\" 1}}", "{\"data\":{\"a\":1}", "{\"data\":[1 2]}",
+            "{\"data\":{}} x", "{\"message_id\":\"unterminated}", "{\"data\":{1:2}}",
+        ]
+        for sample in samples {
+            let parsed = try? JSONValue.parse(sample)
+            do {
+                let message = try CCSMessage.decode(json: sample)
+                guard case .object(let members)? = parsed else {
+                    Issue.record("decoded what the parser refuses: \(sample)")
+                    continue
+                }
+                guard case .upstream(let upstream) = message else { continue }
+                #expect(upstream.messageID == members["message_id"]?.stringValue, "\(sample)")
+                #expect(upstream.from == members["from"]?.stringValue, "\(sample)")
+                #expect(upstream.category == members["category"]?.stringValue, "\(sample)")
+                #expect(upstream.data == members["data"]?.objectValue ?? [:], "\(sample)")
+                #expect(upstream.raw == parsed, "\(sample)")
+            } catch {
+                switch error {
+                case .notJSON: #expect(parsed == nil, "refused what the parser reads: \(sample)")
+                case .notAnObject: #expect(parsed != nil && parsed?.objectValue == nil, "\(sample)")
+                default: Issue.record("\(error): \(sample)")
+                }
+            }
+        }
+        #expect((try? JSONValue.parse(nested(64))) != nil, "the deepest nesting allowed is in the samples")
+        #expect((try? JSONValue.parse(nested(65))) == nil, "one level deeper is refused")
+    }
+
     @Test func theDataTextIsKeptExactlyAsReceived() throws {
         func dataJSON(_ json: String) throws -> String? {
             guard case .upstream(let upstream) = try CCSMessage.decode(json: json) else { return nil }
