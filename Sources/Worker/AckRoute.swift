@@ -7,12 +7,20 @@ import XMPP
 /// batch and then hands each route its acks at once, so a batch costs one write (and one
 /// wakeup of the connection's thread) per connection rather than one per message.
 final class AckRoute: Sendable {
-    /// One ack waiting for its message's commit.
-    struct Pending: Sendable {
+    /// One ack waiting for its message's commit (a class: the work that carries it is
+    /// copied along the pipeline, and this way a copy costs one reference count).
+    final class Pending: Sendable {
         let route: AckRoute
         let messageID: String
         let stanza: String
         let message: CCSMessage
+
+        init(route: AckRoute, messageID: String, stanza: String, message: CCSMessage) {
+            self.route = route
+            self.messageID = messageID
+            self.stanza = stanza
+            self.message = message
+        }
     }
 
     private let connection: XMPPConnection

@@ -15,9 +15,10 @@ struct UpstreamWork: Sendable {
         var receivedAt: Date
     }
 
+    /// Both cases hold one reference, so work is small and cheap to copy along the pipeline.
     enum Kind: Sendable {
         case message(UpstreamMessage)
-        case deadLetter(DeadLetter)
+        indirect case deadLetter(DeadLetter)
     }
 
     var kind: Kind
