@@ -8,13 +8,14 @@ import Worker
 /// A batch is written with one multi-row statement, so storing costs one statement per
 /// batch, not per message. It is also the example to copy for a handler of your own.
 ///
-/// The batch statement is a plain INSERT: the worker's de-duplication record already keeps
-/// a redelivered message from reaching handlers, and `ON CONFLICT DO NOTHING` would cost
-/// PostgreSQL a check and one more WAL record per row. Should a row exist anyway (say its
-/// de-duplication record was pruned first), the batch fails with a unique violation, the
-/// worker handles its messages one at a time, and the single-message statement below skips
-/// the existing row.
-public struct StoreHandler: BatchUpstreamHandler {
+/// The batch statement is a plain INSERT, cheaper for PostgreSQL than `ON CONFLICT DO
+/// NOTHING` (no check before each row, one WAL record less). A stored row means the message
+/// was handled: the worker reads this table as a de-duplication record too (see
+/// `StoresUpstreamMessages`), so when `store` is the only handler it writes no other
+/// record, and a batch that meets a stored row fails with a unique violation, after which
+/// the worker tells the redeliveries apart. The single-message statement skips a row that
+/// exists (say one written outside the worker).
+public struct StoreHandler: StoresUpstreamMessages {
     public init() {}
 
     public func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws {

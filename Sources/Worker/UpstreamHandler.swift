@@ -17,6 +17,12 @@ public protocol BatchUpstreamHandler: UpstreamHandler {
     func handle(batch messages: [UpstreamMessage], in context: BatchContext) async throws
 }
 
+/// A handler whose batch write stores each message as a row of `upstream_messages` with a
+/// plain INSERT (unique `message_id`, so a message stored before fails the batch with a
+/// unique violation). Such a row commits with the message's handling, so the worker also
+/// reads it as the message's de-duplication record. Only the built-in `store` handler is one.
+package protocol StoresUpstreamMessages: BatchUpstreamHandler {}
+
 /// Which messages a handler gets.
 public enum HandlerMatch: Sendable {
     /// Every upstream message.
@@ -25,6 +31,8 @@ public enum HandlerMatch: Sendable {
     case category(String)
     /// Messages for which the predicate holds, e.g. `{ $0.data["action"] == "register" }`.
     case when(@Sendable (UpstreamMessage) -> Bool)
+
+    var isAll: Bool { if case .all = self { true } else { false } }
 
     func matches(_ message: UpstreamMessage) -> Bool {
         switch self {
@@ -51,6 +59,13 @@ public struct UpstreamHandlers: Sendable {
     /// Adds `handler` under `name` (for logs and dead letters) for the messages `match` selects.
     public mutating func register(_ name: String, _ handler: any UpstreamHandler, for match: HandlerMatch = .all) {
         routes.append(Route(name: name, match: match, handler: handler))
+    }
+
+    /// True when the only handlers are `StoresUpstreamMessages` ones for every message: then
+    /// each message's stored row is its de-duplication record, and `processed_upstream`
+    /// only keeps dead-lettered messages.
+    var storedRowsRecordEveryMessage: Bool {
+        !routes.isEmpty && routes.allSatisfy { $0.match.isAll && $0.handler is any StoresUpstreamMessages }
     }
 
     /// The registered names, in order.

@@ -239,6 +239,11 @@ final class UpstreamPipeline: Sendable {
 
     /// One transaction: de-duplication records, dead letters, then the handlers of the
     /// messages not seen before, then COMMIT.
+    ///
+    /// A message was seen before when its id is in `processed_upstream` or, stored by the
+    /// `store` handler, in `upstream_messages`. When `store` is the only handler its row is
+    /// the record, and the whole batch goes in one round trip; otherwise the ids are
+    /// recorded in `processed_upstream` before any handler runs.
     private func commit(_ batch: [UpstreamWork], on connection: PostgresConnection) async throws {
         var messages: [UpstreamMessage] = []
         var letters: [UpstreamWork.DeadLetter] = []
@@ -258,83 +263,132 @@ final class UpstreamPipeline: Sendable {
                 }
             }
         }
+        let arrivals = batch.count { if case .message = $0.kind { true } else { false } }
         let transaction = UpstreamTransaction(connection: connection)
         do {
-            let firstSeen = try await openAndRecord(ids, deadLettered: deadLettered, on: connection)
-            let fresh = { (id: String) in firstSeen?.contains(id) ?? true }
-            for letter in letters {
-                if letter.reason == "handler_failed", let id = letter.messageID, !fresh(id) { continue }
-                transaction.enqueue(PostgresStatement("""
-                    INSERT INTO dead_letters (message_id, from_token, category, raw_payload, reason, error, attempts, received_at)
-                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                    """, [letter.messageID.map { .text($0) } ?? .null, letter.from.map { .text($0) } ?? .null,
-                          letter.category.map { .text($0) } ?? .null, .text(letter.rawPayload), .text(letter.reason),
-                          letter.error.map { .text($0) } ?? .null, .int(Int64(letter.attempts)), .timestamptz(letter.receivedAt)]))
-            }
-            let newMessages = messages.filter { fresh($0.messageID) }
-            for route in handlers.routes {
-                let matching = newMessages.filter { route.match.matches($0) }
-                guard !matching.isEmpty else { continue }
-                let handlerLogger = logger.labeled("handler \(route.name)")
-                if let batchHandler = route.handler as? any BatchUpstreamHandler, matching.count > 1 {
-                    try await batchHandler.handle(batch: matching, in: BatchContext(logger: handlerLogger, transaction: transaction))
-                } else {
-                    for message in matching {
-                        try await route.handler.handle(message, in: HandlerContext(message: message, logger: handlerLogger, transaction: transaction))
-                    }
+            let firstSeen: Set<String>?
+            if handlers.storedRowsRecordEveryMessage && deadLettered.isEmpty {
+                do {
+                    // One round trip: the check, the stored rows (the records), COMMIT. A
+                    // redelivery fails it with a unique violation before anything commits.
+                    transaction.enqueue(PostgresStatement("BEGIN"))
+                    transaction.enqueue(PostgresStatement(Self.failIfProcessed, [.array(ids)]))
+                    try await handle(messages, letters: letters, in: transaction, batchingSingles: true)
+                    transaction.enqueue(PostgresStatement("COMMIT"))
+                    try await transaction.flush()
+                    observer?(.committed(handled: messages.map { ($0.messageID, $0.receivedAt) },
+                                         duplicates: arrivals - messages.count, deadLettered: letters.map { $0.messageID ?? "" }))
+                    return
+                } catch let error as PostgresError where error.isUniqueViolation {
+                    _ = try await connection.execute("ROLLBACK")
+                    transaction.discard()
                 }
+                firstSeen = try await openRecordingCarefully(ids, deadLettered: deadLettered, on: connection)
+            } else {
+                firstSeen = try await openAndRecord(ids, deadLettered: deadLettered, on: connection)
             }
+            let fresh = { (id: String) in firstSeen?.contains(id) ?? true }
+            let newMessages = messages.filter { fresh($0.messageID) }
+            let written = letters.filter { $0.reason != "handler_failed" || $0.messageID.map(fresh) == true }
+            try await handle(newMessages, letters: written, in: transaction, batchingSingles: false)
             transaction.enqueue(PostgresStatement("COMMIT"))
             try await transaction.flush()
-            if let observer {
-                let arrivals = batch.count { if case .message = $0.kind { true } else { false } }
-                let written = letters.filter { $0.reason != "handler_failed" || $0.messageID.map(fresh) == true }
-                observer(.committed(handled: newMessages.map { ($0.messageID, $0.receivedAt) },
-                                    duplicates: arrivals - newMessages.count,
-                                    deadLettered: written.map { $0.messageID ?? "" }))
-            }
+            observer?(.committed(handled: newMessages.map { ($0.messageID, $0.receivedAt) },
+                                 duplicates: arrivals - newMessages.count, deadLettered: written.map { $0.messageID ?? "" }))
         } catch {
             _ = try? await connection.execute("ROLLBACK")
             throw error
         }
     }
 
-    /// Opens the batch's transaction and records its ids as processed. Returns the ids seen
-    /// for the first time, or nil when that is all of them (the usual case).
+    /// Raises a unique violation when any of the ids ($1) is in `processed_upstream`
+    /// (dead-lettered, or handled while other handlers were configured); otherwise it only
+    /// looks them up and inserts nothing.
+    private static let failIfProcessed = """
+        INSERT INTO processed_upstream (message_id)
+        SELECT message_id FROM processed_upstream WHERE message_id = ANY($1::text[])
+        """
+
+    /// Whether any of the ids ($1) was stored by the `store` handler, which makes it handled.
+    private static let anyStored = "SELECT EXISTS (SELECT 1 FROM upstream_messages WHERE message_id = ANY($1::text[]))"
+
+    /// Queues the dead letters and runs every matching handler on `messages`. With
+    /// `batchingSingles`, a batch handler gets even a single message as a batch (the
+    /// `store` handler's batch statement is the one that fails on a stored row).
+    private func handle(_ messages: [UpstreamMessage], letters: [UpstreamWork.DeadLetter],
+                        in transaction: UpstreamTransaction, batchingSingles: Bool) async throws {
+        for letter in letters {
+            transaction.enqueue(PostgresStatement("""
+                INSERT INTO dead_letters (message_id, from_token, category, raw_payload, reason, error, attempts, received_at)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                """, [letter.messageID.map { .text($0) } ?? .null, letter.from.map { .text($0) } ?? .null,
+                      letter.category.map { .text($0) } ?? .null, .text(letter.rawPayload), .text(letter.reason),
+                      letter.error.map { .text($0) } ?? .null, .int(Int64(letter.attempts)), .timestamptz(letter.receivedAt)]))
+        }
+        for route in handlers.routes {
+            let matching = messages.filter { route.match.matches($0) }
+            guard !matching.isEmpty else { continue }
+            let handlerLogger = logger.labeled("handler \(route.name)")
+            if let batchHandler = route.handler as? any BatchUpstreamHandler, matching.count > 1 || batchingSingles {
+                try await batchHandler.handle(batch: matching, in: BatchContext(logger: handlerLogger, transaction: transaction))
+            } else {
+                for message in matching {
+                    try await route.handler.handle(message, in: HandlerContext(message: message, logger: handlerLogger, transaction: transaction))
+                }
+            }
+        }
+    }
+
+    /// Opens the batch's transaction and records its ids in `processed_upstream`. Returns
+    /// the ids seen for the first time, or nil when that is all of them (the usual case).
     ///
     /// The record is first tried as a plain INSERT: `ON CONFLICT DO NOTHING` makes
     /// PostgreSQL check each id before inserting and log one more WAL record per row, about
     /// 2 µs a row. Only when an id was recorded before (a redelivery) does the plain INSERT
-    /// fail with a unique violation; then the transaction is opened again and the ids are
-    /// recorded with `ON CONFLICT DO NOTHING`, which returns the new ones.
+    /// fail with a unique violation, or find the id stored; then the transaction is opened
+    /// again and the ids are told apart carefully.
     private func openAndRecord(_ ids: [PostgresValue], deadLettered: [PostgresValue],
                                on connection: PostgresConnection) async throws -> Set<String>? {
-        let outcome = "CASE WHEN id = ANY($2::text[]) THEN 'dead_lettered' ELSE 'handled' END"
         do {
-            _ = try await connection.pipeline([
+            let opening = try await connection.pipeline([
                 PostgresStatement("BEGIN"),
                 PostgresStatement("""
                     INSERT INTO processed_upstream (message_id, outcome)
-                    SELECT id, \(outcome) FROM unnest($1::text[]) AS id
+                    SELECT id, \(Self.outcome) FROM unnest($1::text[]) AS id
                     """, [.array(ids), .array(deadLettered)]),
+                PostgresStatement(Self.anyStored, [.array(ids)]),
             ])
-            return nil
-        } catch let error as PostgresError where error.isUniqueViolation {
-            _ = try await connection.execute("ROLLBACK")
-        }
+            if opening[2].rows.first?.bool(0) != true { return nil }
+        } catch let error as PostgresError where error.isUniqueViolation {}
+        _ = try await connection.execute("ROLLBACK")
+        return try await openRecordingCarefully(ids, deadLettered: deadLettered, on: connection)
+    }
+
+    /// `processed_upstream.outcome` of id: `dead_lettered` for those in $2.
+    private static let outcome = "CASE WHEN id = ANY($2::text[]) THEN 'dead_lettered' ELSE 'handled' END"
+
+    /// Opens the batch's transaction, records its ids in `processed_upstream` where they are
+    /// not yet, and returns those seen for the first time (not recorded, not stored), or nil
+    /// when that is all of them.
+    private func openRecordingCarefully(_ ids: [PostgresValue], deadLettered: [PostgresValue],
+                                        on connection: PostgresConnection) async throws -> Set<String>? {
         let opening = try await connection.pipeline([
             PostgresStatement("BEGIN"),
             PostgresStatement("""
                 WITH recorded AS (
                     INSERT INTO processed_upstream (message_id, outcome)
-                    SELECT id, \(outcome) FROM unnest($1::text[]) AS id
+                    SELECT id, \(Self.outcome) FROM unnest($1::text[]) AS id
                     ON CONFLICT DO NOTHING RETURNING message_id
                 )
-                SELECT count(*), CASE WHEN count(*) < $3 THEN array_agg(message_id) END FROM recorded
-                """, [.array(ids), .array(deadLettered), .int(Int64(ids.count))]),
+                SELECT array_agg(message_id) FROM recorded
+                """, [.array(ids), .array(deadLettered)]),
+            PostgresStatement("SELECT array_agg(message_id) FROM upstream_messages WHERE message_id = ANY($1::text[])",
+                              [.array(ids)]),
         ])
-        let row = opening[1].rows.first
-        return row?.int(0) == Int64(ids.count) ? nil : Set(row?.strings(1) ?? [])
+        let recorded = Set(opening[1].rows.first?.strings(0) ?? [])
+        let stored = Set(opening[2].rows.first?.strings(0) ?? [])
+        let firstSeen = recorded.subtracting(stored)
+        return firstSeen.count == ids.count ? nil : firstSeen
     }
 
     /// Sends the durable-mode acks of a committed batch, one write per connection.

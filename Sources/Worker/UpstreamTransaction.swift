@@ -14,6 +14,11 @@ final class UpstreamTransaction {
         queued.append(statement)
     }
 
+    /// Drops the queued statements (after a rollback).
+    func discard() {
+        queued.removeAll(keepingCapacity: true)
+    }
+
     /// Sends the queued statements.
     func flush() async throws {
         guard !queued.isEmpty else { return }
