@@ -14,6 +14,9 @@ enum BenchCommand {
                                       simulator over TLS into PostgreSQL (DATABASE_URL)
         --messages N              messages per throughput run (default 200000)
         --connections N           CCS connections (default 4)
+        --durable-connections N   CCS connections of the durable-mode run (default 8: with acks
+                                      waiting for the commit, CCS's 100 unacked per connection
+                                      bound the batches, so durable deployments use more)
         --concurrency N           handling lanes (default 4)
         --rate N                  offered load of the latency run, msgs/s (default 10000)
         --rate-seconds N          length of the latency run (default 5)
@@ -43,7 +46,8 @@ enum BenchCommand {
             index += 2
         }
         let known: Set<String> = arguments[0] == "upstream"
-            ? ["--messages", "--connections", "--concurrency", "--rate", "--rate-seconds", "--phases", "--database-url"]
+            ? ["--messages", "--connections", "--durable-connections", "--concurrency", "--rate", "--rate-seconds", "--phases",
+               "--database-url"]
             : ["--runs", "--seconds", "--database-url"]
         if let unknown = options.keys.first(where: { !known.contains($0) }) {
             WorkerMain.printError("bench: unknown option \(unknown) for bench \(arguments[0])")
@@ -64,6 +68,7 @@ enum BenchCommand {
         func number(_ name: String, _ fallback: Int) -> Int? { options[name].map { Int($0) } ?? fallback }
         guard let messages = number("--messages", 200_000), messages > 0,
               let connections = number("--connections", 4), connections > 0,
+              let durableConnections = number("--durable-connections", 8), durableConnections > 0,
               let concurrency = number("--concurrency", 4), concurrency > 0,
               let rate = number("--rate", 10_000), rate > 0,
               let rateSeconds = number("--rate-seconds", 5), rateSeconds > 0 else {
@@ -77,6 +82,7 @@ enum BenchCommand {
             return 2
         }
         let bench = UpstreamBench(databaseURL: databaseURL, messages: messages, connections: connections,
+                                  durableConnections: durableConnections,
                                   concurrency: concurrency, rate: rate, rateSeconds: rateSeconds, phases: phases)
         return await report { try await bench.run() }
     }
@@ -97,6 +103,8 @@ struct UpstreamBench {
     let databaseURL: String
     let messages: Int
     let connections: Int
+    /// Connections of the durable-mode run.
+    let durableConnections: Int
     let concurrency: Int
     let rate: Int
     let rateSeconds: Int
@@ -108,7 +116,8 @@ struct UpstreamBench {
     }
 
     func run() async throws {
-        say("fcm-worker bench upstream: \(messages) messages per run, \(connections) connection(s), \(concurrency) lane(s), "
+        say("fcm-worker bench upstream: \(messages) messages per run, \(connections) connection(s) "
+              + "(\(durableConnections) in durable mode), \(concurrency) lane(s), "
               + "\(ProcessInfo.processInfo.activeProcessorCount) cores; simulator in its own process, TLS on loopback")
         try await BenchDatabase.withSchema(in: databaseURL) { url in try await measure(url: url) }
     }
@@ -143,7 +152,8 @@ struct UpstreamBench {
             let result = try await throughputRun(url: url, mode: mode)
             let after = cpu.sample()
             let share = ceiling.map { String(format: " = %.0f%% of the ceiling", 100 * result.persistedPerSecond / $0) } ?? ""
-            say(String(format: "%@ ack mode: acked %.0f msgs/s, persisted %.0f msgs/s", mode.rawValue,
+            say(String(format: "%@ ack mode (%d connections): acked %.0f msgs/s, persisted %.0f msgs/s", mode.rawValue,
+                         mode == .durable ? durableConnections : connections,
                          result.ackedPerSecond, result.persistedPerSecond) + share)
             say("  ack latency (simulator-measured) \(result.ackLatency); receive-to-commit \(result.commitLatency)")
             say("  " + CPUAccount.describe(from: before, to: after, messages: messages, cores: ProcessInfo.processInfo.activeProcessorCount))
@@ -195,8 +205,8 @@ struct UpstreamBench {
     }
 
     private func throughputRun(url: String, mode: WorkerConfiguration.AckMode) async throws -> ThroughputResult {
-        let setup = try await Setup.start(url: url, connections: connections, concurrency: concurrency, mode: mode,
-                                          messages: messages, rate: 0)
+        let setup = try await Setup.start(url: url, connections: mode == .durable ? durableConnections : connections,
+                                          concurrency: concurrency, mode: mode, messages: messages, rate: 0)
         defer { setup.stop() }
         let (ackedAt, stats) = try await setup.waitForAllAcked(limit: .seconds(600))
         let started = try await setup.firstConnection()
