@@ -50,20 +50,30 @@ public enum CCSMessage: Sendable, Equatable {
         }
     }
 
-    /// The string members `decode` reads.
-    private static let keptMembers = JSONParser.Keys([
-        "message_type", "message_id", "from", "category", "registration_id", "error", "error_description", "control_type",
-    ])
+    /// The string members `decode` reads, in the order of `keptMembers`.
+    private enum Member: Int, CaseIterable {
+        case messageType, messageID, from, category, registrationID, error, errorDescription, controlType
 
-    /// `decode`'s view of the kept members, by name.
+        var name: String {
+            switch self {
+            case .messageType: "message_type"
+            case .messageID: "message_id"
+            case .from: "from"
+            case .category: "category"
+            case .registrationID: "registration_id"
+            case .error: "error"
+            case .errorDescription: "error_description"
+            case .controlType: "control_type"
+            }
+        }
+    }
+
+    private static let keptMembers = JSONParser.Keys(Member.allCases.map(\.name))
+
+    /// `decode`'s view of the kept members.
     private struct KeptMembers {
         let values: [String?]
-        subscript(name: String) -> String? {
-            guard let position = CCSMessage.keptMembers.names.firstIndex(of: name) else {
-                preconditionFailure("\(name) is not among CCSMessage.keptMembers")
-            }
-            return values[position]
-        }
+        subscript(member: Member) -> String? { values[member.rawValue] }
     }
 
     /// Classifies the JSON text of a `<gcm>` element.
@@ -78,27 +88,27 @@ public enum CCSMessage: Sendable, Equatable {
         }
         guard skim.isObject else { throw .notAnObject }
         let members = KeptMembers(values: skim.strings)
-        let messageType = members["message_type"]
+        let messageType = members[.messageType]
         func upstream() -> Upstream {
-            Upstream(messageID: members["message_id"], from: members["from"], category: members["category"],
+            Upstream(messageID: members[.messageID], from: members[.from], category: members[.category],
                      dataJSON: skim.memberIsObject ? skim.memberText ?? "{}" : "{}", json: text)
         }
         switch messageType {
         case nil: return .upstream(upstream())
         case "receipt": return .receipt(upstream())
         case "ack", "nack":
-            guard let messageID = members["message_id"] else {
+            guard let messageID = members[.messageID] else {
                 throw .missingField("message_id", messageType: messageType!)
             }
-            let from = members["from"]
-            let canonical = members["registration_id"]
+            let from = members[.from]
+            let canonical = members[.registrationID]
             if messageType == "ack" {
                 return .ack(messageID: messageID, from: from, canonicalRegistrationID: canonical)
             }
-            return .nack(messageID: messageID, from: from, error: members["error"] ?? "UNKNOWN",
-                         description: members["error_description"], canonicalRegistrationID: canonical)
+            return .nack(messageID: messageID, from: from, error: members[.error] ?? "UNKNOWN",
+                         description: members[.errorDescription], canonicalRegistrationID: canonical)
         case "control":
-            return .control(type: members["control_type"] ?? "")
+            return .control(type: members[.controlType] ?? "")
         case let other?:
             throw .unknownMessageType(other)
         }
