@@ -22,12 +22,19 @@ struct JSONParser {
     }
 
     static func parse(_ text: String) throws(Failure) -> JSONValue {
+        try reading(text, recording: nil) { parser, _ throws(Failure) in try parser.value(depth: 0) }
+    }
+
+    /// Runs `body` on a parser over `text`'s UTF-8, with whitespace skipped before it, and
+    /// checks that only whitespace follows what it read.
+    private static func reading<T>(_ text: String, recording member: String?,
+                                   _ body: (inout JSONParser, UnsafeBufferPointer<UInt8>) throws(Failure) -> T) throws(Failure) -> T {
         var text = text
-        let result: Result<JSONValue, Failure> = text.withUTF8 { buffer in
-            var parser = JSONParser(buffer, recording: nil)
+        let result: Result<T, Failure> = text.withUTF8 { buffer in
+            var parser = JSONParser(buffer, recording: member)
             do {
                 parser.skipWhitespace()
-                let value = try parser.value(depth: 0)
+                let value = try body(&parser, buffer)
                 parser.skipWhitespace()
                 guard parser.index == buffer.count else { throw parser.fail("unexpected text after the value") }
                 return .success(value)
@@ -73,33 +80,21 @@ struct JSONParser {
     /// `member`: for a CCS message, everything the worker needs at once, at a fraction of
     /// the cost of building every value.
     static func skim(_ text: String, keeping keys: Keys, recording member: String) throws(Failure) -> Skim {
-        var text = text
-        let result: Result<Skim, Failure> = text.withUTF8 { buffer in
-            var parser = JSONParser(buffer, recording: member)
-            do {
-                parser.skipWhitespace()
-                var skim = Skim(isObject: false, strings: Array(repeating: nil, count: keys.names.count),
-                                memberText: nil, memberIsObject: false)
-                if parser.index < buffer.count, buffer[parser.index] == UInt8(ascii: "{") {
-                    skim.isObject = true
-                    try parser.outermostStrings(keys, into: &skim.strings)
-                } else {
-                    try parser.skipValue(depth: 0)
-                }
-                parser.skipWhitespace()
-                guard parser.index == buffer.count else { throw parser.fail("unexpected text after the value") }
-                if let span = parser.recordedSpan {
-                    skim.memberText = String(decoding: UnsafeBufferPointer(rebasing: buffer[span]), as: UTF8.self)
-                    skim.memberIsObject = buffer[span.lowerBound] == UInt8(ascii: "{")
-                }
-                return .success(skim)
-            } catch let failure as Failure {
-                return .failure(failure)
-            } catch {
-                return .failure(Failure(message: "\(error)", offset: 0))
+        try reading(text, recording: member) { parser, buffer throws(Failure) in
+            var skim = Skim(isObject: false, strings: Array(repeating: nil, count: keys.names.count),
+                            memberText: nil, memberIsObject: false)
+            if parser.index < buffer.count, buffer[parser.index] == UInt8(ascii: "{") {
+                skim.isObject = true
+                try parser.outermostStrings(keys, into: &skim.strings)
+            } else {
+                try parser.skipValue(depth: 0)
             }
+            if let span = parser.recordedSpan {
+                skim.memberText = String(decoding: UnsafeBufferPointer(rebasing: buffer[span]), as: UTF8.self)
+                skim.memberIsObject = buffer[span.lowerBound] == UInt8(ascii: "{")
+            }
+            return skim
         }
-        return try result.get()
     }
 
     /// The outermost object, as `object(depth: 1)` reads it, keeping the string members
@@ -114,11 +109,17 @@ struct JSONParser {
         while true {
             skipWhitespace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { throw fail("expected a member name") }
-            let nameStart = index + 1
+            let quote = index
             _ = try string(collect: false)
-            let raw = UnsafeBufferPointer(rebasing: bytes[nameStart..<(index - 1)])
-            let name: String? = raw.contains(UInt8(ascii: "\\"))
-                ? JSONParser.decodedName(raw) : nil
+            let raw = UnsafeBufferPointer(rebasing: bytes[(quote + 1)..<(index - 1)])
+            var name: String?
+            if raw.contains(UInt8(ascii: "\\")) {
+                // Rare: read the name again, decoding its escapes (it was checked already).
+                let end = index
+                index = quote
+                name = try string()
+                index = end
+            }
             let position = name.map { keys.names.firstIndex(of: $0) } ?? keys.position(of: raw)
             let isMember = recordedMember.map { wanted in name.map { $0 == wanted } ?? wanted.utf8.elementsEqual(raw) } ?? false
             skipWhitespace()
@@ -139,17 +140,6 @@ struct JSONParser {
             if bytes[index] == UInt8(ascii: ",") { index += 1; continue }
             if bytes[index] == UInt8(ascii: "}") { index += 1; return }
             throw fail("expected ',' or '}'")
-        }
-    }
-
-    /// A member name with escapes, decoded (it was checked already).
-    private static func decodedName(_ raw: UnsafeBufferPointer<UInt8>) -> String? {
-        var quoted = [UInt8(ascii: "\"")]
-        quoted.append(contentsOf: raw)
-        quoted.append(UInt8(ascii: "\""))
-        return quoted.withUnsafeBufferPointer { buffer in
-            var parser = JSONParser(buffer, recording: nil)
-            return try? parser.string()
         }
     }
 

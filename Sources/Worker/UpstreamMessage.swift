@@ -47,36 +47,23 @@ public struct UpstreamMessage: Sendable {
     public var category: String? { storage.category }
     /// `data` with every value as a string (non-string JSON values as their JSON text).
     public var data: [String: String] {
-        storage.stringData.withLock { cached in
-            if let cached { return cached }
-            let made = rawData.mapValues { value in
+        Self.memo(storage.stringData) {
+            rawData.mapValues { value in
                 if case .string(let text) = value { return text }
                 return value.serialized
             }
-            cached = made
-            return made
         }
     }
     /// `data` with its values as sent.
     public var rawData: [String: JSONValue] {
-        storage.parsedData.withLock { cached in
-            if let cached { return cached }
-            let made = (try? JSONValue.parse(storage.dataJSON))?.objectValue ?? [:]
-            cached = made
-            return made
-        }
+        Self.memo(storage.parsedData) { (try? JSONValue.parse(storage.dataJSON))?.objectValue ?? [:] }
     }
     /// `data` as JSON text exactly as the device sent it (numbers to every digit, members
     /// in their order): what to store in a `jsonb` column.
     public var dataJSON: String { storage.dataJSON }
     /// The whole JSON object, including fields the worker does not use.
     public var raw: JSONValue {
-        storage.parsedRaw.withLock { cached in
-            if let cached { return cached }
-            let made = (try? JSONValue.parse(storage.rawPayload)) ?? .object([:])
-            cached = made
-            return made
-        }
+        Self.memo(storage.parsedRaw) { (try? JSONValue.parse(storage.rawPayload)) ?? .object([:]) }
     }
     /// The JSON text exactly as received.
     public var rawPayload: String { storage.rawPayload }
@@ -84,6 +71,16 @@ public struct UpstreamMessage: Sendable {
     public var connection: String { storage.connection }
     /// When the worker parsed it.
     public var receivedAt: Date { storage.receivedAt }
+
+    /// The value in `cell`, made by `make` and kept there the first time.
+    private static func memo<Value>(_ cell: borrowing Mutex<Value?>, _ make: () -> Value) -> Value {
+        cell.withLock { cached in
+            if let cached { return cached }
+            let made = make()
+            cached = made
+            return made
+        }
+    }
 
     /// `dataJSON` is the text `rawData` was parsed from; without it `rawData` is serialised.
     public init(messageID: String, from: String, category: String?, rawData: [String: JSONValue], dataJSON: String? = nil,

@@ -153,7 +153,7 @@ struct UpstreamBench {
             let after = cpu.sample()
             let share = ceiling.map { String(format: " = %.0f%% of the ceiling", 100 * result.persistedPerSecond / $0) } ?? ""
             say(String(format: "%@ ack mode (%d connections): acked %.0f msgs/s, persisted %.0f msgs/s", mode.rawValue,
-                         mode == .durable ? durableConnections : connections,
+                         connections(for: mode),
                          result.ackedPerSecond, result.persistedPerSecond) + share)
             say("  ack latency (simulator-measured) \(result.ackLatency); receive-to-commit \(result.commitLatency)")
             say("  " + CPUAccount.describe(from: before, to: after, messages: messages, cores: ProcessInfo.processInfo.activeProcessorCount))
@@ -205,7 +205,7 @@ struct UpstreamBench {
     }
 
     private func throughputRun(url: String, mode: WorkerConfiguration.AckMode) async throws -> ThroughputResult {
-        let setup = try await Setup.start(url: url, connections: mode == .durable ? durableConnections : connections,
+        let setup = try await Setup.start(url: url, connections: connections(for: mode),
                                           concurrency: concurrency, mode: mode, messages: messages, rate: 0)
         defer { setup.stop() }
         let (ackedAt, stats) = try await setup.waitForAllAcked(limit: .seconds(600))
@@ -221,6 +221,11 @@ struct UpstreamBench {
             ackLatency: stats, commitLatency: LatencySummary(microseconds: setup.committed.latencies))
         await setup.shutdown()
         return result
+    }
+
+    /// The connections of a throughput run in `mode`.
+    private func connections(for mode: WorkerConfiguration.AckMode) -> Int {
+        mode == .durable ? durableConnections : connections
     }
 
     private func pacedRun(url: String) async throws -> (ackLatency: String, commitLatency: LatencySummary, persisted: Int, offered: Int) {
