@@ -1,12 +1,30 @@
 // swift-tools-version:6.0
 import PackageDescription
 
+/// The targets are layers; each imports only the ones below it:
+///
+///     fcm-worker (the command line)
+///     Simulator          Handlers   WorkerTesting
+///         │                 │            │
+///         │              Worker ─────────┘   pipeline, outbox, configuration, lifecycle
+///         │            ┌────┴────┐
+///         └──────────► FCM     Postgres       CCS protocol and HTTP client │ libpq
+///                      │          │
+///                     XMPP        │           stanzas, parser, session negotiation
+///                      │          │
+///                  Transport      │           TCP, TLS, the stream loop, HTTPS
+///                      └────┬─────┘
+///                        Runtime              threads, locks, queues, backoff, lifecycle
+let swiftSettings: [SwiftSetting] = [.enableUpcomingFeature("ExistentialAny")]
+
 let package = Package(
     name: "fcm-worker",
     platforms: [.macOS(.v15)],
     products: [
         .library(name: "Worker", targets: ["Worker"]),
         .library(name: "Handlers", targets: ["Handlers"]),
+        .library(name: "Runtime", targets: ["Runtime"]),
+        .library(name: "Transport", targets: ["Transport"]),
         .library(name: "XMPP", targets: ["XMPP"]),
         .library(name: "FCM", targets: ["FCM"]),
         .library(name: "Postgres", targets: ["Postgres"]),
@@ -24,17 +42,22 @@ let package = Package(
             name: "CExpat", path: "Sources/CExpat", pkgConfig: "expat",
             providers: [.apt(["libexpat1-dev"])]),
         .target(name: "CSystem", path: "Sources/CSystem"),
-        .target(name: "XMPP", dependencies: ["COpenSSL", "CExpat", "CSystem"]),
-        .target(name: "FCM", dependencies: ["XMPP"]),
-        .target(name: "Postgres", dependencies: ["CLibPQ", "XMPP"]),
-        .target(name: "Simulator", dependencies: ["XMPP", "FCM", "COpenSSL"]),
-        .target(name: "Worker", dependencies: ["XMPP", "FCM", "Postgres"]),
-        .target(name: "Handlers", dependencies: ["Worker", "FCM", "Postgres"]),
-        .executableTarget(name: "fcm-worker", dependencies: ["Worker", "Handlers", "Simulator"]),
-        .testTarget(name: "XMPPTests", dependencies: ["XMPP"]),
-        .testTarget(name: "PostgresTests", dependencies: ["Postgres"]),
-        .testTarget(name: "WorkerTests", dependencies: ["Worker", "FCM"]),
-        .testTarget(name: "EndToEndTests", dependencies: ["Worker", "Handlers", "Simulator", "XMPP", "FCM", "Postgres"]),
+        .target(name: "Runtime", swiftSettings: swiftSettings),
+        .target(name: "Transport", dependencies: ["Runtime", "COpenSSL", "CSystem"], swiftSettings: swiftSettings),
+        .target(name: "XMPP", dependencies: ["Runtime", "Transport", "CExpat"], swiftSettings: swiftSettings),
+        .target(name: "FCM", dependencies: ["Runtime", "Transport", "XMPP"], swiftSettings: swiftSettings),
+        .target(name: "Postgres", dependencies: ["Runtime", "CLibPQ"], swiftSettings: swiftSettings),
+        .target(name: "Worker", dependencies: ["Runtime", "Transport", "XMPP", "FCM", "Postgres"], swiftSettings: swiftSettings),
+        .target(name: "Handlers", dependencies: ["Worker", "FCM", "Postgres"], swiftSettings: swiftSettings),
+        .target(name: "Simulator", dependencies: ["Runtime", "Transport", "XMPP", "FCM", "COpenSSL"], swiftSettings: swiftSettings),
+        .executableTarget(name: "fcm-worker", dependencies: ["Worker", "Handlers", "Simulator"], swiftSettings: swiftSettings),
+        .testTarget(name: "RuntimeTests", dependencies: ["Runtime"]),
+        .testTarget(name: "TransportTests", dependencies: ["Transport", "Runtime"]),
+        .testTarget(name: "XMPPTests", dependencies: ["XMPP", "Transport", "Runtime"]),
+        .testTarget(name: "FCMTests", dependencies: ["FCM", "XMPP", "Transport", "Runtime"]),
+        .testTarget(name: "PostgresTests", dependencies: ["Postgres", "Runtime"]),
+        .testTarget(name: "WorkerTests", dependencies: ["Worker", "FCM", "Runtime"]),
+        .testTarget(name: "EndToEndTests", dependencies: ["Worker", "Handlers", "Simulator", "Runtime", "Transport", "XMPP", "FCM", "Postgres"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -1,3 +1,4 @@
+import Runtime
 extension DownstreamMessage {
     /// The option names an outbox payload may carry beside `data` and `notification`.
     static let payloadOptions: Set<String> = [

@@ -1,3 +1,4 @@
+import Runtime
 /// A downstream message (app server → FCM) with every field of PROTOCOL.md section 3.
 ///
 /// `validate()` refuses what FCM would refuse (and what it would silently rewrite), naming

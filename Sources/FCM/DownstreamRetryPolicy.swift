@@ -1,3 +1,4 @@
+import Runtime
 /// When a downstream message that FCM could not take is tried again.
 ///
 /// Attempt n (from 1) waits `base × 2ⁿ⁻¹`, capped at `cap`, times a random factor in

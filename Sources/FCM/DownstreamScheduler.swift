@@ -1,5 +1,6 @@
 import Foundation
 import XMPP
+import Runtime
 
 /// A downstream message claimed from the outbox and ready to be placed on a connection.
 public struct OutgoingDownstream: Sendable, Equatable {

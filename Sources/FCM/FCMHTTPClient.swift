@@ -1,5 +1,7 @@
 import Foundation
 import XMPP
+import Runtime
+import Transport
 
 /// FCM's legacy HTTP protocol (PROTOCOL.md section 8): sends, multicasts split into
 /// batches of 1,000 tokens, and device-group operations, over kept-alive HTTPS connections
@@ -56,7 +58,7 @@ public final class FCMHTTPClient: Sendable {
         /// FCM answered 400 or 401, or retries ran out on 5xx answers.
         case refused(LegacyHTTPResponse.Failure)
         /// The connection failed on every attempt.
-        case transport(XMPPError)
+        case transport(TransportError)
 
         public var description: String {
             switch self {
@@ -80,7 +82,7 @@ public final class FCMHTTPClient: Sendable {
     public let settings: Settings
     private let client: HTTPSClient
 
-    public init(settings: Settings) throws(XMPPError) {
+    public init(settings: Settings) throws(TransportError) {
         self.settings = settings
         self.client = try HTTPSClient(host: settings.host, port: settings.port, trust: settings.trust,
                                       maximumConnections: settings.maximumInFlight, timeout: settings.requestTimeout)
@@ -188,7 +190,7 @@ public final class FCMHTTPClient: Sendable {
             } catch let failure as Failure {
                 throw failure
             } catch {
-                let transport = (error as? XMPPError) ?? .connectionLost("\(error)")
+                let transport = (error as? TransportError) ?? .connectionLost("\(error)")
                 guard attempt < settings.maximumAttempts, !Task.isCancelled else { throw .transport(transport) }
                 wait = backoff(attempt)
             }

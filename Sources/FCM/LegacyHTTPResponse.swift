@@ -1,4 +1,5 @@
 import Foundation
+import Runtime
 
 /// What FCM's legacy HTTP endpoint answered to `POST /fcm/send` with status 200
 /// (PROTOCOL.md section 8), parsed in full.

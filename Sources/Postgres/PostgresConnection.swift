@@ -1,6 +1,6 @@
-import XMPP
-import CLibPQ
+internal import CLibPQ
 import Foundation
+import Runtime
 
 /// One libpq connection, owned by a thread of its own.
 ///

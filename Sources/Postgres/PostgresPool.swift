@@ -1,4 +1,5 @@
 import Synchronization
+import Runtime
 
 /// A fixed number of connections, handed out one task at a time.
 ///

@@ -1,4 +1,5 @@
 import Foundation
+import Runtime
 
 /// A statement parameter. Values travel separately from the SQL text (never spliced into
 /// it), in PostgreSQL's text format; cast in SQL where the type is not obvious

@@ -5,6 +5,8 @@ import XMPP
 #if canImport(Glibc)
 import Glibc
 #endif
+import Runtime
+import Transport
 
 /// A faithful stand-in for FCM's XMPP connection server (CCS) on loopback, over real TLS.
 ///
@@ -113,7 +115,7 @@ public final class CCSSimulator: Sendable {
         }
         var byte: UInt8 = 1
         _ = Glibc.write(wakePipe.write, &byte, 1)
-        for handle in handles { handle.loop.requestClose(.abort(.closedLocally)) }
+        for handle in handles { handle.loop.requestClose(.abort(XMPPError.closedLocally)) }
     }
 
     // MARK: - Scripting
@@ -440,8 +442,7 @@ public final class CCSSimulator: Sendable {
         }
         let driver = SimulatedSession(id: id, simulator: self, mailbox: mailbox)
         let loop = StreamLoop(name: "ccs-simulator session \(id)", origin: .accepted(fd: fd), tlsContext: tls, role: .server,
-                              handshakeTimeout: .seconds(10), maxStanzaBytes: configuration.maxStanzaBytes,
-                              maxDepth: XMLStreamParser.defaultMaxDepth, outboundCapacity: 1 << 20,
+                              handshakeTimeout: .seconds(10), closingTail: "</stream:stream>", outboundCapacity: 1 << 20,
                               niceness: configuration.threadNiceness, driver: driver)
         let accepted = state.withLock { state -> Bool in
             guard !state.stopped else { return false }

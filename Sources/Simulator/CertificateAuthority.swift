@@ -1,6 +1,7 @@
 import COpenSSL
 import Foundation
 import XMPP
+import Transport
 
 /// A throwaway certificate authority made in memory at run time (EC P-256, SHA-256), for
 /// the simulator's TLS: tests and the demo trust its root and nothing else.

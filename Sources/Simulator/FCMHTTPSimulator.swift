@@ -5,6 +5,8 @@ import XMPP
 #if canImport(Glibc)
 import Glibc
 #endif
+import Runtime
+import Transport
 
 /// A stand-in for FCM's legacy HTTP endpoints over HTTPS on loopback (PROTOCOL.md section 8):
 /// `POST /fcm/send` (JSON and plain text) and `POST /fcm/notification` (device groups).

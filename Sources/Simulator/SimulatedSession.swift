@@ -2,6 +2,7 @@ import FCM
 import Foundation
 import Synchronization
 import XMPP
+import Transport
 
 /// What the scripting API asks a session to do.
 enum SessionCommand: Sendable {
@@ -36,6 +37,7 @@ final class SimulatedSession: StreamDriver {
     private let simulator: CCSSimulator
     private let mailbox: SessionMailbox
     private var negotiation: CCSServerNegotiation
+    private let reader: XMLStreamReader
     private var bound = false
     private var muted = false
     private var draining = false
@@ -60,6 +62,7 @@ final class SimulatedSession: StreamDriver {
         self.negotiation = CCSServerNegotiation(senderID: simulator.configuration.senderID,
                                                 serverKey: simulator.configuration.serverKey,
                                                 domain: simulator.configuration.domain)
+        self.reader = XMLStreamReader(maxStanzaBytes: simulator.configuration.maxStanzaBytes, maxDepth: XMLStreamParser.defaultMaxDepth)
     }
 
     func streamDidOpen(_ loop: StreamLoop) {}
@@ -72,11 +75,15 @@ final class SimulatedSession: StreamDriver {
         return [scheduled.first?.due, nextKeepalive, closeAt].compactMap { $0 }.min()
     }
 
-    func streamDidEnd(_ loop: StreamLoop, reason: XMPPError) {
-        simulator.sessionEnded(id, reason: reason.description)
+    func streamDidEnd(_ loop: StreamLoop, reason: any Error) {
+        simulator.sessionEnded(id, reason: XMPPError(ending: reason).description)
     }
 
-    func stream(_ loop: StreamLoop, didReceive event: XMLStreamEvent) {
+    func stream(_ loop: StreamLoop, didRead bytes: UnsafeRawBufferPointer) {
+        reader.read(bytes, on: loop) { event in handle(event, loop) }
+    }
+
+    private func handle(_ event: XMLStreamEvent, _ loop: StreamLoop) {
         guard !muted else { return }
         for action in negotiation.handle(event) {
             switch action {
@@ -86,11 +93,11 @@ final class SimulatedSession: StreamDriver {
                     loop.write(preamble)
                 }
                 loop.write(text)
-            case .restartStream: loop.restartParser()
+            case .restartStream: reader.restart()
             case .authenticated: break
             case .refused(let reason):
                 simulator.record(.authenticationRefused(session: id, reason: reason))
-                loop.close(reason: .authenticationRefused(condition: "not-authorized"))
+                loop.close(reason: XMPPError.authenticationRefused(condition: "not-authorized"))
             case .bound(let jid):
                 bound = true
                 if let interval = config.whitespaceKeepaliveInterval { nextKeepalive = .now + interval }
@@ -100,9 +107,9 @@ final class SimulatedSession: StreamDriver {
             case .violation(let condition, let detail):
                 simulator.record(.violation(session: id, .stream(detail)))
                 loop.write("<stream:error><\(condition) xmlns=\"\(XMPPNamespace.streamErrors)\"/></stream:error>")
-                loop.close(reason: .protocolViolation(detail))
+                loop.close(reason: XMPPError.protocolViolation(detail))
             case .clientClosed:
-                loop.close(reason: .closedByPeer)
+                loop.close(reason: XMPPError.closedByPeer)
             case .pingAnswered:
                 simulator.record(.pingAnswered(session: id))
             }
@@ -117,7 +124,7 @@ final class SimulatedSession: StreamDriver {
         }
         let now = ContinuousClock.now
         if let closeAt, now >= closeAt {
-            loop.close(reason: .closedLocally)
+            loop.close(reason: XMPPError.closedLocally)
             return
         }
         guard !muted else { return }
@@ -150,14 +157,14 @@ final class SimulatedSession: StreamDriver {
             simulator.record(.drainingSent(session: id))
             if let closeAfter { closeAt = .now + closeAfter }
         case .drop:
-            loop.abort(reason: .connectionLost("dropped by the simulator"))
+            loop.abort(reason: XMPPError.connectionLost("dropped by the simulator"))
         case .closeStream:
-            loop.close(reason: .closedLocally)
+            loop.close(reason: XMPPError.closedLocally)
         case .streamError(let condition, let text):
             var error = "<stream:error><\(condition) xmlns=\"\(XMPPNamespace.streamErrors)\"/>"
             if let text { error += "<text xmlns=\"\(XMPPNamespace.streamErrors)\">\(XMLEscaping.escapeText(text))</text>" }
             loop.write(error + "</stream:error>")
-            loop.close(reason: .streamError(condition: condition, text: text))
+            loop.close(reason: XMPPError.streamError(condition: condition, text: text))
         case .raw(let bytes, let recordSize):
             loop.write(bytes: bytes, recordSize: recordSize)
         case .mute:

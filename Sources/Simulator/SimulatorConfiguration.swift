@@ -1,5 +1,6 @@
 import FCM
 import XMPP
+import Transport
 
 /// How the simulated FCM behaves.
 public struct SimulatorConfiguration: Sendable {

@@ -2,6 +2,8 @@ import FCM
 import Foundation
 import Synchronization
 import XMPP
+import Runtime
+import Transport
 
 /// Keeps one CCS connection alive: connects, serves it until it ends, and reconnects with
 /// exponential backoff and full jitter. Every upstream message goes to the pipeline; its
@@ -49,7 +51,7 @@ final class CCSConnectionSlot: Sendable {
     /// Runs until shutdown; returns the connections still open then (the one served and
     /// any CCS is still draining).
     func run() async throws -> [XMPPConnection] {
-        var backoff = ReconnectBackoff(base: configuration.reconnectBase, cap: configuration.reconnectCap)
+        var backoff = Backoff.reconnect(base: configuration.reconnectBase, cap: configuration.reconnectCap)
         let slot = self
         shutdown.onRequest {
             for connection in slot.open.withLock({ $0.all }) { connection.stopReceiving() }
@@ -83,7 +85,7 @@ final class CCSConnectionSlot: Sendable {
                 if shutdown.isRequested { break }
                 open.withLock { $0.serving = nil }
                 let reason = await connection.closed()
-                backoff.sessionEnded(after: .now - started)
+                if ContinuousClock.now - started >= .seconds(60) { backoff.reset() }
                 logger.warning("connection \(connection.label) ended: \(reason)")
                 observer?(.disconnected(slot: index, reason: reason))
             } catch let error as XMPPError where error.isConfigurationError {
@@ -98,7 +100,7 @@ final class CCSConnectionSlot: Sendable {
                 if shutdown.isRequested { break }
                 logger.warning("connecting failed: \(error)")
             }
-            let delay = backoff.nextDelay()
+            let delay = backoff.next()
             logger.info("reconnecting in \(delay.formattedSeconds) (attempt \(backoff.attempt))")
             observer?(.reconnectScheduled(slot: index, delay: delay))
             await shutdown.sleep(for: delay)

@@ -1,5 +1,6 @@
 import FCM
 import Foundation
+import Runtime
 
 /// How the outbox is sent: the claim lease, the sweep, and the retry policy.
 public struct DownstreamSettings: Sendable {

@@ -2,6 +2,8 @@ import Foundation
 import FCM
 import Postgres
 import XMPP
+import Runtime
+import Transport
 
 /// The worker: keeps `configuration.connections` CCS connections open, acks every upstream
 /// message (at once, or after its commit in durable mode), and runs the registered

@@ -2,6 +2,7 @@ import FCM
 import Foundation
 import Postgres
 import XMPP
+import Runtime
 
 /// Sends the outbox rows whose transport is `http` through FCM's legacy HTTP protocol:
 /// rows with `registration_ids` as multicasts (1,000 tokens per request), the others to

@@ -1,6 +1,7 @@
 import FCM
 import Foundation
 import Postgres
+import Runtime
 
 /// What a batch handler may touch: the batch's transaction, replies, and a logger.
 ///

@@ -2,6 +2,7 @@ import FCM
 import Foundation
 import Postgres
 import XMPP
+import Runtime
 
 /// Sends the outbox over the worker's CCS connections with FCM's rules.
 ///

@@ -1,5 +1,6 @@
 import FCM
 import Foundation
+import Runtime
 
 extension OutboxStore.ClaimedRow {
     /// Why a claimed row is settled without being sent.

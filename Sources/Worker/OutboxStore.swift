@@ -2,6 +2,7 @@ import FCM
 import Foundation
 import Postgres
 import XMPP
+import Runtime
 
 /// The outbox table as the sender uses it: claiming rows under a lease, writing their
 /// delivery state back, renewing and handing back claims, and marking tokens.
@@ -89,7 +90,10 @@ struct OutboxStore: Sendable {
                     error_code = coalesce(u.error_code, d.error_code),
                     error_description = coalesce(u.error_description, d.error_description),
                     canonical_token = coalesce(u.canonical_token, d.canonical_token),
-                    available_at = CASE WHEN u.status = 'delivered' THEN NULL ELSE to_timestamp(u.available_at) END
+                    available_at = CASE WHEN u.status = 'delivered' THEN NULL
+                                        -- A held-back `sent` carries the lease of its send: never shorten a renewal.
+                                        WHEN u.status = 'sent' THEN greatest(d.available_at, to_timestamp(u.available_at))
+                                        ELSE to_timestamp(u.available_at) END
                 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::float8[], $6::float8[],
                             $7::float8[], $8::text[], $9::text[], $10::text[], $11::float8[])
                     AS u(id, status, attempts, sent_on, sent_at, acked_at, delivered_at, error_code, error_description,

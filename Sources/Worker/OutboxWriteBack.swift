@@ -1,6 +1,7 @@
 import Foundation
 import Postgres
 import XMPP
+import Runtime
 
 /// Collects outbox row updates and token marks and writes them in batches: one
 /// transaction per batch, one write per row however many updates it had meanwhile.

@@ -2,6 +2,7 @@ import FCM
 import Foundation
 import Postgres
 import Synchronization
+import Runtime
 
 /// How the upstream pipeline batches, parallelises and retries.
 public struct PipelineSettings: Sendable {

@@ -2,6 +2,7 @@ import FCM
 import Foundation
 import Postgres
 import XMPP
+import Runtime
 
 /// A setting that is missing or invalid. `fcm-worker` prints `description` as one line and
 /// exits with status 2.

@@ -1,6 +1,7 @@
 import Foundation
 import Postgres
 import XMPP
+import Runtime
 
 /// The entry point of a worker executable: parse the settings, run until SIGTERM/SIGINT,
 /// and turn the outcome into an exit status. A team's own executable is:

@@ -1,7 +1,11 @@
+import Transport
+import Runtime
+
 /// Runs a client session on its stream's thread: negotiation, liveness, and handing
 /// stanzas to the consuming task.
 final class ClientStreamDriver: StreamDriver {
     let inbox: StanzaInbox
+    private let reader: XMLStreamReader
     /// Fulfilled with the bound JID, or failed with why the session never came up.
     let establishment = OneShot<String>()
     /// Fulfilled once with why the stream ended.
@@ -16,6 +20,7 @@ final class ClientStreamDriver: StreamDriver {
 
     init(configuration: XMPPClientConfiguration, inbox: StanzaInbox) {
         self.inbox = inbox
+        self.reader = XMLStreamReader(maxStanzaBytes: configuration.maxStanzaBytes, maxDepth: configuration.maxDepth)
         self.interceptor = configuration.interceptor
         self.negotiation = SessionNegotiation(credentials: configuration.credentials)
         self.liveness = LivenessMonitor(idleInterval: configuration.pingInterval, timeout: configuration.pingTimeout)
@@ -26,20 +31,20 @@ final class ClientStreamDriver: StreamDriver {
         perform(negotiation.start(), on: loop)
     }
 
-    func stream(_ loop: StreamLoop, didReceive event: XMLStreamEvent) {
-        perform(negotiation.handle(event), on: loop)
+    func stream(_ loop: StreamLoop, didRead bytes: UnsafeRawBufferPointer) {
+        reader.read(bytes, on: loop) { event in perform(negotiation.handle(event), on: loop) }
     }
 
     func streamDidWake(_ loop: StreamLoop) {
         let now = ContinuousClock.now
         if let deadline = negotiationDeadline, now >= deadline {
-            loop.abort(reason: .negotiationTimedOut)
+            loop.abort(reason: XMPPError.negotiationTimedOut)
             return
         }
         guard established else { return }
         switch liveness.tick(now: now, lastHeard: loop.lastReadAt) {
         case .sendPing?: loop.write(negotiation.makePing())
-        case .peerDead(let silence)?: loop.abort(reason: .peerUnresponsive(silence: silence))
+        case .peerDead(let silence)?: loop.abort(reason: XMPPError.peerUnresponsive(silence: silence))
         case nil: break
         }
     }
@@ -50,7 +55,8 @@ final class ClientStreamDriver: StreamDriver {
         negotiationDeadline ?? (established ? liveness.nextDeadline(lastHeard: loop.lastReadAt) : nil)
     }
 
-    func streamDidEnd(_ loop: StreamLoop, reason: XMPPError) {
+    func streamDidEnd(_ loop: StreamLoop, reason: any Error) {
+        let reason = XMPPError(ending: reason)
         establishment.complete(.failure(reason))
         inbox.finish()
         ending.complete(.success(reason))
@@ -60,7 +66,7 @@ final class ClientStreamDriver: StreamDriver {
         for action in actions {
             switch action {
             case .send(let text): loop.write(text)
-            case .restartStream: loop.restartParser()
+            case .restartStream: reader.restart()
             case .established(let jid):
                 established = true
                 negotiationDeadline = nil

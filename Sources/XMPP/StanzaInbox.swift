@@ -1,4 +1,5 @@
 import Synchronization
+import Runtime
 
 /// Stanzas handed from a stream's thread to one consuming task, bounded.
 ///

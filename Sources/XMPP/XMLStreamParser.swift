@@ -1,4 +1,4 @@
-import CExpat
+internal import CExpat
 
 /// What the streaming parser found in the bytes fed to it.
 public enum XMLStreamEvent: Sendable, Equatable {

@@ -1,3 +1,6 @@
+import Runtime
+import Transport
+
 /// One established client XMPP session over TLS.
 ///
 /// `connect` returns once the stream is authenticated and bound. Received stanzas come out
@@ -39,15 +42,14 @@ public final class XMPPConnection: Sendable {
             name: "xmpp \(name)",
             origin: .connect(host: configuration.host, port: configuration.port, timeout: configuration.connectTimeout),
             tlsContext: tls, role: .client(serverName: configuration.host),
-            handshakeTimeout: configuration.negotiationTimeout,
-            maxStanzaBytes: configuration.maxStanzaBytes, maxDepth: configuration.maxDepth,
+            handshakeTimeout: configuration.negotiationTimeout, closingTail: "</stream:stream>",
             outboundCapacity: configuration.outboundCapacityBytes, niceness: configuration.threadNiceness, driver: driver)
         wake.target = loop
         loop.start()
         let jid = try await withTaskCancellationHandler {
             try await driver.establishment.value()
         } onCancel: {
-            loop.requestClose(.abort(.closedLocally))
+            loop.requestClose(.abort(XMPPError.closedLocally))
         }
         return XMPPConnection(boundJID: jid, label: name, loop: loop, inbox: inbox, ending: driver.ending)
     }
@@ -83,7 +85,7 @@ public final class XMPPConnection: Sendable {
     /// Closes the stream gracefully (queued stanzas are sent first, then
     /// `</stream:stream>` and a TLS close_notify) and waits until the socket is closed.
     public func close() async {
-        loop.requestClose(.graceful(.closedLocally))
+        loop.requestClose(.graceful(XMPPError.closedLocally))
         _ = try? await ending.value()
     }
 
@@ -96,12 +98,12 @@ public final class XMPPConnection: Sendable {
 
     /// Starts a graceful close without waiting for it (usable from a cancellation handler).
     public func requestClose() {
-        loop.requestClose(.graceful(.closedLocally))
+        loop.requestClose(.graceful(XMPPError.closedLocally))
     }
 
     /// Drops the connection at once without closing the stream.
     public func abort() {
-        loop.requestClose(.abort(.closedLocally))
+        loop.requestClose(.abort(XMPPError.closedLocally))
     }
 
     /// Waits until the stream has ended and returns why (`.closedLocally` after `close()`).

@@ -1,3 +1,6 @@
+import Transport
+import Runtime
+
 /// Why a connection could not be made or ended. Descriptions never contain the password.
 public enum XMPPError: Error, Sendable, Equatable, CustomStringConvertible {
     /// DNS could not resolve the host.
@@ -28,8 +31,30 @@ public enum XMPPError: Error, Sendable, Equatable, CustomStringConvertible {
     case closedByPeer
     /// We closed the connection.
     case closedLocally
-    /// A blocking exchange (HTTPS) did not finish in time.
-    case timedOut(String)
+
+    /// The XMPP view of a transport failure.
+    public init(_ transport: TransportError) {
+        switch transport {
+        case .resolutionFailed(let host, let reason): self = .resolutionFailed(host: host, reason: reason)
+        case .connectFailed(let host, let port, let reason): self = .connectFailed(host: host, port: port, reason: reason)
+        case .connectTimedOut(let host, let port): self = .connectTimedOut(host: host, port: port)
+        case .tlsFailed(let reason): self = .tlsFailed(reason)
+        case .certificateRejected(let reason): self = .certificateRejected(reason)
+        case .connectionLost(let reason): self = .connectionLost(reason)
+        case .closedByPeer: self = .closedByPeer
+        case .timedOut(let what): self = .connectionLost("timed out: \(what)")
+        case .cancelled: self = .closedLocally
+        }
+    }
+
+    /// Why a stream ended, whatever layer said so.
+    package init(ending reason: any Error) {
+        switch reason {
+        case let error as XMPPError: self = error
+        case let error as TransportError: self = XMPPError(error)
+        default: self = .connectionLost("\(reason)")
+        }
+    }
 
     /// True when retrying cannot help until someone changes the configuration
     /// (credentials, trust settings): callers stop instead of reconnecting in a loop.
@@ -56,18 +81,6 @@ public enum XMPPError: Error, Sendable, Equatable, CustomStringConvertible {
         case .connectionLost(let reason): "connection lost: \(reason)"
         case .closedByPeer: "the peer closed the stream"
         case .closedLocally: "closed by this side"
-        case .timedOut(let what): "timed out: \(what)"
         }
-    }
-}
-
-extension Duration {
-    /// The duration in seconds, as a floating-point number.
-    public var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
-
-    /// "1.5 s" style rendering for log lines.
-    public var formattedSeconds: String {
-        if seconds < 1 { return "\(Int((seconds * 1000).rounded())) ms" }
-        return "\((seconds * 10).rounded() / 10) s"
     }
 }

@@ -6,6 +6,7 @@ import Simulator
 import Synchronization
 import Worker
 import XMPP
+import Runtime
 
 /// `fcm-worker bench`: measured figures, printed.
 enum BenchCommand {

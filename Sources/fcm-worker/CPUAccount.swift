@@ -1,5 +1,6 @@
 import Foundation
 import Postgres
+import Runtime
 
 /// CPU time spent by the three parties of a benchmark run: this process (the worker), its
 /// reaped child processes (the simulator), and a local PostgreSQL cluster (the postmaster,

@@ -3,6 +3,7 @@ import Foundation
 import Simulator
 import Worker
 import XMPP
+import Runtime
 
 /// `fcm-worker simulate`: a simulated CCS on loopback with a generated certificate.
 enum SimulateCommand {

@@ -5,6 +5,8 @@ import Simulator
 import Testing
 import Worker
 import XMPP
+import Runtime
+import Transport
 
 /// A simulator with a fresh CA, and client settings that trust it.
 struct TestCCS {

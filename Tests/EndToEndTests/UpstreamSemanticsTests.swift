@@ -7,6 +7,7 @@ import Synchronization
 import Testing
 import Worker
 import XMPP
+import Runtime
 
 /// Records the order in which it handles messages (a sequence number per handling).
 struct OrderRecorder: UpstreamHandler {

@@ -10,58 +10,6 @@ final class Locked<Value: Sendable>: Sendable {
     func withLock<R: Sendable>(_ body: (inout Value) -> R) -> R { mutex.withLock { body(&$0) } }
 }
 
-private func chunk(_ size: Int) -> OutboundBuffer.Chunk { .init(bytes: [UInt8](repeating: 0x61, count: size), recordSize: 16 * 1024) }
-
-@Suite struct OutboundBufferTests {
-    @Test func sendersWaitWhenFullAndResumeInOrderAsTheThreadDrains() async throws {
-        let wakes = Locked(0)
-        let buffer = OutboundBuffer(capacity: 100) { wakes.withLock { $0 += 1 } }
-        try await buffer.enqueue(chunk(60))
-        let order = Locked<[Int]>([])
-        // Two more senders: neither fits until the loop takes what is queued.
-        let second = Task { try await buffer.enqueue(chunk(60)); order.withLock { $0.append(2) } }
-        while buffer.waiterCount < 1 { await Task.yield() }
-        let third = Task { try await buffer.enqueue(chunk(60)); order.withLock { $0.append(3) } }
-        while buffer.waiterCount < 2 { await Task.yield() }
-        #expect(order.withLock { $0 }.isEmpty)
-        #expect(buffer.takeAll().map(\.bytes.count) == [60])   // admits the second sender only
-        try await second.value
-        #expect(buffer.waiterCount == 1)
-        #expect(buffer.takeAll().map(\.bytes.count) == [60])   // then the third
-        try await third.value
-        #expect(order.withLock { $0 } == [2, 3])
-        #expect(buffer.takeAll().map(\.bytes.count) == [60])
-        #expect(wakes.withLock { $0 } >= 1)
-    }
-
-    @Test func aChunkLargerThanTheCapacityPassesWhenTheBufferIsEmpty() async throws {
-        let buffer = OutboundBuffer(capacity: 10) {}
-        try await buffer.enqueue(chunk(1000))
-        #expect(buffer.takeAll().map(\.bytes.count) == [1000])
-    }
-
-    @Test func closingFailsWaitingSendersWithTheReason() async throws {
-        let buffer = OutboundBuffer(capacity: 10) {}
-        try await buffer.enqueue(chunk(10))
-        let waiting = Task { try await buffer.enqueue(chunk(10)) }
-        while buffer.waiterCount < 1 { await Task.yield() }
-        buffer.close(with: .connectionLost("test"))
-        await #expect(throws: XMPPError.connectionLost("test")) { try await waiting.value }
-        await #expect(throws: XMPPError.connectionLost("test")) { try await buffer.enqueue(chunk(1)) }
-    }
-
-    @Test func cancellingAWaitingSenderRemovesItsChunk() async throws {
-        let buffer = OutboundBuffer(capacity: 10) {}
-        try await buffer.enqueue(chunk(10))
-        let waiting = Task { try await buffer.enqueue(chunk(10)) }
-        while buffer.waiterCount < 1 { await Task.yield() }
-        waiting.cancel()
-        await #expect(throws: CancellationError.self) { try await waiting.value }
-        #expect(buffer.takeAll().map(\.bytes.count) == [10])
-        #expect(buffer.takeAll().isEmpty)
-    }
-}
-
 @Suite struct StanzaInboxTests {
     @Test func aFullInboxAsksTheReaderToPauseAndWakesItWhenDrained() async {
         let wakes = Locked(0)
@@ -115,20 +63,5 @@ private func chunk(_ size: Int) -> OutboundBuffer.Chunk { .init(bytes: [UInt8](r
         while !inbox.hasWaiter { await Task.yield() }
         inbox.push(ReceivedStanza(element: XMLElement("x")))
         #expect(await consumer.value == ["x"])
-    }
-}
-
-@Suite struct ThreadPriorityTests {
-    @Test func aThreadCanLowerItsOwnPriorityWithoutTouchingOtherThreads() async {
-        let before = getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0)
-        let seen = await withCheckedContinuation { (continuation: CheckedContinuation<Int32, Never>) in
-            let thread = Thread {
-                let raised = ThreadPriority.setCurrentThread(niceness: 7)
-                continuation.resume(returning: raised ? getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0) : -100)
-            }
-            thread.start()
-        }
-        #expect(seen == 7)
-        #expect(getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0) == before)
     }
 }

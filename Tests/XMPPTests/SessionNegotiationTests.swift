@@ -167,37 +167,3 @@ private let bindFeatures = "<stream:features><bind xmlns=\"urn:ietf:params:xml:n
         #expect(monitor.tick(now: heard + .seconds(30), lastHeard: heard) == .sendPing)
     }
 }
-
-@Suite struct ReconnectBackoffTests {
-    @Test func delaysGrowExponentiallyWithFullJitterUpToTheCap() {
-        var backoff = ReconnectBackoff(base: .seconds(1), cap: .seconds(8), healthyAfter: .seconds(60))
-        var generator = SystemRandomNumberGenerator()
-        let ceilings: [Duration] = [.seconds(1), .seconds(2), .seconds(4), .seconds(8), .seconds(8), .seconds(8)]
-        for ceiling in ceilings {
-            #expect(backoff.currentCeiling == ceiling)
-            let delay = backoff.nextDelay(using: &generator)
-            #expect(delay >= .zero && delay <= ceiling)
-        }
-    }
-
-    @Test func jitterSpreadsAcrossTheWholeRange() {
-        var generator = SystemRandomNumberGenerator()
-        var delays: [Duration] = []
-        for _ in 0..<200 {
-            var backoff = ReconnectBackoff(base: .seconds(1))
-            delays.append(backoff.nextDelay(using: &generator))
-        }
-        // Full jitter: both halves of [0, 1 s] are used.
-        #expect(delays.contains { $0 < .milliseconds(500) })
-        #expect(delays.contains { $0 > .milliseconds(500) })
-    }
-
-    @Test func aHealthySessionResetsTheSequence() {
-        var backoff = ReconnectBackoff(base: .seconds(1), cap: .seconds(60), healthyAfter: .seconds(60))
-        _ = backoff.nextDelay(); _ = backoff.nextDelay(); _ = backoff.nextDelay()
-        backoff.sessionEnded(after: .seconds(10))
-        #expect(backoff.currentCeiling == .seconds(8))
-        backoff.sessionEnded(after: .seconds(61))
-        #expect(backoff.currentCeiling == .seconds(1))
-    }
-}

@@ -1,4 +1,4 @@
-import COpenSSL
+internal import COpenSSL
 import Foundation
 
 /// Which certificate authorities a client trusts.
@@ -30,7 +30,7 @@ public final class TLSContext: @unchecked Sendable {
     /// True for contexts that verify the peer (clients).
     let isClient: Bool
 
-    private init(method: OpaquePointer, isClient: Bool) throws(XMPPError) {
+    private init(method: OpaquePointer, isClient: Bool) throws(TransportError) {
         guard let context = SSL_CTX_new(method) else {
             throw .tlsFailed("SSL_CTX_new failed: \(OpenSSLErrors.drain())")
         }
@@ -44,7 +44,7 @@ public final class TLSContext: @unchecked Sendable {
 
     /// A client context that verifies the server's chain against `trust` (host names are
     /// checked per connection).
-    public static func client(trust: TLSTrust) throws(XMPPError) -> TLSContext {
+    public static func client(trust: TLSTrust) throws(TransportError) -> TLSContext {
         let tls = try TLSContext(method: TLS_client_method(), isClient: true)
         SSL_CTX_set_verify(tls.context, shim_SSL_VERIFY_PEER(), nil)
         switch trust {
@@ -71,7 +71,7 @@ public final class TLSContext: @unchecked Sendable {
     }
 
     /// A server context presenting `identity`.
-    public static func server(identity: TLSIdentity) throws(XMPPError) -> TLSContext {
+    public static func server(identity: TLSIdentity) throws(TransportError) -> TLSContext {
         let tls = try TLSContext(method: TLS_server_method(), isClient: false)
         let certificates = try PEM.certificates(identity.certificateChainPEM)
         defer { certificates.forEach { X509_free($0) } }
@@ -94,7 +94,7 @@ public final class TLSContext: @unchecked Sendable {
 
 /// PEM decoding into OpenSSL objects (caller frees them).
 enum PEM {
-    static func certificates(_ pem: String) throws(XMPPError) -> [OpaquePointer] {
+    static func certificates(_ pem: String) throws(TransportError) -> [OpaquePointer] {
         var result: [OpaquePointer] = []
         let bio = try memoryBIO(pem)
         defer { BIO_free(bio) }
@@ -106,7 +106,7 @@ enum PEM {
         return result
     }
 
-    static func privateKey(_ pem: String) throws(XMPPError) -> OpaquePointer {
+    static func privateKey(_ pem: String) throws(TransportError) -> OpaquePointer {
         let bio = try memoryBIO(pem)
         defer { BIO_free(bio) }
         guard let key = PEM_read_bio_PrivateKey(bio, nil, nil, nil) else {
@@ -118,7 +118,7 @@ enum PEM {
 
 extension PEM {
     /// A memory BIO holding a copy of `text` (the caller frees it).
-    static func memoryBIO(_ text: String) throws(XMPPError) -> OpaquePointer {
+    static func memoryBIO(_ text: String) throws(TransportError) -> OpaquePointer {
         guard let bio = BIO_new(BIO_s_mem()) else { throw .tlsFailed("BIO_new failed") }
         let written = text.withCString { BIO_write(bio, $0, Int32(strlen($0))) }
         guard written >= 0 else {

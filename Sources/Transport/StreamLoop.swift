@@ -1,30 +1,32 @@
-import CSystem
+internal import CSystem
 import Foundation
 import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
+import Runtime
 
 /// Protocol logic that runs on a stream's thread and tells its `StreamLoop` what to do.
 /// Every method is called on that thread only.
 package protocol StreamDriver: AnyObject {
     /// The TLS handshake finished; the stream may start.
     func streamDidOpen(_ loop: StreamLoop)
-    /// The parser produced `event`.
-    func stream(_ loop: StreamLoop, didReceive event: XMLStreamEvent)
+    /// Bytes arrived from the peer (valid only during the call).
+    func stream(_ loop: StreamLoop, didRead bytes: UnsafeRawBufferPointer)
     /// Called on every turn of the loop (after a wakeup, I/O, or a deadline passing).
     func streamDidWake(_ loop: StreamLoop)
     /// Whether the loop should read from the socket now (false applies backpressure).
     var wantsToRead: Bool { get }
     /// The next time `streamDidWake` must run even if nothing happens.
     func nextDeadline(_ loop: StreamLoop) -> ContinuousClock.Instant?
-    /// The stream ended and the socket is closed; called exactly once.
-    func streamDidEnd(_ loop: StreamLoop, reason: XMPPError)
+    /// The stream ended and the socket is closed; called exactly once. `reason` is a
+    /// `TransportError` or what was passed to `close`/`abort`/`requestClose`.
+    func streamDidEnd(_ loop: StreamLoop, reason: any Error)
 }
 
-/// One XMPP stream's thread: it owns the socket, the `SSL*` and the XML parser, and runs
-/// a poll(2) loop that writes queued bytes (coalesced into large TLS writes), reads and
-/// parses what arrives, and hands events to its driver.
+/// One TLS stream's thread: it owns the socket and the `SSL*`, and runs a poll(2) loop
+/// that writes queued bytes (coalesced into large TLS writes), reads what arrives and
+/// hands it to its driver (the XMPP layer parses it).
 ///
 /// Other threads and tasks talk to it only through `outbound` (bounded, async),
 /// `wake()` and `requestClose(_:)`.
@@ -38,9 +40,9 @@ package final class StreamLoop: @unchecked Sendable {
     /// How another thread asks the stream to end.
     package enum CloseRequest: Sendable {
         /// Send `</stream:stream>` and close_notify after what is queued, then close.
-        case graceful(XMPPError)
+        case graceful(any Error)
         /// Close the socket at once, sending nothing more.
-        case abort(XMPPError)
+        case abort(any Error)
     }
 
     package static let recordSize = 16 * 1024
@@ -59,26 +61,26 @@ package final class StreamLoop: @unchecked Sendable {
     private let tlsContext: TLSContext
     private let role: TLSRole
     private let handshakeTimeout: Duration
-    private let parserLimits: (stanzaBytes: Int, depth: Int)
+    private let closingTail: String
     private let niceness: Int32?
-    private let driver: StreamDriver
+    private let driver: any StreamDriver
     private var tls: TLSStream?
-    private var parser: XMLStreamParser
     private var pending: [OutboundBuffer.Chunk] = []
     private var pendingOffset = 0
     private var pendingBytes = 0
     private var writeWaitsFor: Int16 = 0
     private var readWaitsFor: Int16 = Int16(POLLIN)
-    private var closing: (reason: XMPPError, deadline: ContinuousClock.Instant, notifySent: Bool)?
+    private var closing: (reason: any Error, deadline: ContinuousClock.Instant, notifySent: Bool)?
     private var ended = false
     private var socketHungUp = false
-    private var parserReplaced = false
     /// When bytes last arrived from the peer (whitespace keepalives included).
     package private(set) var lastReadAt: ContinuousClock.Instant = .now
 
+    /// - Parameter closingTail: written after what is queued when the stream closes
+    ///   gracefully (`</stream:stream>` for XMPP), before the TLS close_notify.
     package init(name: String, origin: Origin, tlsContext: TLSContext, role: TLSRole,
-         handshakeTimeout: Duration, maxStanzaBytes: Int, maxDepth: Int,
-         outboundCapacity: Int, niceness: Int32? = nil, driver: StreamDriver) {
+         handshakeTimeout: Duration, closingTail: String = "",
+         outboundCapacity: Int, niceness: Int32? = nil, driver: any StreamDriver) {
         ProcessSignals.ignoreSIGPIPE()
         var fds: [Int32] = [0, 0]
         guard pipe(&fds) == 0 else { fatalError("pipe() failed: \(String(cString: strerror(errno)))") }
@@ -94,9 +96,8 @@ package final class StreamLoop: @unchecked Sendable {
         self.tlsContext = tlsContext
         self.role = role
         self.handshakeTimeout = handshakeTimeout
-        self.parserLimits = (maxStanzaBytes, maxDepth)
+        self.closingTail = closingTail
         self.niceness = niceness
-        self.parser = XMLStreamParser(maxStanzaBytes: maxStanzaBytes, maxDepth: maxDepth)
         self.driver = driver
         let wakePending = WakePendingFlag()
         self.wakePending = wakePending
@@ -147,49 +148,41 @@ package final class StreamLoop: @unchecked Sendable {
         appendPending(OutboundBuffer.Chunk(bytes: bytes, recordSize: max(1, min(recordSize, Self.recordSize))))
     }
 
-    /// Replaces the parser for a stream restart (after SASL success).
-    package func restartParser() {
-        parser = XMLStreamParser(maxStanzaBytes: parserLimits.stanzaBytes, maxDepth: parserLimits.depth)
-        parserReplaced = true
-    }
-
-    /// Ends the stream gracefully: what is queued is sent, then `</stream:stream>` and a
+    /// Ends the stream gracefully: what is queued is sent, then the closing tail and a
     /// TLS close_notify; the socket closes once the peer closes too or a second has passed.
-    package func close(reason: XMPPError) {
+    package func close(reason: any Error) {
         guard closing == nil, !ended else { return }
         // Refuse new sends (waiting senders fail with the reason), then send what was queued.
         outbound.close(with: reason)
         for chunk in outbound.takeAll() { appendPending(chunk) }
-        write("</stream:stream>")
+        if !closingTail.isEmpty { write(closingTail) }
         closing = (reason, .now + .seconds(1), false)
     }
 
     /// Ends the stream at once: the socket is closed without another byte.
-    package func abort(reason: XMPPError) {
+    package func abort(reason: any Error) {
         end(reason)
     }
 
     package var isEnded: Bool { ended }
 
+    /// True once a graceful close has begun (what arrives now is not handed to the driver).
+    package var isClosing: Bool { closing != nil }
+
     // MARK: - The loop
 
     private func main() {
         if let niceness { ThreadPriority.setCurrentThread(niceness: niceness) }
-        let reason: XMPPError
         do {
             try open()
             driver.streamDidOpen(self)
-            try run()
-            return
-        } catch let error as XMPPError {
-            reason = error
+            run()
         } catch {
-            reason = .connectionLost("\(error)")
+            end(error)
         }
-        end(reason)
     }
 
-    private func open() throws(XMPPError) {
+    private func open() throws {
         let deadline = ContinuousClock.now + handshakeTimeout
         let fd: Int32
         switch origin {
@@ -212,17 +205,17 @@ package final class StreamLoop: @unchecked Sendable {
             case .done: return
             case .wantRead: events = Int16(POLLIN)
             case .wantWrite: events = Int16(POLLOUT)
-            case .closedByPeer: throw .tlsFailed("the peer closed the connection during the handshake")
+            case .closedByPeer: throw TransportError.tlsFailed("the peer closed the connection during the handshake")
             case .failed(let error): throw error
             }
             if case .timedOut = TCPConnector.waitFor(fd, events: events, until: min(deadline, .now + .milliseconds(200))),
                ContinuousClock.now >= deadline {
-                throw .tlsFailed("the TLS handshake timed out")
+                throw TransportError.tlsFailed("the TLS handshake timed out")
             }
         }
     }
 
-    private func run() throws {
+    private func run() {
         var readBuffer = [UInt8](repeating: 0, count: Self.recordSize)
         while !ended {
             drainWakePipe()
@@ -292,12 +285,12 @@ package final class StreamLoop: @unchecked Sendable {
                 result = fcm_ppoll(&descriptors, 2, nil)
             }
             if result < 0 && errno != EINTR {
-                end(.connectionLost("poll failed: \(String(cString: strerror(errno)))"))
+                end(TransportError.connectionLost("poll failed: \(String(cString: strerror(errno)))"))
                 return
             }
             let revents = descriptors[0].revents
             if result > 0 && revents & Int16(POLLNVAL) != 0 {
-                end(.connectionLost("socket became invalid"))
+                end(TransportError.connectionLost("socket became invalid"))
                 return
             }
             if revents & Int16(POLLHUP | POLLERR) != 0 { socketHungUp = true }
@@ -315,22 +308,9 @@ package final class StreamLoop: @unchecked Sendable {
             case .done(let count):
                 lastReadAt = .now
                 readWaitsFor = Int16(POLLIN)
-                let events: [XMLStreamEvent]
-                do {
-                    events = try buffer.withUnsafeBytes { try parser.feed(UnsafeRawBufferPointer(rebasing: $0.prefix(count))) }
-                } catch let error as XMLStreamError {
-                    end(.malformedStream(error))
-                    return false
-                } catch {
-                    end(.connectionLost("\(error)"))
-                    return false
-                }
-                parserReplaced = false
-                for event in events {
-                    // After a stream restart, events of the old parser are stale.
-                    if ended || parserReplaced { break }
-                    if closing != nil { continue }
-                    driver.stream(self, didReceive: event)
+                // While closing, what arrives is read (to see the peer's close) but not handled.
+                if closing == nil {
+                    buffer.withUnsafeBytes { driver.stream(self, didRead: UnsafeRawBufferPointer(rebasing: $0.prefix(count))) }
                 }
             case .wantRead:
                 readWaitsFor = Int16(POLLIN)
@@ -339,7 +319,7 @@ package final class StreamLoop: @unchecked Sendable {
                 readWaitsFor = Int16(POLLOUT)
                 return false
             case .closedByPeer:
-                end(closing?.reason ?? .closedByPeer)
+                end(closing?.reason ?? TransportError.closedByPeer)
                 return false
             case .failed(let error):
                 end(closing?.reason ?? error)
@@ -385,7 +365,7 @@ package final class StreamLoop: @unchecked Sendable {
                 writeWaitsFor = Int16(POLLIN)
                 return
             case .closedByPeer:
-                end(closing?.reason ?? .closedByPeer)
+                end(closing?.reason ?? TransportError.closedByPeer)
                 return
             case .failed(let error):
                 end(closing?.reason ?? error)
@@ -403,7 +383,7 @@ package final class StreamLoop: @unchecked Sendable {
         wakePending.reset()
     }
 
-    private func end(_ reason: XMPPError) {
+    private func end(_ reason: any Error) {
         guard !ended else { return }
         ended = true
         tls = nil

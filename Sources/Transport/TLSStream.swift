@@ -1,4 +1,4 @@
-import COpenSSL
+internal import COpenSSL
 import Foundation
 #if canImport(Glibc)
 import Glibc
@@ -23,7 +23,7 @@ final class TLSStream {
         case wantWrite
         /// The peer sent close_notify.
         case closedByPeer
-        case failed(XMPPError)
+        case failed(TransportError)
     }
 
     let fd: Int32
@@ -31,7 +31,7 @@ final class TLSStream {
     private let isClient: Bool
 
     /// Takes ownership of `fd` (closed in `deinit`, even if this initializer throws).
-    init(fd: Int32, context: TLSContext, role: TLSRole) throws(XMPPError) {
+    init(fd: Int32, context: TLSContext, role: TLSRole) throws(TransportError) {
         guard let ssl = SSL_new(context.context) else {
             close(fd)
             throw .tlsFailed("SSL_new failed: \(OpenSSLErrors.drain())")

@@ -2,13 +2,14 @@ import Foundation
 #if canImport(Glibc)
 import Glibc
 #endif
+import Runtime
 
 /// Blocking TCP helpers for a connection's own thread: resolve, connect with a deadline,
 /// and socket options. Every descriptor returned is non-blocking with TCP_NODELAY set.
 enum TCPConnector {
     /// Resolves `host` (IPv4 and IPv6) and connects to the first address that answers
     /// before `deadline`.
-    static func connect(host: String, port: Int, deadline: ContinuousClock.Instant) throws(XMPPError) -> Int32 {
+    static func connect(host: String, port: Int, deadline: ContinuousClock.Instant) throws(TransportError) -> Int32 {
         var hints = addrinfo()
         hints.ai_family = AF_UNSPEC
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
@@ -80,13 +81,4 @@ extension Duration {
         let milliseconds = seconds * 1000 + (attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000
         return Int32(min(milliseconds, 86_400_000))
     }
-}
-
-/// Ignores SIGPIPE once for the whole process: a write to a closed socket must return EPIPE,
-/// not kill the worker.
-public enum ProcessSignals {
-    private static let ignoreSIGPIPEOnce: Void = { _ = signal(SIGPIPE, SIG_IGN) }()
-
-    /// Sets SIGPIPE to ignored (idempotent).
-    public static func ignoreSIGPIPE() { _ = ignoreSIGPIPEOnce }
 }

@@ -15,7 +15,7 @@ package final class TLSChannel {
 
     /// Connects to `host:port` and completes the handshake (verifying `host`) before `deadline`.
     package static func connect(host: String, port: Int, context: TLSContext,
-                                deadline: ContinuousClock.Instant) throws(XMPPError) -> TLSChannel {
+                                deadline: ContinuousClock.Instant) throws(TransportError) -> TLSChannel {
         let fd = try TCPConnector.connect(host: host, port: port, deadline: deadline)
         let channel = TLSChannel(stream: try TLSStream(fd: fd, context: context, role: .client(serverName: host)))
         try channel.handshake(until: deadline)
@@ -23,14 +23,14 @@ package final class TLSChannel {
     }
 
     /// Completes the server side of the handshake on an accepted socket (taken over).
-    package static func accept(fd: Int32, context: TLSContext, deadline: ContinuousClock.Instant) throws(XMPPError) -> TLSChannel {
+    package static func accept(fd: Int32, context: TLSContext, deadline: ContinuousClock.Instant) throws(TransportError) -> TLSChannel {
         TCPConnector.configure(fd)
         let channel = TLSChannel(stream: try TLSStream(fd: fd, context: context, role: .server))
         try channel.handshake(until: deadline)
         return channel
     }
 
-    private func handshake(until deadline: ContinuousClock.Instant) throws(XMPPError) {
+    private func handshake(until deadline: ContinuousClock.Instant) throws(TransportError) {
         while true {
             switch stream.handshake() {
             case .done: return
@@ -43,7 +43,7 @@ package final class TLSChannel {
     }
 
     /// Writes all of `bytes` before `deadline`.
-    package func write(_ bytes: [UInt8], until deadline: ContinuousClock.Instant) throws(XMPPError) {
+    package func write(_ bytes: [UInt8], until deadline: ContinuousClock.Instant) throws(TransportError) {
         var offset = 0
         while offset < bytes.count {
             let progress = bytes.withUnsafeBytes { buffer in
@@ -61,7 +61,7 @@ package final class TLSChannel {
 
     /// Reads what is available (waiting for something until `deadline`) into `buffer`;
     /// 0 once the peer has closed the connection.
-    package func read(into buffer: inout [UInt8], until deadline: ContinuousClock.Instant) throws(XMPPError) -> Int {
+    package func read(into buffer: inout [UInt8], until deadline: ContinuousClock.Instant) throws(TransportError) -> Int {
         while true {
             let progress = buffer.withUnsafeMutableBytes { stream.read(into: $0) }
             switch progress {
@@ -80,7 +80,7 @@ package final class TLSChannel {
         stream.sendCloseNotify()
     }
 
-    private func wait(_ events: Int16, until deadline: ContinuousClock.Instant, doing what: String) throws(XMPPError) {
+    private func wait(_ events: Int16, until deadline: ContinuousClock.Instant, doing what: String) throws(TransportError) {
         if TCPConnector.waitFor(stream.fd, events: events, until: deadline) == .timedOut {
             throw .timedOut("\(what) took too long")
         }

@@ -1,5 +1,5 @@
 import Testing
-@testable import XMPP
+@testable import Runtime
 
 @Suite struct FIFOTests {
     @Test func keepsOrderAcrossCompactionAndPrepend() {

@@ -1,6 +1,6 @@
 import Synchronization
 import Testing
-@testable import Worker
+@testable import Runtime
 
 @Suite struct BoundedQueueTests {
     @Test func pushingManyFillsToCapacityThenWaitsKeepingOrder() async {

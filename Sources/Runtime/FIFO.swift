@@ -25,6 +25,14 @@ package struct FIFO<Element> {
         head = 0
     }
 
+    /// The oldest element, left in place.
+    package var first: Element? { head < items.count ? items[head] : nil }
+
+    /// True when an element satisfies `predicate`.
+    package func contains(where predicate: (Element) -> Bool) -> Bool {
+        items[head...].contains { predicate($0!) }
+    }
+
     /// Takes the oldest element.
     package mutating func popFirst() -> Element? {
         guard head < items.count else { return nil }

@@ -1,4 +1,5 @@
 import Synchronization
+import Runtime
 
 /// Bytes waiting to be written by a stream's thread, bounded in size.
 ///
@@ -9,9 +10,9 @@ import Synchronization
 package final class OutboundBuffer: Sendable {
     /// Bytes to write, with the largest TLS record they may be cut into.
     package struct Chunk: Sendable {
-        var bytes: [UInt8]
+        package var bytes: [UInt8]
         /// Normally 16 KiB; the simulator uses 1 to send one byte per TLS record.
-        var recordSize: Int
+        package var recordSize: Int
 
         package init(bytes: [UInt8], recordSize: Int) {
             self.bytes = bytes
@@ -30,15 +31,15 @@ package final class OutboundBuffer: Sendable {
         var bytes = 0
         var waiters: [Waiter] = []
         var nextWaiterID: UInt64 = 0
-        var closedWith: XMPPError?
+        var closedWith: (any Error)?
     }
 
-    let capacity: Int
+    package let capacity: Int
     private let state = BlockingLock(State())
     /// Called (outside the lock) after something was enqueued, to wake the stream's thread.
     private let onEnqueue: @Sendable () -> Void
 
-    init(capacity: Int, onEnqueue: @escaping @Sendable () -> Void) {
+    package init(capacity: Int, onEnqueue: @escaping @Sendable () -> Void) {
         self.capacity = capacity
         self.onEnqueue = onEnqueue
     }
@@ -90,7 +91,7 @@ package final class OutboundBuffer: Sendable {
 
     /// Takes everything queued (for the stream's thread), admitting waiting senders whose
     /// chunks now fit, and resumes them.
-    func takeAll() -> [Chunk] {
+    package func takeAll() -> [Chunk] {
         let (chunks, admitted) = state.withLock { state -> ([Chunk], [Waiter]) in
             let taken = state.chunks
             state.chunks.removeAll(keepingCapacity: true)
@@ -110,11 +111,11 @@ package final class OutboundBuffer: Sendable {
     }
 
     /// Senders waiting for room (for tests and metrics).
-    var waiterCount: Int { state.withLock { $0.waiters.count } }
+    package var waiterCount: Int { state.withLock { $0.waiters.count } }
 
     /// Refuses further chunks and fails the waiting senders with `error`; chunks already
     /// queued can still be taken.
-    func close(with error: XMPPError) {
+    package func close(with error: any Error) {
         let waiters = state.withLock { state -> [Waiter] in
             if state.closedWith == nil { state.closedWith = error }
             let waiters = state.waiters

@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import Runtime
 
 /// A small HTTPS/1.1 client for one origin: connections are reused (keep-alive), at most
 /// `maximumConnections` requests are in flight (callers beyond that wait), and every
@@ -37,7 +38,7 @@ public final class HTTPSClient: Sendable {
     /// - Parameters:
     ///   - trust: how the server's certificate is verified (as for XMPP).
     ///   - timeout: for one request, from connecting to the end of the response.
-    public init(host: String, port: Int, trust: TLSTrust, maximumConnections: Int = 4, timeout: Duration = .seconds(30)) throws(XMPPError) {
+    public init(host: String, port: Int, trust: TLSTrust, maximumConnections: Int = 4, timeout: Duration = .seconds(30)) throws(TransportError) {
         precondition(maximumConnections > 0)
         self.host = host
         self.port = port
@@ -51,7 +52,7 @@ public final class HTTPSClient: Sendable {
     }
 
     /// Sends one request and returns the response.
-    /// - Throws: `XMPPError` for connection, TLS and timeout failures (`.timedOut`).
+    /// - Throws: `TransportError` for connection, TLS and timeout failures (`.timedOut`).
     public func send(method: String, path: String, headers: [String: String], body: [UInt8]) async throws -> Response {
         let connection = await checkOut()
         let request = HTTPMessage(startLine: [method, path, "HTTP/1.1"],
@@ -78,7 +79,7 @@ public final class HTTPSClient: Sendable {
         let reused = connection.channel != nil
         do {
             return try roundTrip(request, on: connection, host: host, port: port, context: context, deadline: deadline)
-        } catch let error as XMPPError where reused {
+        } catch let error as TransportError where reused {
             guard case .connectionLost = error else { throw error }
             connection.channel = nil
             return try roundTrip(request, on: connection, host: host, port: port, context: context, deadline: deadline)
@@ -103,7 +104,7 @@ public final class HTTPSClient: Sendable {
             let count = try channel.read(into: &buffer, until: deadline)
             if count == 0 {
                 connection.channel = nil
-                throw XMPPError.connectionLost("the server closed the connection before the end of the response")
+                throw TransportError.connectionLost("the server closed the connection before the end of the response")
             }
             reader.append(buffer[..<count])
         }

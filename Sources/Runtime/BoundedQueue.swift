@@ -1,0 +1,150 @@
+/// A bounded multi-producer, single-consumer queue for async code.
+///
+/// `push` suspends while the queue holds `capacity` items (backpressure: nothing is ever
+/// dropped to make room); the consumer takes items in batches. Every wait ends on
+/// cancellation: a producer cancelled while it waits for room hands its items over anyway
+/// (the queue then holds more than `capacity` for a moment) rather than lose them, and a
+/// consumer cancelled while it waits gets nothing.
+package final class BoundedQueue<Element: Sendable>: Sendable {
+    private struct State {
+        var items = FIFO<Element>()
+        /// Producers waiting for room, each with the item it holds.
+        var held = FIFO<(id: UInt64, item: Element)>()
+        var producers = Waiters<Bool>()
+        var consumer = Waiters<Bool>()
+        var nextHold: UInt64 = 0
+        var closed = false
+        /// Set by `takeAll`: nothing waits for room any more.
+        var drained = false
+    }
+
+    package let capacity: Int
+    private let state = BlockingLock(State())
+
+    package init(capacity: Int) {
+        self.capacity = capacity
+    }
+
+    /// Adds `item`, waiting while the queue is full.
+    package func push(_ item: Element) async {
+        await push(contentsOf: CollectionOfOne(item))
+    }
+
+    /// Adds `items` in order, with one lock and at most one consumer wakeup for what fits;
+    /// the rest waits for room (in order, behind producers already waiting). After
+    /// `close()` items are still accepted: nothing a producer holds is lost.
+    package func push<S: Sequence>(contentsOf items: S) async where S.Element == Element {
+        var iterator = items.makeIterator()
+        var next = iterator.next()
+        while let item = next {
+            var hold: UInt64?
+            let consumer = state.withLock { state -> CheckedContinuation<Bool, Never>? in
+                var added = false
+                var pending: Element? = item
+                while let current = pending {
+                    if state.held.isEmpty && (state.items.count < capacity || state.drained) {
+                        state.items.append(current)
+                        added = true
+                        pending = iterator.next()
+                    } else {
+                        state.nextHold += 1
+                        state.held.append((state.nextHold, current))
+                        hold = state.nextHold
+                        pending = nil
+                    }
+                }
+                return added ? state.consumer.removeFirst() : nil
+            }
+            consumer?.resume(returning: true)
+            guard let hold else { return }
+            await waitUntilAdmitted(hold)
+            next = iterator.next()
+        }
+    }
+
+    /// Waits until the held item `hold` is in the queue. On cancellation it is moved in at
+    /// once, over capacity.
+    private func waitUntilAdmitted(_ hold: UInt64) async {
+        let admitted = await state.suspend(in: \.producers, cancelled: false) { state in
+            state.held.contains { $0.id == hold } ? nil : true
+        }
+        guard !admitted else { return }
+        let consumer = state.withLock { state -> CheckedContinuation<Bool, Never>? in
+            // Admit every item held up to and including this one, in order.
+            while let first = state.held.first, first.id <= hold {
+                state.items.append(state.held.popFirst()!.item)
+            }
+            return state.consumer.removeFirst()
+        }
+        consumer?.resume(returning: true)
+    }
+
+    /// Takes up to `maximum` items, waiting until at least one is there, the queue is closed
+    /// (returns what is left, possibly nothing), `deadline` passes, or the task is
+    /// cancelled (both return an empty array when nothing was there).
+    package func take(maximum: Int, deadline: ContinuousClock.Instant? = nil) async -> [Element] {
+        var lastLook = false
+        while true {
+            let (items, admitted, closed) = state.withLock { state -> ([Element], [CheckedContinuation<Bool, Never>], Bool) in
+                var items = state.items.popFirst(maximum)
+                let admitted = admitProducers(&state)
+                if items.count < maximum { items += state.items.popFirst(maximum - items.count) }
+                return (items, admitted, state.closed)
+            }
+            for producer in admitted { producer.resume(returning: true) }
+            if !items.isEmpty || closed || lastLook || Task.isCancelled { return items }
+            if let deadline, ContinuousClock.now >= deadline { return [] }
+            let woken = await state.suspend(in: \.consumer, cancelled: false, deadline: deadline, timedOut: false) { state in
+                state.items.count > 0 || state.closed || !state.held.isEmpty ? true : nil
+            }
+            // Timed out or cancelled: one more look, for what arrived meanwhile.
+            if !woken { lastLook = true }
+        }
+    }
+
+    /// Moves held items into the room the consumer made; returns their producers to resume.
+    private func admitProducers(_ state: inout State) -> [CheckedContinuation<Bool, Never>] {
+        guard !state.held.isEmpty, state.items.count < capacity else { return [] }
+        while state.items.count < capacity, let held = state.held.popFirst() {
+            state.items.append(held.item)
+        }
+        // Each producer checks whether its own item got in.
+        return state.producers.removeAll()
+    }
+
+    /// True once `close()` was called.
+    package var isClosed: Bool { state.withLock { $0.closed } }
+
+    /// Number of queued items (including those producers hold while waiting for room).
+    package var count: Int { state.withLock { $0.items.count + $0.held.count } }
+
+    /// Tells the consumer to finish: `take` no longer waits once the queue is empty.
+    package func close() {
+        let consumer = state.withLock { state -> [CheckedContinuation<Bool, Never>] in
+            state.closed = true
+            return state.consumer.removeAll()
+        }
+        for waiter in consumer { waiter.resume(returning: true) }
+    }
+
+    /// Closes the queue and takes everything in it, including the items producers hold
+    /// while waiting for room; those producers return (their items are the caller's now),
+    /// and later pushes are accepted without waiting. For a consumer giving up (shutdown).
+    package func takeAll() -> [Element] {
+        let (items, producers, consumer) = state.withLock { state -> ([Element], [CheckedContinuation<Bool, Never>], [CheckedContinuation<Bool, Never>]) in
+            state.closed = true
+            state.drained = true
+            var items = state.items.popFirst(Int.max)
+            while let held = state.held.popFirst() { items.append(held.item) }
+            return (items, state.producers.removeAll(), state.consumer.removeAll())
+        }
+        for producer in producers { producer.resume(returning: true) }
+        for waiter in consumer { waiter.resume(returning: true) }
+        return items
+    }
+
+    /// Wakes a waiting consumer without adding anything (a retry became due).
+    package func poke() {
+        state.withLock { $0.consumer.removeFirst() }?.resume(returning: true)
+    }
+}

@@ -1,0 +1,42 @@
+import Transport
+
+/// The XML side of a stream loop's reading, for the stream's driver (client or server):
+/// bytes go through a fresh `XMLStreamParser` per stream (re)start, and the events they
+/// complete go to the driver in order. A malformed stream ends the loop.
+package final class XMLStreamReader {
+    private let maxStanzaBytes: Int
+    private let maxDepth: Int
+    private var parser: XMLStreamParser
+    /// Counts stream restarts: events of a replaced parser are stale.
+    private var generation = 0
+
+    package init(maxStanzaBytes: Int, maxDepth: Int) {
+        self.maxStanzaBytes = maxStanzaBytes
+        self.maxDepth = maxDepth
+        self.parser = XMLStreamParser(maxStanzaBytes: maxStanzaBytes, maxDepth: maxDepth)
+    }
+
+    /// Replaces the parser for a stream restart (after SASL success): the peer's next
+    /// bytes open a new stream.
+    package func restart() {
+        parser = XMLStreamParser(maxStanzaBytes: maxStanzaBytes, maxDepth: maxDepth)
+        generation += 1
+    }
+
+    /// Parses `bytes` and hands each completed event to `handle`, stopping when the stream
+    /// restarts, closes or ends meanwhile. Aborts `loop` on malformed input.
+    package func read(_ bytes: UnsafeRawBufferPointer, on loop: StreamLoop, _ handle: (XMLStreamEvent) -> Void) {
+        let events: [XMLStreamEvent]
+        do {
+            events = try parser.feed(bytes)
+        } catch {
+            loop.abort(reason: XMPPError.malformedStream(error))
+            return
+        }
+        let generation = self.generation
+        for event in events {
+            if loop.isEnded || loop.isClosing || self.generation != generation { break }
+            handle(event)
+        }
+    }
+}
