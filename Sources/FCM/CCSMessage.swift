@@ -76,6 +76,21 @@ public enum CCSMessage: Sendable, Equatable {
         subscript(member: Member) -> String? { values[member.rawValue] }
     }
 
+    /// The string members that name a message: enough to ack one of an unknown type.
+    public struct Identity: Sendable, Equatable {
+        public var messageID: String?
+        public var from: String?
+        public var category: String?
+    }
+
+    /// The `message_id`, `from` and `category` of a JSON object text (nil members when the
+    /// text is not an object or they are not strings).
+    public static func identity(of text: String) -> Identity? {
+        guard let skim = try? JSONParser.skim(text, keeping: Self.keptMembers, recording: "data"), skim.isObject else { return nil }
+        let members = KeptMembers(values: skim.strings)
+        return Identity(messageID: members[.messageID], from: members[.from], category: members[.category])
+    }
+
     /// Classifies the JSON text of a `<gcm>` element.
     public static func decode(json text: String) throws(DecodingError) -> CCSMessage {
         // Checked in full, but only what is needed now is built: the string members and

@@ -9,8 +9,11 @@ import Transport
 ///
 /// Messages are validated before anything is sent. A 401 stops at once (a configuration
 /// error: it is never retried in a loop); a 400 is returned as it is; a 5xx or a failed
-/// connection is retried after `Retry-After` when FCM gives one, otherwise with
-/// exponential backoff and jitter, up to `maximumAttempts`.
+/// connection is retried (unless the caller retries itself: `retrying: false`) after
+/// `Retry-After` when FCM gives one (at most `maximumRetryAfter`), otherwise with
+/// exponential backoff and jitter, up to `maximumAttempts`. A request whose connection
+/// broke after it was fully written is never sent again here: FCM may have taken it.
+/// Cancelling the calling task ends a wait at once with `.transport(.cancelled)`.
 public final class FCMHTTPClient: Sendable {
     /// Where and how to reach FCM.
     public struct Settings: Sendable {
@@ -26,6 +29,8 @@ public final class FCMHTTPClient: Sendable {
         public var maximumAttempts = 5
         /// The first backoff wait (doubled per attempt, × [0.5, 1.5), capped at 60 s).
         public var retryBase: Duration = .seconds(1)
+        /// The longest `Retry-After` waited for.
+        public var maximumRetryAfter: Duration = .seconds(300)
 
         public init(serverKey: String, senderID: String) {
             self.serverKey = serverKey
@@ -88,8 +93,9 @@ public final class FCMHTTPClient: Sendable {
                                       maximumConnections: settings.maximumInFlight, timeout: settings.requestTimeout)
     }
 
-    /// Sends one message (JSON, or the plain-text form with `plainText`).
-    public func send(_ message: LegacyHTTPMessage, plainText: Bool = false) async throws(Failure) -> LegacyHTTPResponse {
+    /// Sends one message (JSON, or the plain-text form with `plainText`); with `retrying`
+    /// false a 5xx or failed connection is returned at once.
+    public func send(_ message: LegacyHTTPMessage, plainText: Bool = false, retrying: Bool = true) async throws(Failure) -> LegacyHTTPResponse {
         do {
             try message.validate()
         } catch {
@@ -110,7 +116,7 @@ public final class FCMHTTPClient: Sendable {
             }
         }
         let contentType = plainText ? "application/x-www-form-urlencoded;charset=UTF-8" : "application/json"
-        let response = try await post("/fcm/send", contentType: contentType, body: body, extraHeaders: [:])
+        let response = try await post("/fcm/send", contentType: contentType, body: body, extraHeaders: [:], retrying: retrying)
         do {
             return try LegacyHTTPResponse.parse(status: response.status, retryAfter: nil, body: response.body,
                                                 plainText: plainText, tokens: tokens)
@@ -119,23 +125,45 @@ public final class FCMHTTPClient: Sendable {
         }
     }
 
-    /// Sends `message` to every token of `tokens` (any number), 1,000 per request, and
-    /// returns one result per token in the same order.
-    public func sendMulticast(_ message: LegacyHTTPMessage, to tokens: [String]) async throws(Failure) -> [LegacyHTTPResponse.Result] {
-        var results: [LegacyHTTPResponse.Result] = []
-        results.reserveCapacity(tokens.count)
+    /// What a multicast of any number of tokens came to.
+    public struct MulticastOutcome: Sendable {
+        /// The result of each token FCM answered, in request order.
+        public var results: [(token: String, result: LegacyHTTPResponse.Result)] = []
+        /// Tokens of the requests that got no usable answer (not sent, or not known to be).
+        public var unsent: [String] = []
+        /// Why those requests failed (the first failure), nil when every request was answered.
+        public var failure: Failure?
+    }
+
+    /// Sends `message` to every token of `tokens` (any number), 1,000 per request. The
+    /// answered requests' results are kept when a later request fails: only the tokens of
+    /// the failed ones are in `unsent`, so that a caller resends nothing twice.
+    public func sendMulticast(_ message: LegacyHTTPMessage, to tokens: [String], retrying: Bool = true) async -> MulticastOutcome {
+        var outcome = MulticastOutcome()
+        outcome.results.reserveCapacity(tokens.count)
         var start = 0
         while start < tokens.count {
             let batch = Array(tokens[start..<min(start + LegacyHTTPMessage.maximumRegistrationIDs, tokens.count)])
+            start += batch.count
             var request = message
             request.target = .registrationIDs(batch)
-            guard case .tokens(_, _, _, _, let batchResults) = try await send(request) else {
-                throw .refused(.unexpected(status: 200, detail: "a multicast was answered like a topic message"))
+            do throws(Failure) {
+                guard case .tokens(_, _, _, _, let batchResults) = try await send(request, retrying: retrying) else {
+                    throw Failure.refused(.unexpected(status: 200, detail: "a multicast was answered like a topic message"))
+                }
+                outcome.results += zip(batch, batchResults).map { ($0, $1) }
+            } catch {
+                outcome.unsent += batch
+                if outcome.failure == nil { outcome.failure = error }
+                // A refused key or cancellation ends the multicast; a batch FCM could not
+                // take does not stop the others.
+                if error.isConfigurationError || error == .transport(.cancelled) {
+                    outcome.unsent += tokens[start...]
+                    break
+                }
             }
-            results += batchResults
-            start += batch.count
         }
-        return results
+        return outcome
     }
 
     /// Runs a device-group operation and returns the group's notification key.
@@ -156,7 +184,7 @@ public final class FCMHTTPClient: Sendable {
         }
         members["registration_ids"] = .array(tokens.map(JSONValue.string))
         let response = try await post("/fcm/notification", contentType: "application/json", body: JSONValue.object(members).serialized,
-                                      extraHeaders: ["project_id": settings.senderID])
+                                      extraHeaders: ["project_id": settings.senderID], retrying: true)
         let parsed = try? JSONValue.parse(response.body)
         switch response.status {
         case 200:
@@ -169,12 +197,14 @@ public final class FCMHTTPClient: Sendable {
         }
     }
 
-    /// POSTs with the server key, retrying 5xx answers and failed connections.
+    /// POSTs with the server key, retrying 5xx answers and failed connections when
+    /// `retrying` (never a request that may have reached FCM: see `HTTPSClient`).
     private func post(_ path: String, contentType: String, body: String,
-                      extraHeaders: [String: String]) async throws(Failure) -> HTTPSClient.Response {
+                      extraHeaders: [String: String], retrying: Bool) async throws(Failure) -> HTTPSClient.Response {
         var headers = extraHeaders
         headers["authorization"] = "key=\(settings.serverKey)"
         headers["content-type"] = contentType
+        var backoff = Backoff(base: settings.retryBase, cap: .seconds(60), jitter: .scaled(0.5..<1.5))
         var attempt = 0
         while true {
             attempt += 1
@@ -183,23 +213,20 @@ public final class FCMHTTPClient: Sendable {
                 let response = try await client.send(method: "POST", path: path, headers: headers, body: Array(body.utf8))
                 guard (500...599).contains(response.status) else { return response }
                 let retryAfter = response.headers["retry-after"].flatMap { LegacyHTTPResponse.parseRetryAfter($0) }
-                guard attempt < settings.maximumAttempts, !Task.isCancelled else {
+                guard retrying, attempt < settings.maximumAttempts else {
                     throw Failure.refused(.unavailable(status: response.status, retryAfter: retryAfter))
                 }
-                wait = retryAfter ?? backoff(attempt)
+                wait = min(retryAfter ?? backoff.next(), settings.maximumRetryAfter)
             } catch let failure as Failure {
                 throw failure
             } catch {
                 let transport = (error as? TransportError) ?? .connectionLost("\(error)")
-                guard attempt < settings.maximumAttempts, !Task.isCancelled else { throw .transport(transport) }
-                wait = backoff(attempt)
+                guard retrying, attempt < settings.maximumAttempts, transport != .cancelled,
+                      !transport.isOutcomeUnknown else { throw .transport(transport) }
+                wait = backoff.next()
             }
-            try? await Task.sleep(for: wait)
+            guard await sleepUnlessCancelled(for: wait) else { throw .transport(.cancelled) }
         }
-    }
-
-    private func backoff(_ attempt: Int) -> Duration {
-        min(.seconds(60), settings.retryBase * (1 << min(attempt - 1, 20))) * Double.random(in: 0.5..<1.5)
     }
 }
 

@@ -11,12 +11,14 @@ import Worker
 /// The batch statement is a plain INSERT, cheaper for PostgreSQL than `ON CONFLICT DO
 /// NOTHING` (no check before each row, one WAL record less). A stored row means the message
 /// was handled: the worker reads this table as a de-duplication record too (see
-/// `StoresUpstreamMessages`), so when `store` is the only handler it writes no other
+/// `RecordsUpstreamMessages`), so when `store` is the only handler it writes no other
 /// record, and a batch that meets a stored row fails with a unique violation, after which
 /// the worker tells the redeliveries apart. The single-message statement skips a row that
 /// exists (say one written outside the worker).
-public struct StoreHandler: StoresUpstreamMessages {
+public struct StoreHandler: RecordsUpstreamMessages {
     public init() {}
+
+    public var deduplicationRecord: DeduplicationRecord { DeduplicationRecord(table: "upstream_messages", keyColumn: "message_id") }
 
     public func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws {
         context.execute("""

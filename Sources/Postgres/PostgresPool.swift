@@ -1,37 +1,43 @@
-import Synchronization
 import Runtime
 
 /// A fixed number of connections, handed out one task at a time.
 ///
 /// `withConnection` waits for a free connection (bounded: at most `size` are ever open),
-/// opens one lazily, checks its health on the way out and back, and replaces broken ones.
-/// Connecting failures surface to the caller as `.connection` errors; callers decide how
-/// long to back off (the worker retries with exponential backoff until the database is back).
+/// opens one lazily, checks its health on the way out and back, and replaces broken ones
+/// (a call that missed its deadline or was cancelled breaks its connection). Connecting
+/// failures surface to the caller as `.connection` errors; callers decide how long to back
+/// off (the worker retries with exponential backoff until the database is back). A task
+/// cancelled while it waits for a connection gets `CancellationError`.
 public final class PostgresPool: Sendable {
     private struct State {
         var idle: [PostgresConnection] = []
         var open = 0
-        var waiters: [CheckedContinuation<Void, Never>] = []
+        var waiters = Waiters<Bool>()
         var closed = false
     }
 
-    public let conninfo: String
+    public let target: PostgresConnectionString
     public let size: Int
     public let connectTimeout: Duration
+    /// The deadline of each call on the pool's connections (nil: none).
+    public let callTimeout: Duration?
     /// Whether its connections prepare statements (see `PostgresConnection.connect`).
     public let preparesStatements: Bool
-    private let state = Mutex(State())
+    private let state = BlockingLock(State())
 
-    public init(conninfo: String, size: Int, connectTimeout: Duration = .seconds(5), preparesStatements: Bool = true) {
+    public init(target: PostgresConnectionString, size: Int, connectTimeout: Duration = .seconds(5),
+                callTimeout: Duration? = .seconds(15), preparesStatements: Bool = true) {
         precondition(size > 0, "a pool needs at least one connection")
-        self.conninfo = conninfo
+        self.target = target
         self.size = size
         self.connectTimeout = connectTimeout
+        self.callTimeout = callTimeout
         self.preparesStatements = preparesStatements
     }
 
     /// Runs `body` with a connection of its own.
-    /// - Throws: `PostgresError` when no connection can be opened, or what `body` throws.
+    /// - Throws: `PostgresError` when no connection can be opened, `CancellationError`
+    ///   when cancelled while waiting for one, or what `body` throws.
     public func withConnection<T: Sendable>(_ body: (PostgresConnection) async throws -> T) async throws -> T {
         let connection = try await checkOut()
         do {
@@ -44,22 +50,26 @@ public final class PostgresPool: Sendable {
         }
     }
 
-    /// Closes every idle connection and refuses new work.
+    /// Connections open now (lent or idle).
+    public var openCount: Int { state.withLock { $0.open } }
+
+    /// Closes every idle connection and refuses new work; waiting tasks get an error.
     public func close() async {
-        let (idle, waiters) = state.withLock { state -> ([PostgresConnection], [CheckedContinuation<Void, Never>]) in
+        let (idle, waiters) = state.withLock { state -> ([PostgresConnection], [CheckedContinuation<Bool, Never>]) in
             state.closed = true
-            defer { state.idle.removeAll(); state.waiters.removeAll() }
+            defer { state.idle.removeAll() }
             state.open -= state.idle.count
-            return (state.idle, state.waiters)
+            return (state.idle, state.waiters.removeAll())
         }
         for connection in idle { await connection.close() }
-        for waiter in waiters { waiter.resume() }
+        for waiter in waiters { waiter.resume(returning: true) }
     }
 
     private enum Slot { case reuse(PostgresConnection), openNew, wait }
 
     private func checkOut() async throws -> PostgresConnection {
         while true {
+            try Task.checkCancellation()
             let slot = try state.withLock { state throws -> Slot in
                 if state.closed { throw PostgresError(kind: .connection, message: "the pool is closed") }
                 if let connection = state.idle.popLast() { return .reuse(connection) }
@@ -75,19 +85,15 @@ public final class PostgresPool: Sendable {
                 await discard(connection)
             case .openNew:
                 do {
-                    return try await PostgresConnection.connect(conninfo, timeout: connectTimeout, preparesStatements: preparesStatements)
+                    return try await PostgresConnection.connect(target, timeout: connectTimeout, callTimeout: callTimeout,
+                                                                preparesStatements: preparesStatements)
                 } catch {
                     release()
                     throw error
                 }
             case .wait:
-                await withCheckedContinuation { continuation in
-                    let ready = state.withLock { state -> Bool in
-                        if state.closed || !state.idle.isEmpty || state.open < size { return true }
-                        state.waiters.append(continuation)
-                        return false
-                    }
-                    if ready { continuation.resume() }
+                _ = await state.suspend(in: \.waiters, cancelled: false) { state in
+                    state.closed || !state.idle.isEmpty || state.open < size ? true : nil
                 }
             }
         }
@@ -106,16 +112,16 @@ public final class PostgresPool: Sendable {
             await discard(connection)
             return
         }
-        let (waiter, closeIt) = state.withLock { state -> (CheckedContinuation<Void, Never>?, Bool) in
+        let (waiter, closeIt) = state.withLock { state -> (CheckedContinuation<Bool, Never>?, Bool) in
             if state.closed {
                 state.open -= 1
                 return (nil, true)
             }
             state.idle.append(connection)
-            return (state.waiters.isEmpty ? nil : state.waiters.removeFirst(), false)
+            return (state.waiters.removeFirst(), false)
         }
         if closeIt { await connection.close() }
-        waiter?.resume()
+        waiter?.resume(returning: true)
     }
 
     private func discard(_ connection: PostgresConnection) async {
@@ -125,10 +131,10 @@ public final class PostgresPool: Sendable {
 
     /// Gives back a slot of `open` and wakes one waiter to use it.
     private func release() {
-        let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
+        let waiter = state.withLock { state -> CheckedContinuation<Bool, Never>? in
             state.open -= 1
-            return state.waiters.isEmpty ? nil : state.waiters.removeFirst()
+            return state.waiters.removeFirst()
         }
-        waiter?.resume()
+        waiter?.resume(returning: true)
     }
 }

@@ -73,6 +73,11 @@ package final class ShutdownSignal: Sendable {
         await state.suspend(in: \.urgentSleepers, cancelled: ()) { $0.urgent ? () : nil }
     }
 
+    /// Sleeps for `duration`, or less if the shutdown becomes urgent or the task is cancelled.
+    package func sleepUnlessUrgent(for duration: Duration) async {
+        await state.suspend(in: \.urgentSleepers, cancelled: (), deadline: .now + duration, timedOut: ()) { $0.urgent ? () : nil }
+    }
+
     /// Sleeps for `duration`, or less if shutdown is requested or the task is cancelled.
     package func sleep(for duration: Duration) async {
         await state.suspend(in: \.sleepers, cancelled: (), deadline: .now + duration, timedOut: ()) { $0.requested ? () : nil }

@@ -80,6 +80,21 @@ package final class TLSChannel {
         stream.sendCloseNotify()
     }
 
+    /// The socket, for `shutdown(2)` from another thread (which makes a blocked wait end).
+    package var fd: Int32 { stream.fd }
+
+    /// True when an idle kept-alive connection can no longer be used: the peer closed it
+    /// (or sent something unasked). Checked before a request is written on it.
+    package func peerHasClosed() -> Bool {
+        var descriptor = pollfd(fd: stream.fd, events: Int16(POLLIN), revents: 0)
+        guard poll(&descriptor, 1, 0) > 0 else { return false }
+        var scratch = [UInt8](repeating: 0, count: 1024)
+        switch scratch.withUnsafeMutableBytes({ stream.read(into: $0) }) {
+        case .wantRead, .wantWrite: return false
+        case .done, .closedByPeer, .failed: return true
+        }
+    }
+
     private func wait(_ events: Int16, until deadline: ContinuousClock.Instant, doing what: String) throws(TransportError) {
         if TCPConnector.waitFor(stream.fd, events: events, until: deadline) == .timedOut {
             throw .timedOut("\(what) took too long")

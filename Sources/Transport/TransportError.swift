@@ -18,6 +18,9 @@ public enum TransportError: Error, Sendable, Equatable, CustomStringConvertible 
     case timedOut(String)
     /// The exchange was given up because its task was cancelled (shutdown).
     case cancelled
+    /// The connection broke after the request was fully written and before any answer:
+    /// the server may or may not have processed it, so it is not sent again on its own.
+    case outcomeUnknown(String)
 
     public var description: String {
         switch self {
@@ -31,6 +34,10 @@ public enum TransportError: Error, Sendable, Equatable, CustomStringConvertible 
         case .closedByPeer: "the peer closed the connection"
         case .timedOut(let what): "timed out: \(what)"
         case .cancelled: "cancelled"
+        case .outcomeUnknown(let reason): "no answer after the request was sent (\(reason)): it may have been processed"
         }
     }
+
+    /// True for `.outcomeUnknown`: the request may have been processed.
+    public var isOutcomeUnknown: Bool { if case .outcomeUnknown = self { true } else { false } }
 }

@@ -1,233 +1,207 @@
 import FCM
 import Foundation
 import Postgres
-import XMPP
 import Runtime
 
-/// Sends the outbox rows whose transport is `http` through FCM's legacy HTTP protocol:
-/// rows with `registration_ids` as multicasts (1,000 tokens per request), the others to
-/// their `target` or `condition`. Claims use the same lease as the XMPP sender, so a row
-/// is never sent by both transports (each claims only its own).
+/// Sends the outbox rows of transport `http` through FCM's legacy HTTP protocol: the HTTP
+/// shell of the `Outbox`. Rows with `registration_ids` go out as multicasts (1,000 tokens
+/// per request), the others to their `target` or `condition`.
 ///
-/// Each token's outcome is written to the row's `token_results`; tokens FCM reports bad
-/// or replaced are marked in `device_tokens`, as for XMPP nacks. A row is `acked` once
-/// every token has a final outcome and one succeeded, `failed` when none did, and `retry`
-/// while some token got `Unavailable`, `InternalServerError` or a rate limit (only those
-/// tokens are sent again). A 401 stops HTTP sending until the worker restarts: it is a
-/// configuration error, never retried in a loop.
+/// Each attempt is settled like an XMPP answer (`OutboxSettlement.http`) and written
+/// through the same write-back: every token's outcome goes to the row's `token_results`,
+/// tokens FCM reports bad or replaced are marked in `device_tokens`, only tokens marked
+/// for retry are sent again, and a rate-limited target holds its rows back. A 5xx answer
+/// or a failed connection retries the row with the downstream backoff, no sooner than a
+/// `Retry-After` (capped at `maximumRetryAfter`); a 401 stops HTTP sending until the
+/// worker restarts (a configuration error, never retried in a loop).
 final class HTTPOutboxSender: Sendable {
     private let store: OutboxStore
     private let client: FCMHTTPClient
+    private let writeBack: OutboxWriteBack
     private let settings: DownstreamSettings
     private let logger: Logger
-    let doorbell = Doorbell()
-    private let running = BlockingLock((claiming: true, refused: false))
-    /// Devices and topics that hit a rate limit, and until when their rows wait.
-    private let slowedUntil = BlockingLock<[String: Date]>([:])
+    /// Rung on NOTIFY and on each write-back commit.
+    let doorbell: Doorbell
+    private let state = BlockingLock(State())
     /// Rows processed at once (each may be a multicast of several requests).
     private let batch = 8
+    /// The longest `Retry-After` honoured: FCM's answer holds a row back at most this long.
+    static let maximumRetryAfter: Duration = .seconds(300)
 
-    init(pool: PostgresPool, client: FCMHTTPClient, settings: DownstreamSettings, logger: Logger) {
-        var store = OutboxStore(pool: pool, workerID: settings.workerID, lease: settings.lease)
-        store.transport = "http"
+    private struct State {
+        var claiming = true
+        var refused = false
+        /// Rows claimed and not yet settled (their claim is renewed).
+        var inFlight: Set<Int64> = []
+        /// Devices and topics that hit a rate limit, and until when their rows wait.
+        var slowedUntil: [String: Date] = [:]
+    }
+
+    init(store: OutboxStore, client: FCMHTTPClient, writeBack: OutboxWriteBack, doorbell: Doorbell,
+         settings: DownstreamSettings, logger: Logger) {
         self.store = store
         self.client = client
+        self.writeBack = writeBack
+        self.doorbell = doorbell
         self.settings = settings
         self.logger = logger
     }
 
-    /// Claims and sends until `finish()`.
+    /// The rows being sent, whose claim the outbox renews.
+    var heldRowIDs: [Int64] { state.withLock { Array($0.inFlight) } }
+
+    /// Claims and sends until `stopClaiming()` and the rows under way are settled, or
+    /// until cancelled: then the requests under way are abandoned and their rows handed
+    /// back (FCM may have taken them: they may be sent twice, never zero times).
     func run() async {
-        var delay = Duration.milliseconds(100)
-        while running.withLock({ $0.claiming && !$0.refused }) {
+        var outage = Backoff.outage(base: .milliseconds(100), cap: .seconds(10))
+        while state.withLock({ $0.claiming && !$0.refused }) && !Task.isCancelled {
             let rows: [OutboxStore.ClaimedRow]
             do {
                 rows = try await store.claim(limit: batch)
-                delay = .milliseconds(100)
+                outage.reset()
             } catch {
+                guard !Task.isCancelled else { return }
+                let delay = outage.next()
                 logger.warning("could not claim outbox rows for HTTP (retrying in \(delay.formattedSeconds)): \(error)")
                 await doorbell.wait(timeout: delay)
-                delay = min(delay * 2, .seconds(10))
                 continue
             }
             if rows.isEmpty {
                 await doorbell.wait(timeout: settings.sweepInterval)
                 continue
             }
+            state.withLock { $0.inFlight.formUnion(rows.map(\.id)) }
             await withTaskGroup(of: Void.self) { group in
                 for row in rows { group.addTask { await self.send(row) } }
             }
         }
     }
 
-    /// Stops claiming; rows being sent finish their request.
-    func finish() {
-        running.withLock { $0.claiming = false }
+    /// Stops claiming; the rows under way go on until `run()` is cancelled.
+    func stopClaiming() {
+        state.withLock { $0.claiming = false }
         doorbell.ring()
     }
 
     private func send(_ row: OutboxStore.ClaimedRow) async {
+        defer { state.withLock { _ = $0.inFlight.remove(row.id) } }
         let now = Date()
         let message: DownstreamMessage
         switch row.message(id: "http", validating: false, maximumAge: settings.retry.maximumAge, now: now) {
         case .success(let prepared):
             message = prepared.0
         case .failure(let refusal):
-            await write(row, status: refusal.status.rawValue, errorCode: refusal.errorCode, description: refusal.description)
+            writeBack.record([OutboxUpdate(rowID: row.id, status: refusal.status, errorCode: refusal.errorCode,
+                                           errorDescription: refusal.description)])
             return
         }
-        if let target = message.to ?? message.condition,
-           let until = slowedUntil.withLock({ $0[target] }), until > now {
+        if let target = message.to ?? message.condition, let until = state.withLock({ $0.slowedUntil[target] }), until > now {
             // Held back like XMPP's rate-limit slowdown: not sent, not counted as an attempt.
-            await write(row, status: row.attempts > 0 ? "retry" : "pending", errorCode: nil, description: nil,
-                        availableAt: until, countsAsAttempt: false)
+            writeBack.record([OutboxUpdate(rowID: row.id, status: row.attempts > 0 ? .retry : .pending, availableAt: until)])
             return
         }
         var request = LegacyHTTPMessage(target: .to(""))
         request.options = message
-        var results = Self.tokenResults(row.tokenResults)
-        let tokens: [String]
+        let earlier = Self.tokenResults(row.tokenResults)
+        var outcome: [(token: String, result: LegacyHTTPResponse.Result)] = []
+        var failure: FCMHTTPClient.Failure?
         if let registrationIDs = row.registrationIDs {
             guard !registrationIDs.isEmpty else {
-                await write(row, status: "failed", errorCode: "INVALID_MESSAGE", description: "invalid downstream message: registration_ids is empty")
+                writeBack.record([OutboxUpdate(rowID: row.id, status: .failed, errorCode: "INVALID_MESSAGE",
+                                               errorDescription: "invalid downstream message: registration_ids is empty")])
                 return
             }
-            tokens = registrationIDs.filter { results[$0].map { !Self.isFinal($0) } ?? true }
+            let tokens = registrationIDs.filter { earlier[$0].map { !Self.isFinal($0) } ?? true }
             request.target = .registrationIDs(tokens)
-        } else if let to = message.to {
-            tokens = to.hasPrefix("/topics/") ? [] : [to]
-            request.target = .to(to)
-        } else {
-            tokens = []
-            request.target = .condition(message.condition ?? "")
-        }
-
-        let outcome: [(String, LegacyHTTPResponse.Result)]
-        do {
-            if case .registrationIDs = request.target {
-                outcome = Array(zip(tokens, try await client.sendMulticast(request, to: tokens)))
+            let multicast = await client.sendMulticast(request, to: tokens, retrying: false)
+            if multicast.results.isEmpty, let first = multicast.failure {
+                failure = first
             } else {
-                switch try await client.send(request) {
-                case .tokens(_, _, _, _, let list): outcome = Array(zip(tokens, list))
-                case .topic(let id, let error): outcome = [(message.to ?? message.condition ?? "", .init(messageID: id.map(String.init), error: error))]
-                case .plainText(let result): outcome = Array(zip(tokens, [result]))
-                }
+                if case .refused(.unauthorized)? = multicast.failure { noteRefusedKey() }
+                // Tokens of a request that got no answer are retried alone: the others were sent.
+                outcome = multicast.results + multicast.unsent.map { ($0, LegacyHTTPResponse.Result(error: "HTTP_UNAVAILABLE")) }
             }
-        } catch {
-            await handle(error, row: row, message: message)
+        } else {
+            let target = message.to ?? message.condition ?? ""
+            request.target = message.to.map { .to($0) } ?? .condition(target)
+            do {
+                switch try await client.send(request, retrying: false) {
+                case .tokens(_, _, _, _, let list): outcome = Array(zip([target], list))
+                case .topic(let id, let error): outcome = [(target, .init(messageID: id.map(String.init), error: error))]
+                case .plainText(let result): outcome = [(target, result)]
+                }
+            } catch {
+                failure = error
+            }
+        }
+        if let failure {
+            settleFailure(failure, row: row, message: message)
             return
         }
-
-        var marks: [TokenMark] = []
-        var slowed: [String] = []
-        var retryable = false, succeeded = false, firstError: String?
-        for (token, result) in outcome {
-            var entry: [String: JSONValue] = [:]
-            if let id = result.messageID { entry["message_id"] = .string(id); succeeded = true }
-            if let canonical = result.canonicalRegistrationID {
-                entry["registration_id"] = .string(canonical)
-                if canonical != token { marks.append(TokenMark(token: token, state: .replaced, canonicalToken: canonical, errorCode: nil)) }
+        var generator = SystemRandomNumberGenerator()
+        let settlement = OutboxSettlement.http(outcome, earlier: earlier, rowID: row.id, attempt: row.attempts + 1,
+                                               age: .seconds(now.timeIntervalSince(row.createdAt)), timeToLive: message.timeToLive,
+                                               policy: settings.retry, now: Date(), using: &generator)
+        if let slowDown = settlement.slowDown {
+            let until = Date().addingTimeInterval(slowDown.duration.seconds)
+            state.withLock { state in
+                state.slowedUntil = state.slowedUntil.filter { $0.value > now }
+                for target in slowDown.targets { state.slowedUntil[target] = max(state.slowedUntil[target] ?? until, until) }
             }
-            if let error = result.error {
-                entry["error"] = .string(error)
-                firstError = firstError ?? error
-                switch NackAction(httpError: error) {
-                case .failAndMarkToken(let state):
-                    marks.append(TokenMark(token: token, state: state == .invalid ? .invalid : .unregistered, canonicalToken: nil, errorCode: error))
-                case .slowDown:
-                    slowed.append(token)
-                    entry["retry"] = .bool(true)
-                    retryable = true
-                case .retryWithBackoff, .resendOnAnotherConnection, .reportOurBug:
-                    entry["retry"] = .bool(true)
-                    retryable = true
-                case .fail:
-                    break
-                }
-            }
-            results[token] = .object(entry)
         }
-        let resultsJSON = JSONValue.object(results).serialized
-        // The row's status follows every token's outcome so far, not only this attempt's.
-        succeeded = succeeded || results.values.contains { $0["message_id"] != nil }
-        if firstError == nil { firstError = results.values.lazy.compactMap { $0["error"]?.stringValue }.first }
-        if retryable {
-            var generator = SystemRandomNumberGenerator()
-            switch settings.retry.decide(attempt: row.attempts + 1, age: .seconds(now.timeIntervalSince(row.createdAt)), timeToLive: message.timeToLive, using: &generator) {
-            case .retry(let delay):
-                let until = Date().addingTimeInterval(delay.seconds)
-                slowedUntil.withLock { held in
-                    held = held.filter { $0.value > now }
-                    for target in slowed { held[target] = max(held[target] ?? until, until) }
-                }
-                await write(row, status: "retry", errorCode: firstError, description: "some tokens are retried", results: resultsJSON,
-                            marks: marks, availableAt: until)
-            case .giveUp:
-                await write(row, status: "expired", errorCode: firstError, description: "retries ran out", results: resultsJSON, marks: marks)
-            }
-        } else if succeeded {
-            await write(row, status: "acked", errorCode: firstError, description: nil, results: resultsJSON, marks: marks)
-        } else {
-            await write(row, status: "failed", errorCode: firstError, description: "every token failed", results: resultsJSON, marks: marks)
-        }
+        if let update = settlement.update { writeBack.record([update], tokens: settlement.tokens) }
     }
 
-    private func handle(_ error: FCMHTTPClient.Failure, row: OutboxStore.ClaimedRow, message: DownstreamMessage) async {
-        switch error {
-        case .invalid(let reason):
-            await write(row, status: "failed", errorCode: "INVALID_MESSAGE", description: "\(reason)")
-        case .refused(.unauthorized):
-            let first = running.withLock { state -> Bool in
-                defer { state.refused = true }
-                return !state.refused
-            }
-            if first {
-                logger.error("FCM refused the server key over HTTP (401): HTTP sending stops until the worker restarts; "
-                             + "rows with transport http wait")
-            }
-            await write(row, status: row.attempts > 0 ? "retry" : "pending", errorCode: "HTTP_401",
-                        description: "FCM refused the server key", availableAt: Date(), countsAsAttempt: false)
-        case .refused(.badRequest(let reason)):
-            await write(row, status: "failed", errorCode: "HTTP_400", description: reason)
-        case .refused, .transport:
-            var generator = SystemRandomNumberGenerator()
-            let age = Duration.seconds(Date().timeIntervalSince(row.createdAt))
-            switch settings.retry.decide(attempt: row.attempts + 1, age: age, timeToLive: message.timeToLive, using: &generator) {
-            case .retry(let delay):
-                await write(row, status: "retry", errorCode: "HTTP_UNAVAILABLE", description: "\(error)",
-                            availableAt: Date().addingTimeInterval(delay.seconds))
-            case .giveUp:
-                await write(row, status: "expired", errorCode: "HTTP_UNAVAILABLE", description: "\(error)")
-            }
-        }
-    }
-
-    /// Writes a row's outcome (where this worker still holds it) and the token marks,
-    /// retrying while the database is unreachable.
-    private func write(_ row: OutboxStore.ClaimedRow, status: String, errorCode: String?, description: String?,
-                       results: String? = nil, marks: [TokenMark] = [], availableAt: Date? = nil, countsAsAttempt: Bool = true) async {
+    /// A request that got no usable answer: the row is failed (400, invalid), held back
+    /// (401, cancelled), or retried with backoff (5xx, transport), never sooner than FCM's
+    /// `Retry-After`.
+    private func settleFailure(_ failure: FCMHTTPClient.Failure, row: OutboxStore.ClaimedRow, message: DownstreamMessage) {
         let now = Date()
-        let statement = PostgresStatement("""
-            UPDATE downstream_messages SET status = $3, attempts = attempts + $4, sent_on = 'http',
-                sent_at = CASE WHEN $4 = 1 THEN to_timestamp($5) ELSE sent_at END,
-                acked_at = CASE WHEN $3 = 'acked' THEN to_timestamp($5) ELSE acked_at END,
-                error_code = coalesce($6, error_code), error_description = coalesce($7, error_description),
-                token_results = coalesce($8::jsonb, token_results), available_at = to_timestamp($9)
-            WHERE id = $1 AND claimed_by = $2
-            """, [.int(row.id), .text(settings.workerID), .text(status), .int(countsAsAttempt ? 1 : 0),
-                  .double(now.timeIntervalSince1970), errorCode.map { .text($0) } ?? .null,
-                  description.map { .text($0) } ?? .null, results.map { .jsonb($0) } ?? .null,
-                  availableAt.map { .double($0.timeIntervalSince1970) } ?? .null])
-        var delay = Duration.milliseconds(100)
-        while true {
-            do {
-                try await store.write([], tokens: marks, extra: [statement])
-                return
-            } catch {
-                logger.warning("could not record the HTTP outcome of outbox row \(row.id) (retrying in \(delay.formattedSeconds)): \(error)")
-                try? await Task.sleep(for: delay)
-                delay = min(delay * 2, .seconds(10))
+        func retry(code: String, notBefore: Duration?) -> OutboxUpdate {
+            var generator = SystemRandomNumberGenerator()
+            switch settings.retry.decide(attempt: row.attempts + 1, age: .seconds(now.timeIntervalSince(row.createdAt)),
+                                         timeToLive: message.timeToLive, using: &generator) {
+            case .retry(let delay):
+                let wait = max(delay, min(notBefore ?? .zero, Self.maximumRetryAfter))
+                return OutboxUpdate(rowID: row.id, status: .retry, attempts: row.attempts + 1, sentOn: "http", sentAt: now,
+                                    errorCode: code, errorDescription: "\(failure)", availableAt: now.addingTimeInterval(wait.seconds))
+            case .giveUp:
+                return OutboxUpdate(rowID: row.id, status: .expired, attempts: row.attempts + 1, errorCode: code,
+                                    errorDescription: "\(failure)")
             }
+        }
+        switch failure {
+        case .invalid(let reason):
+            writeBack.record([OutboxUpdate(rowID: row.id, status: .failed, errorCode: "INVALID_MESSAGE", errorDescription: "\(reason)")])
+        case .refused(.unauthorized):
+            noteRefusedKey()
+            writeBack.record([OutboxUpdate(rowID: row.id, status: row.attempts > 0 ? .retry : .pending, errorCode: "HTTP_401",
+                                           errorDescription: "FCM refused the server key", availableAt: now)])
+        case .refused(.badRequest(let reason)):
+            writeBack.record([OutboxUpdate(rowID: row.id, status: .failed, attempts: row.attempts + 1, sentOn: "http", sentAt: now,
+                                           errorCode: "HTTP_400", errorDescription: reason)])
+        case .refused(.unavailable(_, let retryAfter)):
+            writeBack.record([retry(code: "HTTP_UNAVAILABLE", notBefore: retryAfter)])
+        case .refused(.unexpected), .transport:
+            if case .transport(.cancelled) = failure {
+                // Shutdown: whether FCM took it is unknown; the next worker sends it again.
+                writeBack.record([OutboxSettlement.handBack(rowID: row.id, sentBefore: true, now: now)])
+                return
+            }
+            writeBack.record([retry(code: "HTTP_UNAVAILABLE", notBefore: nil)])
+        }
+    }
+
+    /// A 401: HTTP sending stops until the worker restarts (said once).
+    private func noteRefusedKey() {
+        let first = state.withLock { state -> Bool in
+            defer { state.refused = true }
+            return !state.refused
+        }
+        if first {
+            logger.error("FCM refused the server key over HTTP (401): HTTP sending stops until the worker restarts; "
+                         + "rows with transport http wait")
         }
     }
 

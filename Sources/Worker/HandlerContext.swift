@@ -56,12 +56,12 @@ public final class HandlerContext: BatchContext {
 
     /// Queues a downstream message to `target` (a token, notification key or `/topics/…`).
     public func send(to target: String, data: [String: JSONValue], options: [String: JSONValue] = [:]) {
-        Outbox.enqueue(target: target, data: data, options: options, source: message.messageID, into: transaction)
+        OutboxInsert.enqueue(target: target, data: data, options: options, source: message.messageID, into: transaction)
     }
 }
 
 /// Writing downstream messages into the outbox table.
-enum Outbox {
+enum OutboxInsert {
     static func enqueue(target: String, data: [String: JSONValue], options: [String: JSONValue], source: String?,
                         into transaction: UpstreamTransaction) {
         var payload = options

@@ -17,7 +17,14 @@ struct OutboxStore: Sendable {
     let workerID: String
     let lease: Duration
     /// The rows this store claims: `xmpp` or `http`.
-    var transport = "xmpp"
+    var transport: String
+
+    init(pool: PostgresPool, workerID: String, lease: Duration, transport: String) {
+        self.pool = pool
+        self.workerID = workerID
+        self.lease = lease
+        self.transport = transport
+    }
 
     /// A claimed row, with what `device_tokens` knows about its target.
     struct ClaimedRow: Sendable {
@@ -70,11 +77,10 @@ struct OutboxStore: Sendable {
         }
     }
 
-    /// Writes `updates` (one per row), `tokens` (one per token) and `extra` statements in
-    /// one transaction.
-    func write(_ updates: [OutboxUpdate], tokens: [TokenMark], extra: [PostgresStatement] = []) async throws {
-        guard !updates.isEmpty || !tokens.isEmpty || !extra.isEmpty else { return }
-        var statements = [PostgresStatement("BEGIN")] + extra
+    /// Writes `updates` (one per row) and `tokens` (one per token) in one transaction.
+    func write(_ updates: [OutboxUpdate], tokens: [TokenMark]) async throws {
+        guard !updates.isEmpty || !tokens.isEmpty else { return }
+        var statements = [PostgresStatement("BEGIN")]
         if !updates.isEmpty {
             func column<T>(_ value: (OutboxUpdate) -> T?, _ encode: (T) -> PostgresValue) -> PostgresValue {
                 .array(updates.map { value($0).map(encode) ?? .null })
@@ -90,14 +96,15 @@ struct OutboxStore: Sendable {
                     error_code = coalesce(u.error_code, d.error_code),
                     error_description = coalesce(u.error_description, d.error_description),
                     canonical_token = coalesce(u.canonical_token, d.canonical_token),
+                    token_results = coalesce(u.token_results::jsonb, d.token_results),
                     available_at = CASE WHEN u.status = 'delivered' THEN NULL
                                         -- A held-back `sent` carries the lease of its send: never shorten a renewal.
                                         WHEN u.status = 'sent' THEN greatest(d.available_at, to_timestamp(u.available_at))
                                         ELSE to_timestamp(u.available_at) END
                 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::float8[], $6::float8[],
-                            $7::float8[], $8::text[], $9::text[], $10::text[], $11::float8[])
+                            $7::float8[], $8::text[], $9::text[], $10::text[], $11::float8[], $13::text[])
                     AS u(id, status, attempts, sent_on, sent_at, acked_at, delivered_at, error_code, error_description,
-                         canonical_token, available_at)
+                         canonical_token, available_at, token_results)
                 WHERE d.id = u.id AND (d.claimed_by = $12 OR u.status = 'delivered')
                 """, [
                     .array(updates.map { .int($0.rowID) }), .array(updates.map { .text($0.status.rawValue) }),
@@ -107,6 +114,7 @@ struct OutboxStore: Sendable {
                     column(\.deliveredAt) { .double($0.timeIntervalSince1970) }, column(\.errorCode) { .text($0) },
                     column(\.errorDescription) { .text($0) }, column(\.canonicalToken) { .text($0) },
                     column(\.availableAt) { .double($0.timeIntervalSince1970) }, .text(workerID),
+                    column(\.tokenResults) { .text($0) },
                 ]))
         }
         if !tokens.isEmpty {
@@ -135,7 +143,7 @@ struct OutboxStore: Sendable {
         }
     }
 
-    /// Extends this worker's lease on `ids` (rows it holds unsent or unanswered).
+    /// Extends this worker's lease on `ids` (rows it holds unsent, unanswered or in flight).
     func renew(_ ids: [Int64]) async throws {
         guard !ids.isEmpty else { return }
         _ = try await pool.withConnection { connection in

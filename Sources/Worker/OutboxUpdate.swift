@@ -28,12 +28,14 @@ struct OutboxUpdate: Sendable, Equatable {
     var errorCode: String?
     var errorDescription: String?
     var canonicalToken: String?
+    /// Each token's outcome so far (HTTP), as JSON text.
+    var tokenResults: String?
     /// When the row may be claimed again; nil once it is final.
     var availableAt: Date?
 
     init(rowID: Int64, status: Status, attempts: Int? = nil, sentOn: String? = nil, sentAt: Date? = nil,
          ackedAt: Date? = nil, deliveredAt: Date? = nil, errorCode: String? = nil, errorDescription: String? = nil,
-         canonicalToken: String? = nil, availableAt: Date? = nil) {
+         canonicalToken: String? = nil, tokenResults: String? = nil, availableAt: Date? = nil) {
         self.rowID = rowID
         self.status = status
         self.attempts = attempts
@@ -44,6 +46,7 @@ struct OutboxUpdate: Sendable, Equatable {
         self.errorCode = errorCode
         self.errorDescription = errorDescription
         self.canonicalToken = canonicalToken
+        self.tokenResults = tokenResults
         self.availableAt = availableAt
     }
 
@@ -73,6 +76,7 @@ struct OutboxUpdate: Sendable, Equatable {
         result.errorCode = later.errorCode ?? errorCode
         result.errorDescription = later.errorDescription ?? errorDescription
         result.canonicalToken = later.canonicalToken ?? canonicalToken
+        result.tokenResults = later.tokenResults ?? tokenResults
         return result
     }
 }

@@ -1,15 +1,17 @@
 import Foundation
 import Postgres
-import XMPP
 import Runtime
 
-/// Collects outbox row updates and token marks and writes them in batches: one
-/// transaction per batch, one write per row however many updates it had meanwhile.
+/// Collects outbox row updates and token marks from both transports and writes them in
+/// batches: one transaction per batch, one write per row however many updates it had
+/// meanwhile.
 ///
 /// Updates are kept (and merged) until a write succeeds: while PostgreSQL is down they
-/// wait and are retried with backoff, so a state change is never dropped. The buffer
-/// holds at most one entry per row, and the sender claims nothing new while `backlog` is
-/// large, so it stays bounded.
+/// wait and are retried with backoff, so a state change is never dropped while the worker
+/// runs. The buffer holds at most one entry per row, and the senders claim nothing new
+/// while `backlog` is large, so it stays bounded. At shutdown `stop()` makes `run()`
+/// write everything and return; cancelling `run()` gives up at once (the rows it could not
+/// write keep their claim until the lease lapses, and are then sent again).
 final class OutboxWriteBack: Sendable {
     private struct State {
         var order: [Int64] = []
@@ -25,13 +27,16 @@ final class OutboxWriteBack: Sendable {
         var heldSince: [Int64: ContinuousClock.Instant] = [:]
         var taken: UInt64 = 0
         var committed: UInt64 = 0
-        var worker: CheckedContinuation<Bool, Never>?
+        var worker = Waiters<Void>()
+        var flushWaiters = Waiters<Bool>()
+
+        var isFlushed: Bool { order.isEmpty && tokenOrder.isEmpty && !writing }
     }
 
     private let store: OutboxStore
     private let logger: Logger
     private let state = BlockingLock(State())
-    /// Called after each successful write (the sender wakes its claim loop with it).
+    /// Called after each successful write (the senders wake their claim loops with it).
     private let onCommit: @Sendable () -> Void
     /// How long a `sent` update waits for its answer before it is written on its own.
     let sentHold: Duration
@@ -55,7 +60,7 @@ final class OutboxWriteBack: Sendable {
     func record(_ updates: [OutboxUpdate], tokens: [TokenMark] = []) -> UInt64 {
         guard !updates.isEmpty || !tokens.isEmpty else { return 0 }
         let now = ContinuousClock.now
-        let (worker, number) = state.withLock { state -> (CheckedContinuation<Bool, Never>?, UInt64) in
+        let (worker, number) = state.withLock { state -> (CheckedContinuation<Void, Never>?, UInt64) in
             state.recorded += 1
             for update in updates {
                 let merged: OutboxUpdate
@@ -75,38 +80,58 @@ final class OutboxWriteBack: Sendable {
             for mark in tokens {
                 if state.tokens.updateValue(mark, forKey: mark.token) == nil { state.tokenOrder.append(mark.token) }
             }
-            defer { state.worker = nil }
-            return (state.worker, state.recorded)
+            return (state.worker.removeFirst(), state.recorded)
         }
-        worker?.resume(returning: true)
+        worker?.resume()
         return number
     }
 
-    /// Writes batches until `stop()` and everything recorded before it is written.
+    /// Writes batches until `stop()` and everything recorded is written, or until cancelled.
     func run() async {
-        var delay = Duration.milliseconds(100)
-        while true {
-            let proceed = await waitForWork()
-            guard proceed else { break }
-            // Let a burst of answers gather into this batch.
-            try? await Task.sleep(for: .milliseconds(2))
-            let (updates, tokens) = takeBatch()
-            guard !updates.isEmpty || !tokens.isEmpty else {
-                // Only sends waiting for their answers: look again shortly.
-                try? await Task.sleep(for: .milliseconds(20))
+        var outage = Backoff.outage(base: .milliseconds(100), cap: .seconds(5))
+        while !Task.isCancelled {
+            guard let wake = nextWake() else { return }
+            if let wake {
+                // Only sends waiting for their answers: wait for news or the first hold to end.
+                await state.suspend(in: \.worker, cancelled: (), deadline: wake, timedOut: ()) { state in
+                    state.stopped || state.order.contains { state.heldSince[$0] == nil } || !state.tokenOrder.isEmpty ? () : nil
+                }
                 continue
             }
+            // Let a burst of answers gather into this batch.
+            await sleepUnlessCancelled(for: .milliseconds(2))
+            let (updates, tokens) = takeBatch()
+            guard !updates.isEmpty || !tokens.isEmpty else { continue }
             do {
                 try await store.write(updates, tokens: tokens)
-                delay = .milliseconds(100)
+                outage.reset()
                 finishWrite(putBack: nil)
                 onCommit()
             } catch {
-                logger.warning("could not write \(updates.count) outbox update(s) (kept, retrying in \(delay.formattedSeconds)): \(error)")
                 finishWrite(putBack: (updates, tokens))
-                try? await Task.sleep(for: delay)
-                delay = min(delay * 2, .seconds(5))
+                guard !Task.isCancelled else { return }
+                let delay = outage.next()
+                logger.warning("could not write \(updates.count) outbox update(s) (kept, retrying in \(delay.formattedSeconds)): \(error)")
+                await sleepUnlessCancelled(for: delay)
             }
+        }
+    }
+
+    /// What `run` waits for next: nil to end (stopped, all written), `.some(nil)` to write
+    /// now, `.some(instant)` to wait for news until then (nothing to write but held
+    /// `sent` updates; `distantFuture` when there is nothing at all).
+    private func nextWake() -> ContinuousClock.Instant?? {
+        state.withLock { state -> ContinuousClock.Instant?? in
+            if state.stopped && state.isFlushed { return nil }
+            if state.stopped || !state.tokenOrder.isEmpty { return .some(nil) }
+            let now = ContinuousClock.now
+            var earliest: ContinuousClock.Instant?
+            for id in state.order {
+                guard let since = state.heldSince[id] else { return .some(nil) }
+                if now - since >= sentHold { return .some(nil) }
+                earliest = min(earliest ?? since + sentHold, since + sentHold)
+            }
+            return .some(earliest ?? now + .seconds(3600))
         }
     }
 
@@ -137,48 +162,31 @@ final class OutboxWriteBack: Sendable {
         }
     }
 
-    /// Waits until something is recorded; false once stopped with nothing left to write.
-    private func waitForWork() async -> Bool {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
-            let answer = state.withLock { state -> Bool? in
-                if !state.order.isEmpty || !state.tokenOrder.isEmpty { return true }
-                if state.stopped { return false }
-                state.worker = continuation
-                return nil
-            }
-            if let answer { continuation.resume(returning: answer) }
-        }
-    }
-
-    /// Ends `run()` once what is recorded is written (or could not be, see `flushed`).
+    /// Makes `run()` write everything recorded (held updates too) and then return.
     func stop() {
-        let worker = state.withLock { state -> CheckedContinuation<Bool, Never>? in
+        let worker = state.withLock { state -> CheckedContinuation<Void, Never>? in
             state.stopped = true
-            defer { state.worker = nil }
-            return state.worker
+            return state.worker.removeFirst()
         }
-        worker?.resume(returning: true)
+        worker?.resume()
     }
 
     /// Waits until nothing recorded is unwritten, up to `timeout`; false if some is.
     func flushed(within timeout: Duration) async -> Bool {
-        let deadline = ContinuousClock.now + timeout
-        while ContinuousClock.now < deadline {
-            if state.withLock({ $0.order.isEmpty && $0.tokenOrder.isEmpty && !$0.writing }) { return true }
-            try? await Task.sleep(for: .milliseconds(10))
+        await state.suspend(in: \.flushWaiters, cancelled: false, deadline: .now + timeout, timedOut: false) { state in
+            state.isFlushed ? true : nil
         }
-        return false
     }
 
     /// Ids of rows whose update is still unwritten (reported when a shutdown gives up).
     var unwrittenRows: [Int64] { state.withLock { $0.order } }
 
     private func finishWrite(putBack: ([OutboxUpdate], [TokenMark])?) {
-        state.withLock { state in
+        let flushWaiters = state.withLock { state -> [CheckedContinuation<Bool, Never>] in
             state.writing = false
             guard let (updates, tokens) = putBack else {
                 state.committed = state.taken
-                return
+                return state.isFlushed ? state.flushWaiters.removeAll() : []
             }
             // Older than anything recorded meanwhile: merge the newer updates onto them.
             var order = updates.map(\.rowID)
@@ -200,6 +208,8 @@ final class OutboxWriteBack: Sendable {
             }
             state.tokenOrder = tokenOrder
             state.tokens = marks
+            return []
         }
+        for waiter in flushWaiters { waiter.resume(returning: true) }
     }
 }

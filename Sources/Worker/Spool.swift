@@ -24,6 +24,16 @@ public struct Spool: Sendable {
         }
     }
 
+    /// Fails at start, rather than when it is needed, when the spool cannot be written.
+    func checkWritable() throws(ConfigurationError) {
+        let directory = (path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory), isDirectory.boolValue,
+              FileManager.default.isWritableFile(atPath: directory) else {
+            throw ConfigurationError("the spool file's folder \(directory) does not exist or is not writable (--spool-file \(path))")
+        }
+    }
+
     /// Appends `entries` and flushes them to disk.
     func append(_ entries: [Entry]) throws {
         guard !entries.isEmpty else { return }

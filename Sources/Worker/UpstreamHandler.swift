@@ -17,11 +17,28 @@ public protocol BatchUpstreamHandler: UpstreamHandler {
     func handle(batch messages: [UpstreamMessage], in context: BatchContext) async throws
 }
 
-/// A handler whose batch write stores each message as a row of `upstream_messages` with a
-/// plain INSERT (unique `message_id`, so a message stored before fails the batch with a
-/// unique violation). Such a row commits with the message's handling, so the worker also
-/// reads it as the message's de-duplication record. Only the built-in `store` handler is one.
-package protocol StoresUpstreamMessages: BatchUpstreamHandler {}
+/// A table in which a handler writes one row per message, keyed by its `message_id`.
+public struct DeduplicationRecord: Sendable, Equatable {
+    public let table: String
+    public let keyColumn: String
+
+    public init(table: String, keyColumn: String) {
+        self.table = table
+        self.keyColumn = keyColumn
+    }
+}
+
+/// A batch handler whose rows are also the messages' de-duplication record: its batch
+/// statement writes one row per message into `deduplicationRecord.table` with a plain
+/// INSERT (the key column unique, so a batch meeting a message handled before fails with a
+/// unique violation) in the message's transaction.
+///
+/// The worker then reads that table to tell redeliveries apart: a message whose id is
+/// there counts as handled. When such handlers are the only ones, for every message, no
+/// other record is written, and a batch commits in one round trip.
+public protocol RecordsUpstreamMessages: BatchUpstreamHandler {
+    var deduplicationRecord: DeduplicationRecord { get }
+}
 
 /// Which messages a handler gets.
 public enum HandlerMatch: Sendable {
@@ -61,11 +78,23 @@ public struct UpstreamHandlers: Sendable {
         routes.append(Route(name: name, match: match, handler: handler))
     }
 
-    /// True when the only handlers are `StoresUpstreamMessages` ones for every message: then
-    /// each message's stored row is its de-duplication record, and `processed_upstream`
-    /// only keeps dead-lettered messages.
-    var storedRowsRecordEveryMessage: Bool {
-        !routes.isEmpty && routes.allSatisfy { $0.match.isAll && $0.handler is any StoresUpstreamMessages }
+    /// The record every message gets from its handlers when the only handlers are
+    /// `RecordsUpstreamMessages` ones for every message; nil otherwise (then the worker
+    /// records each message in `processed_upstream`).
+    var recordOfEveryMessage: DeduplicationRecord? {
+        guard !routes.isEmpty, routes.allSatisfy({ $0.match.isAll && $0.handler is any RecordsUpstreamMessages }) else { return nil }
+        return (routes.first?.handler as? any RecordsUpstreamMessages)?.deduplicationRecord
+    }
+
+    /// Every table a registered handler declares as a de-duplication record.
+    var deduplicationRecords: [DeduplicationRecord] {
+        var records: [DeduplicationRecord] = []
+        for route in routes {
+            if let record = (route.handler as? any RecordsUpstreamMessages)?.deduplicationRecord, !records.contains(record) {
+                records.append(record)
+            }
+        }
+        return records
     }
 
     /// The registered names, in order.

@@ -1,6 +1,8 @@
+import FCM
 import Foundation
 
-/// One unit of upstream work in the pipeline.
+/// One unit of upstream work in the pipeline: a message for the handlers, or a dead letter
+/// to keep, with where its ack stands.
 struct UpstreamWork: Sendable {
     /// Something that cannot reach a handler but must be kept.
     struct DeadLetter: Sendable {
@@ -8,7 +10,8 @@ struct UpstreamWork: Sendable {
         var from: String?
         var category: String?
         var rawPayload: String
-        /// `unackable`, `unreadable` or `handler_failed` (the `dead_letters.reason` values).
+        /// `unackable`, `unreadable`, `unknown_type` or `handler_failed` (the
+        /// `dead_letters.reason` values).
         var reason: String
         var error: String?
         var attempts: Int
@@ -22,13 +25,32 @@ struct UpstreamWork: Sendable {
     }
 
     var kind: Kind
-    /// In durable mode, sends the ack once the work is committed; nil when it was acked on
-    /// arrival (or cannot be acked).
-    var ack: AckRoute.Pending?
+    /// Acked already, to be acked after the commit (durable mode), or not ackable.
+    var ack: CCSAck
     /// Failed handling attempts so far.
     var attempts = 0
     /// When a failed message may be tried again.
     var retryAt: ContinuousClock.Instant?
+
+    init(kind: Kind, ack: CCSAck) {
+        self.kind = kind
+        self.ack = ack
+    }
+
+    /// An upstream message that arrived on `connection`.
+    init(_ arrival: CCSUpstreamArrival, connection: String) {
+        self.init(kind: .message(UpstreamMessage(arrival.message, messageID: arrival.messageID, from: arrival.from,
+                                                 connection: connection, receivedAt: arrival.receivedAt)),
+                  ack: arrival.ack)
+    }
+
+    /// A message that cannot be handled, as a dead letter.
+    init(_ unusable: CCSUnusableMessage) {
+        self.init(kind: .deadLetter(DeadLetter(messageID: unusable.messageID, from: unusable.from, category: unusable.category,
+                                               rawPayload: unusable.payload, reason: unusable.reason.rawValue,
+                                               error: unusable.detail, attempts: 0, receivedAt: unusable.receivedAt)),
+                  ack: unusable.ack)
+    }
 
     /// The key that keeps one device's messages in order (its registration token).
     var orderingKey: String {
@@ -44,6 +66,12 @@ struct UpstreamWork: Sendable {
         case .deadLetter(let letter): letter.messageID
         }
     }
+
+    /// True when CCS got its ack already: losing it now would lose it for good.
+    var isAcked: Bool { if case .sent = ack { true } else { false } }
+
+    /// The ack still to send after the commit (durable mode).
+    var durableAck: DurableAck? { if case .afterCommit(let ack) = ack { ack } else { nil } }
 
     /// What the spool keeps of it.
     var spoolEntry: Spool.Entry {

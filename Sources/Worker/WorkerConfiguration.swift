@@ -32,16 +32,9 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     /// Ping CCS after this much silence, and give up this long after the ping.
     public var pingInterval: Duration = .seconds(60)
     public var pingTimeout: Duration = .seconds(15)
-    /// When upstream messages are acked.
-    public enum AckMode: String, Sendable {
-        /// As soon as the stanza is parsed, before any database work (lowest latency; an
-        /// acked message not yet committed at shutdown goes to the spool file).
-        case immediate
-        /// Only after the message is committed to PostgreSQL (nothing acked is lost even on
-        /// kill -9; CCS redelivers what was not acked).
-        case durable
-    }
-    public var ackMode = AckMode.immediate
+    /// When upstream messages are acked (`CCSAckMode`).
+    public typealias AckMode = CCSAckMode
+    public var ackMode = CCSAckMode.immediate
     /// Lanes handling upstream messages in parallel (a device's messages keep one lane).
     public var concurrency = 4
     /// Handling attempts before a failing message is dead-lettered.
@@ -68,6 +61,10 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     /// cores are busy; without root or `CAP_SYS_NICE` the threads keep the default
     /// priority and the worker says so once at start.
     public var ioNiceness: Int32? = -10
+    /// How long one database call may wait for the server before its connection is
+    /// cancelled, dropped and replaced (`--database-timeout`), and how long connecting may take.
+    public var databaseTimeout: Duration = .seconds(15)
+    public var databaseConnectTimeout: Duration = .seconds(5)
     /// Prepare each SQL text once per database connection (`--prepared-statements`); off
     /// behind PgBouncer in transaction mode before 1.21, which loses them between transactions.
     public var preparedStatements = true
@@ -106,6 +103,8 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         --io-niceness N|off       FCM_IO_NICENESS       nice value of connection threads, -20 to 19
                                                         (default -10: acks ahead of database work;
                                                         below 0 needs root or CAP_SYS_NICE)
+        --database-timeout SECS   FCM_DATABASE_TIMEOUT  a database call waits this long before its
+                                                        connection is dropped and replaced (default 15)
         --prepared-statements on|off FCM_PREPARED_STATEMENTS  prepare SQL once per connection
                                                         (default on; off behind PgBouncer's
                                                         transaction mode before 1.21)
@@ -121,7 +120,7 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         "--migrations-dir": "FCM_MIGRATIONS_DIR", "--migrate": "FCM_MIGRATE",
         "--outbox-lease": "FCM_OUTBOX_LEASE", "--retry-base": "FCM_RETRY_BASE", "--retry-max-age": "FCM_RETRY_MAX_AGE",
         "--worker-id": "FCM_WORKER_ID", "--http-endpoint": "FCM_HTTP_ENDPOINT", "--io-niceness": "FCM_IO_NICENESS",
-        "--prepared-statements": "FCM_PREPARED_STATEMENTS",
+        "--prepared-statements": "FCM_PREPARED_STATEMENTS", "--database-timeout": "FCM_DATABASE_TIMEOUT",
     ]
     /// Flags that take no value.
     private static let switches: Set<String> = ["--migrate"]
@@ -191,7 +190,17 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             }
             configuration.caFile = caFile
         }
-        configuration.databaseURL = setting("DATABASE_URL")
+        if let url = setting("DATABASE_URL") {
+            do {
+                _ = try PostgresConnectionString(url)
+            } catch {
+                throw ConfigurationError(error.message)
+            }
+            configuration.databaseURL = url
+        }
+        if let timeout = setting("FCM_DATABASE_TIMEOUT") {
+            configuration.databaseTimeout = try parseSeconds(timeout, name: "database timeout")
+        }
         if let connections = setting("FCM_CONNECTIONS") {
             guard let count = Int(connections), (1...1000).contains(count) else {
                 throw ConfigurationError("invalid connection count \(connections): expected 1 to 1000")
@@ -341,6 +350,6 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         "sender \(senderID), endpoint \(host):\(port), domain \(xmppDomain), \(connections) connection(s), "
             + "trust \(caFile ?? "system store"), handlers \(handlers.joined(separator: ",")), ack mode \(ackMode.rawValue), "
             + "concurrency \(concurrency), outbox lease \(downstream.lease.formattedSeconds) as \(downstream.workerID), "
-            + "database \(databaseURL.map(PostgresConnection.redactingPasswords) ?? "none")"
+            + "database \(databaseURL.map { (try? PostgresConnectionString($0))?.description ?? "(unparsable)" } ?? "none")"
     }
 }

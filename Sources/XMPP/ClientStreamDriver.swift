@@ -3,8 +3,8 @@ import Runtime
 
 /// Runs a client session on its stream's thread: negotiation, liveness, and handing
 /// stanzas to the consuming task.
-final class ClientStreamDriver: StreamDriver {
-    let inbox: StanzaInbox
+final class ClientStreamDriver<Inbound: Sendable>: StreamDriver {
+    let inbox: StanzaInbox<Inbound>
     private let reader: XMLStreamReader
     /// Fulfilled with the bound JID, or failed with why the session never came up.
     let establishment = OneShot<String>()
@@ -16,12 +16,12 @@ final class ClientStreamDriver: StreamDriver {
     private var negotiationDeadline: ContinuousClock.Instant?
     private var established = false
 
-    private let interceptor: (any StanzaInterceptor)?
+    private let intercept: (XMLElement) -> Interception<Inbound>
 
-    init(configuration: XMPPClientConfiguration, inbox: StanzaInbox) {
+    init(configuration: XMPPClientConfiguration, interceptor: some StanzaInterceptor<Inbound>, inbox: StanzaInbox<Inbound>) {
         self.inbox = inbox
+        self.intercept = interceptor.intercept
         self.reader = XMLStreamReader(maxStanzaBytes: configuration.maxStanzaBytes, maxDepth: configuration.maxDepth)
-        self.interceptor = configuration.interceptor
         self.negotiation = SessionNegotiation(credentials: configuration.credentials)
         self.liveness = LivenessMonitor(idleInterval: configuration.pingInterval, timeout: configuration.pingTimeout)
         self.negotiationDeadline = .now + configuration.negotiationTimeout
@@ -72,14 +72,9 @@ final class ClientStreamDriver: StreamDriver {
                 negotiationDeadline = nil
                 establishment.complete(.success(jid))
             case .deliver(let stanza):
-                guard let interceptor else {
-                    inbox.push(ReceivedStanza(element: stanza))
-                    continue
-                }
-                let interception = interceptor.intercept(stanza)
+                let interception = intercept(stanza)
                 // Queue first: a reply (an ack) goes out only for a stanza the consumer gets.
-                if inbox.push(ReceivedStanza(element: stanza, attachment: interception.attachment)).accepted,
-                   let reply = interception.reply {
+                if inbox.push(interception.inbound).accepted, let reply = interception.reply {
                     loop.write(reply)
                 }
             case .fail(let error):

@@ -1,17 +1,16 @@
-import Synchronization
 import Runtime
 
-/// Stanzas handed from a stream's thread to one consuming task, bounded.
+/// What a stream's thread made of its stanzas, handed to one consuming task, bounded.
 ///
 /// The thread pushes without blocking and learns from the result whether to keep reading;
 /// when the inbox is full it stops reading the socket (TCP backpressure reaches the server)
 /// until the consumer has taken one out, which wakes the thread through `onSpace`. One read
 /// can complete several stanzas, so the inbox may hold up to one read's worth past its
 /// capacity, never more.
-final class StanzaInbox: Sendable {
+final class StanzaInbox<Item: Sendable>: Sendable {
     private struct State {
-        var items = FIFO<ReceivedStanza>()
-        var waiting: CheckedContinuation<[ReceivedStanza]?, Never>?
+        var items = FIFO<Item>()
+        var consumer = Waiters<[Item]?>()
         var finished = false
         var stopped = false
     }
@@ -25,27 +24,26 @@ final class StanzaInbox: Sendable {
         self.onSpace = onSpace
     }
 
-    /// What became of a pushed stanza.
+    /// What became of a pushed item.
     struct PushResult: Equatable {
-        /// False after `stop()`: the stanza was discarded (it must not be acked).
+        /// False after `stop()`: the item was discarded (its stanza must not be acked).
         var accepted: Bool
         /// False when the inbox is now full (the caller pauses reading).
         var hasRoom: Bool
     }
 
-    /// Adds a stanza for the consumer.
+    /// Adds an item for the consumer.
     @discardableResult
-    func push(_ stanza: ReceivedStanza) -> PushResult {
-        let (waiter, result) = state.withLock { state -> (CheckedContinuation<[ReceivedStanza]?, Never>?, PushResult) in
+    func push(_ item: Item) -> PushResult {
+        let (waiter, result) = state.withLock { state -> (CheckedContinuation<[Item]?, Never>?, PushResult) in
             if state.stopped { return (nil, PushResult(accepted: false, hasRoom: false)) }
-            if let waiter = state.waiting {
-                state.waiting = nil
+            if let waiter = state.consumer.removeFirst() {
                 return (waiter, PushResult(accepted: true, hasRoom: true))
             }
-            state.items.append(stanza)
+            state.items.append(item)
             return (nil, PushResult(accepted: true, hasRoom: state.items.count < capacity))
         }
-        waiter?.resume(returning: [stanza])
+        waiter?.resume(returning: [item])
         return result
     }
 
@@ -56,53 +54,49 @@ final class StanzaInbox: Sendable {
     /// the sequence once the consumer has taken what is already queued: those may have
     /// been acked by an interceptor and must not be dropped.
     func stop() {
-        let waiter = state.withLock { state -> CheckedContinuation<[ReceivedStanza]?, Never>? in
+        let waiters = state.withLock { state -> [CheckedContinuation<[Item]?, Never>] in
             state.finished = true
             state.stopped = true
-            defer { state.waiting = nil }
-            return state.waiting
+            return state.consumer.removeAll()
         }
-        waiter?.resume(returning: nil)
+        for waiter in waiters { waiter.resume(returning: nil) }
     }
 
     /// True after `stop()`.
     var isStopped: Bool { state.withLock { $0.stopped } }
 
     /// True while the consumer is suspended in `next()`.
-    var hasWaiter: Bool { state.withLock { $0.waiting != nil } }
+    var hasWaiter: Bool { state.withLock { !$0.consumer.isEmpty } }
 
-    /// Ends the sequence after the stanzas already queued.
+    /// Ends the sequence after the items already queued.
     func finish() {
-        let waiter = state.withLock { state -> CheckedContinuation<[ReceivedStanza]?, Never>? in
+        let waiters = state.withLock { state -> [CheckedContinuation<[Item]?, Never>] in
             state.finished = true
-            defer { state.waiting = nil }
-            return state.waiting
+            return state.consumer.removeAll()
         }
-        waiter?.resume(returning: nil)
+        for waiter in waiters { waiter.resume(returning: nil) }
     }
 
-    /// The next stanza, or nil once the stream has ended and everything was taken.
-    /// Only one task may wait at a time.
-    func next() async -> ReceivedStanza? {
+    /// The next item, or nil once the stream has ended and everything was taken (or the
+    /// task was cancelled while nothing was queued).
+    func next() async -> Item? {
         await next(maximum: 1)?.first
     }
 
-    /// Up to `maximum` queued stanzas in arrival order (waiting for at least one), or nil
-    /// once the stream has ended and everything was taken. One call per read turn rather
-    /// than per stanza keeps the hand-over cheap under load. Only one task may wait at a time.
-    func next(maximum: Int) async -> [ReceivedStanza]? {
-        await withCheckedContinuation { continuation in
-            let (items, wasFull) = state.withLock { state -> ([ReceivedStanza]??, Bool) in
-                let wasFull = state.items.count >= capacity
-                let items = state.items.popFirst(max(1, maximum))
-                if !items.isEmpty { return (.some(items), wasFull) }
-                if state.finished { return (.some(nil), false) }
-                precondition(state.waiting == nil, "StanzaInbox supports one consumer at a time")
-                state.waiting = continuation
-                return (nil, false)
-            }
-            if let items { continuation.resume(returning: items) }
-            if wasFull { onSpace() }
+    /// Up to `maximum` queued items in arrival order (waiting for at least one), or nil
+    /// once the stream has ended and everything was taken, or when the task is cancelled
+    /// while nothing is queued. One call per read turn rather than per stanza keeps the
+    /// hand-over cheap under load. One consumer at a time.
+    func next(maximum: Int) async -> [Item]? {
+        var wasFull = false
+        let items = await state.suspend(in: \.consumer, cancelled: nil) { state -> [Item]?? in
+            wasFull = state.items.count >= capacity
+            let items = state.items.popFirst(max(1, maximum))
+            if !items.isEmpty { return .some(items) }
+            if state.finished { return .some(nil) }
+            return nil
         }
+        if wasFull { onSpace() }
+        return items
     }
 }

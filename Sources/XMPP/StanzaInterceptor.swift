@@ -1,34 +1,31 @@
 /// Logic that runs on a connection's own thread for each stanza received on the
-/// established stream, before the stanza is queued for `next()`.
+/// established stream, before what it makes of the stanza is queued for the consumer.
 ///
 /// FCM's acks are sent from here: they leave as soon as the stanza is parsed, whatever the
 /// consuming tasks are doing, and keep flowing when the consumer applies backpressure.
 /// Keep it fast and non-blocking: it runs on the I/O thread.
-public protocol StanzaInterceptor: Sendable {
-    func intercept(_ stanza: XMLElement) -> Interception
+public protocol StanzaInterceptor<Inbound>: Sendable {
+    /// What the consumer gets for each stanza.
+    associatedtype Inbound: Sendable
+    func intercept(_ stanza: XMLElement) -> Interception<Inbound>
 }
 
-/// What an interceptor wants done with one stanza.
-public struct Interception: Sendable {
-    /// Text to write at once (one or more complete stanzas), only if the stanza is queued
+/// What an interceptor makes of one stanza.
+public struct Interception<Inbound: Sendable>: Sendable {
+    /// Text to write at once (one or more complete stanzas), only if `inbound` is queued
     /// for the consumer; nil for none.
     public var reply: String?
-    /// A value handed to the consumer with the stanza (for instance what was parsed).
-    public var attachment: (any Sendable)?
+    /// What the consumer gets.
+    public var inbound: Inbound
 
-    public init(reply: String? = nil, attachment: (any Sendable)? = nil) {
+    public init(reply: String? = nil, inbound: Inbound) {
         self.reply = reply
-        self.attachment = attachment
+        self.inbound = inbound
     }
 }
 
-/// A received stanza and what its interceptor attached to it.
-public struct ReceivedStanza: Sendable {
-    public let element: XMLElement
-    public let attachment: (any Sendable)?
-
-    public init(element: XMLElement, attachment: (any Sendable)? = nil) {
-        self.element = element
-        self.attachment = attachment
-    }
+/// Hands every stanza to the consumer as it is, and writes nothing.
+public struct PassThrough: StanzaInterceptor {
+    public init() {}
+    public func intercept(_ stanza: XMLElement) -> Interception<XMLElement> { Interception(inbound: stanza) }
 }

@@ -25,9 +25,6 @@ public struct XMPPClientConfiguration: Sendable {
     /// root or `CAP_SYS_NICE`, and without it the thread runs at the default priority
     /// (`ThreadPriority.refusalCount` counts the refusals).
     public var threadNiceness: Int32? = nil
-    /// Runs on the connection's thread for each received stanza (FCM acks upstream
-    /// messages from there).
-    public var interceptor: (any StanzaInterceptor)?
 
     public init(host: String, port: Int, credentials: SessionNegotiation.Credentials, trust: TLSTrust) {
         self.host = host

@@ -3,20 +3,21 @@ import Transport
 
 /// One established client XMPP session over TLS.
 ///
-/// `connect` returns once the stream is authenticated and bound. Received stanzas come out
-/// of `next()` in arrival order; `send` may be called from any task and waits when the
+/// `connect` returns once the stream is authenticated and bound. What its interceptor
+/// makes of each received stanza (`Inbound`; the stanza itself with `PassThrough`) comes
+/// out of `next()` in arrival order; `send` may be called from any task and waits when the
 /// peer is slow to read. Server pings are answered and an idle server is pinged without
 /// the caller's help. The session's socket, `SSL*` and parser belong to one thread.
-public final class XMPPConnection: Sendable {
+public final class XMPPConnection<Inbound: Sendable>: Sendable {
     /// The full JID the server bound to this session.
     public let boundJID: String
     /// A label for logs (`host:port#n`).
     public let label: String
     private let loop: StreamLoop
-    private let inbox: StanzaInbox
+    private let inbox: StanzaInbox<Inbound>
     private let ending: OneShot<XMPPError>
 
-    private init(boundJID: String, label: String, loop: StreamLoop, inbox: StanzaInbox, ending: OneShot<XMPPError>) {
+    private init(boundJID: String, label: String, loop: StreamLoop, inbox: StanzaInbox<Inbound>, ending: OneShot<XMPPError>) {
         self.boundJID = boundJID
         self.label = label
         self.loop = loop
@@ -24,20 +25,17 @@ public final class XMPPConnection: Sendable {
         self.ending = ending
     }
 
-    /// Connects, negotiates TLS, authenticates and binds.
+    /// Connects with `tls` (shared by a pool of connections), negotiates TLS,
+    /// authenticates and binds; `interceptor` then runs on the connection's thread for
+    /// every stanza received.
     /// - Throws: `XMPPError`, for instance `.authenticationRefused` for bad credentials or
     ///   `.certificateRejected` for an untrusted or mismatched certificate.
-    public static func connect(_ configuration: XMPPClientConfiguration, label: String? = nil) async throws -> XMPPConnection {
-        let tls = try TLSContext.client(trust: configuration.trust)
-        return try await connect(configuration, tls: tls, label: label)
-    }
-
-    /// Connects using an existing client TLS context (shared by a pool of connections).
-    public static func connect(_ configuration: XMPPClientConfiguration, tls: TLSContext, label: String? = nil) async throws -> XMPPConnection {
+    public static func connect(_ configuration: XMPPClientConfiguration, interceptor: some StanzaInterceptor<Inbound>,
+                               tls: TLSContext, label: String? = nil) async throws -> XMPPConnection {
         let name = label ?? "\(configuration.host):\(configuration.port)"
         let wake = WakeRelay()
-        let inbox = StanzaInbox(capacity: configuration.inboundCapacity) { wake.fire() }
-        let driver = ClientStreamDriver(configuration: configuration, inbox: inbox)
+        let inbox = StanzaInbox<Inbound>(capacity: configuration.inboundCapacity) { wake.fire() }
+        let driver = ClientStreamDriver(configuration: configuration, interceptor: interceptor, inbox: inbox)
         let loop = StreamLoop(
             name: "xmpp \(name)",
             origin: .connect(host: configuration.host, port: configuration.port, timeout: configuration.connectTimeout),
@@ -54,32 +52,34 @@ public final class XMPPConnection: Sendable {
         return XMPPConnection(boundJID: jid, label: name, loop: loop, inbox: inbox, ending: driver.ending)
     }
 
-    /// The next received stanza, or nil once the stream has ended (see `closed()`).
-    public func next() async -> XMLElement? {
-        await inbox.next()?.element
-    }
-
-    /// The next received stanza with its interceptor's attachment, or nil once the stream
-    /// has ended.
-    public func nextReceived() async -> ReceivedStanza? {
+    /// What the next received stanza became, or nil once the stream has ended (see
+    /// `closed()`) or the task is cancelled while nothing is waiting.
+    public func next() async -> Inbound? {
         await inbox.next()
     }
 
-    /// Every received stanza waiting (at most `maximum`, at least one), with attachments,
-    /// in arrival order; nil once the stream has ended and all were taken.
-    public func nextReceived(maximum: Int) async -> [ReceivedStanza]? {
+    /// Everything received and waiting (at most `maximum`, at least one), in arrival
+    /// order; nil once the stream has ended and all was taken (or on cancellation while
+    /// nothing is waiting).
+    public func next(maximum: Int) async -> [Inbound]? {
         await inbox.next(maximum: maximum)
     }
 
     /// Queues `stanza` for sending, waiting while the write buffer is full.
-    /// - Throws: the `XMPPError` the stream ended with.
+    /// - Throws: the `XMPPError` the stream ended with, or `CancellationError`.
     public func send(_ stanza: XMLElement) async throws {
         try await send(serialized: stanza.serialized())
     }
 
     /// Queues an already serialized stanza (it must be one complete, well-formed element).
     public func send(serialized stanza: String) async throws {
-        try await loop.outbound.enqueue(.init(bytes: Array(stanza.utf8), recordSize: StreamLoop.recordSize))
+        do {
+            try await loop.outbound.enqueue(.init(bytes: Array(stanza.utf8), recordSize: StreamLoop.recordSize))
+        } catch let error as CancellationError {
+            throw error
+        } catch {
+            throw XMPPError(ending: error)
+        }
     }
 
     /// Closes the stream gracefully (queued stanzas are sent first, then
@@ -90,8 +90,8 @@ public final class XMPPConnection: Sendable {
     }
 
     /// Stops receiving: the socket is no longer read and stanzas arriving from now on are
-    /// refused (not acked, so CCS redelivers them); `next()` returns what was already
-    /// queued, then nil. Sending still works, so acks can be flushed before `close()`.
+    /// refused (not intercepted: FCM does not ack them, so CCS redelivers them); `next()`
+    /// returns what was already queued, then nil. Sending still works, so acks can be flushed before `close()`.
     public func stopReceiving() {
         inbox.stop()
     }
@@ -113,6 +113,13 @@ public final class XMPPConnection: Sendable {
 
     /// True once the stream has ended.
     public var isClosed: Bool { ending.isCompleted }
+}
+
+extension XMPPConnection where Inbound == XMLElement {
+    /// Connects a plain session: `next()` returns the stanzas as received.
+    public static func connect(_ configuration: XMPPClientConfiguration, label: String? = nil) async throws -> XMPPConnection<XMLElement> {
+        try await connect(configuration, interceptor: PassThrough(), tls: try TLSContext.client(trust: configuration.trust), label: label)
+    }
 }
 
 /// Lets the inbox wake a loop that is created after it.

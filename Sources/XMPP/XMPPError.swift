@@ -44,6 +44,7 @@ public enum XMPPError: Error, Sendable, Equatable, CustomStringConvertible {
         case .closedByPeer: self = .closedByPeer
         case .timedOut(let what): self = .connectionLost("timed out: \(what)")
         case .cancelled: self = .closedLocally
+        case .outcomeUnknown(let reason): self = .connectionLost(reason)
         }
     }
 
@@ -57,10 +58,13 @@ public enum XMPPError: Error, Sendable, Equatable, CustomStringConvertible {
     }
 
     /// True when retrying cannot help until someone changes the configuration
-    /// (credentials, trust settings): callers stop instead of reconnecting in a loop.
+    /// (credentials, trust settings, the XMPP domain): callers stop instead of reconnecting
+    /// in a loop.
     public var isConfigurationError: Bool {
         switch self {
         case .authenticationRefused, .certificateRejected: true
+        // The stream was addressed to a domain the server does not serve (`--xmpp-domain`).
+        case .streamError(condition: "host-unknown", _): true
         default: false
         }
     }

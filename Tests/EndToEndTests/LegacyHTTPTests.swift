@@ -36,7 +36,10 @@ private struct TestHTTP {
         let tokens = (0..<2500).map { "token-\($0)" }
         var message = LegacyHTTPMessage(target: .registrationIDs([]), data: ["k": .string("v")])
         message.options.timeToLive = 0
-        let results = try await http.client.sendMulticast(message, to: tokens)
+        let outcome = await http.client.sendMulticast(message, to: tokens)
+        #expect(outcome.failure == nil && outcome.unsent.isEmpty)
+        let results = outcome.results.map(\.result)
+        #expect(outcome.results.map(\.token) == tokens)
         #expect(results.count == 2500)
         let requests = http.simulator.requests
         #expect(requests.map { (try? JSONValue.parse($0.body))?["registration_ids"].map { value -> Int in
@@ -46,7 +49,7 @@ private struct TestHTTP {
         #expect(requests.allSatisfy { (try? JSONValue.parse($0.body))?["time_to_live"] == .number(0) })
         for (token, result) in zip(tokens, results) {
             if token.hasSuffix("7") {
-                #expect(result.error == "NotRegistered" && result.action == .failAndMarkToken(.unregistered))
+                #expect(result.error == "NotRegistered" && result.action == NackAction.failAndMarkToken(.unregistered))
             } else {
                 #expect(result.messageID != nil && result.error == nil)
                 #expect(result.canonicalRegistrationID == (token.hasSuffix("5") ? "canonical-\(token)" : nil))

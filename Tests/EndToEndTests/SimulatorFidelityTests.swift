@@ -12,7 +12,7 @@ import XMPP
     }
 
     /// The JSON of the next stanza carrying a `<gcm>` payload.
-    private func nextPayload(_ connection: XMPPConnection) async throws -> JSONValue {
+    private func nextPayload(_ connection: XMPPConnection<XMLElement>) async throws -> JSONValue {
         while let stanza = await connection.next() {
             if let payload = CCSStanza.payload(of: stanza) { return try JSONValue.parse(payload) }
         }

@@ -53,9 +53,9 @@ struct TestCCS {
     }
 
     /// Connects a client and returns it with the id of its session on the simulator.
-    func connect(_ configuration: XMPPClientConfiguration? = nil) async throws -> (XMPPConnection, Int) {
+    func connect(_ configuration: XMPPClientConfiguration? = nil) async throws -> (XMPPConnection<XMLElement>, Int) {
         let before = Set(simulator.boundSessions)
-        let connection = try await XMPPConnection.connect(configuration ?? client())
+        let connection = try await XMPPConnection<XMLElement>.connect(configuration ?? client())
         try await simulator.wait(for: "the session to be bound") { !Set($0.openBoundSessions).subtracting(before).isEmpty }
         let session = Set(simulator.boundSessions).subtracting(before).min()!
         return (connection, session)

@@ -203,7 +203,7 @@ final class FlakyHandler: UpstreamHandler {
         // Every ack the worker reported was for a message already committed.
         for event in events.all {
             if case .committed(let handled, _, _) = event { committed.withLock { $0.formUnion(handled.map(\.0)) } }
-            if case .acked(_, let messageID, _) = event {
+            if case .acked(_, let messageID) = event {
                 #expect(committed.withLock { $0.contains(messageID) }, "\(messageID) acked before its commit")
             }
         }

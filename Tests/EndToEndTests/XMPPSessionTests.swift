@@ -2,6 +2,7 @@ import FCM
 import Foundation
 import Simulator
 import Testing
+import Transport
 import XMPP
 
 /// The XMPP client against the simulator over real TLS on loopback.
@@ -20,7 +21,7 @@ import XMPP
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
         do {
-            _ = try await XMPPConnection.connect(ccs.client(serverKey: "wrong"))
+            _ = try await XMPPConnection<XMLElement>.connect(ccs.client(serverKey: "wrong"))
             Issue.record("connected with a wrong key")
         } catch let error as XMPPError {
             #expect(error == .authenticationRefused(condition: "not-authorized"))
@@ -35,7 +36,7 @@ import XMPP
         defer { ccs.simulator.stop() }
         let stranger = try CertificateAuthority(commonName: "some other CA")
         do {
-            _ = try await XMPPConnection.connect(ccs.client(trust: .caPEM(stranger.rootCertificatePEM)))
+            _ = try await XMPPConnection<XMLElement>.connect(ccs.client(trust: .caPEM(stranger.rootCertificatePEM)))
             Issue.record("connected to an untrusted server")
         } catch let error as XMPPError {
             guard case .certificateRejected(let reason) = error else {
@@ -46,7 +47,7 @@ import XMPP
             #expect(error.isConfigurationError)
         }
         // The system store does not trust the simulator's CA either.
-        await #expect(throws: XMPPError.self) { _ = try await XMPPConnection.connect(ccs.client(trust: .systemDefault)) }
+        await #expect(throws: XMPPError.self) { _ = try await XMPPConnection<XMLElement>.connect(ccs.client(trust: .systemDefault)) }
     }
 
     @Test func aCertificateForAnotherHostIsRefused() async throws {
@@ -54,7 +55,7 @@ import XMPP
         defer { ccs.simulator.stop() }
         for host in ["localhost", "127.0.0.1"] {
             do {
-                _ = try await XMPPConnection.connect(ccs.client(host: host))
+                _ = try await XMPPConnection<XMLElement>.connect(ccs.client(host: host))
                 Issue.record("accepted a certificate for other.invalid at \(host)")
             } catch let error as XMPPError {
                 guard case .certificateRejected(let reason) = error else {
@@ -68,8 +69,8 @@ import XMPP
 
     /// Reports the nice value of the thread it runs on (the connection's thread).
     private struct PriorityProbe: StanzaInterceptor {
-        func intercept(_ stanza: XMLElement) -> Interception {
-            Interception(attachment: getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0))
+        func intercept(_ stanza: XMLElement) -> Interception<Int32> {
+            Interception(inbound: getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0))
         }
     }
 
@@ -78,11 +79,14 @@ import XMPP
         defer { ccs.simulator.stop() }
         var configuration = ccs.client()
         configuration.threadNiceness = 6   // raising a nice value needs no privilege
-        configuration.interceptor = PriorityProbe()
-        let (connection, session) = try await ccs.connect(configuration)
+        let before = Set(ccs.simulator.boundSessions)
+        let connection = try await XMPPConnection.connect(configuration, interceptor: PriorityProbe(),
+                                                          tls: try TLSContext.client(trust: configuration.trust))
+        try await ccs.simulator.wait(for: "the session to be bound") { !Set($0.openBoundSessions).subtracting(before).isEmpty }
+        let session = Set(ccs.simulator.boundSessions).subtracting(before).min()!
         ccs.simulator.sendRaw(session: session, Array("<message id=\"probe\"/>".utf8), recordSize: 16 * 1024)
-        let received = await connection.nextReceived()
-        #expect(received?.attachment as? Int32 == 6)
+        let received = await connection.next()
+        #expect(received == 6)
         await connection.close()
     }
 
@@ -139,7 +143,7 @@ import XMPP
         let ccs = try TestCCS(configure: { $0.preamble = bomb })
         defer { ccs.simulator.stop() }
         do {
-            _ = try await XMPPConnection.connect(ccs.client())
+            _ = try await XMPPConnection<XMLElement>.connect(ccs.client())
             Issue.record("negotiated through a DOCTYPE")
         } catch let error as XMPPError {
             #expect(error == .malformedStream(.declarationForbidden))
@@ -233,7 +237,7 @@ import XMPP
         var configuration = try TestCCS().client()
         configuration.port = 1
         do {
-            _ = try await XMPPConnection.connect(configuration)
+            _ = try await XMPPConnection<XMLElement>.connect(configuration)
             Issue.record("connected to port 1")
         } catch let error as XMPPError {
             guard case .connectFailed(_, 1, let reason) = error else { Issue.record("wrong error \(error)"); return }
@@ -269,7 +273,7 @@ import XMPP
         configuration.negotiationTimeout = .milliseconds(400)
         let started = ContinuousClock.now
         do {
-            _ = try await XMPPConnection.connect(configuration)
+            _ = try await XMPPConnection<XMLElement>.connect(configuration)
             Issue.record("connected to a silent server")
         } catch let error as XMPPError {
             #expect(error == .tlsFailed("the TLS handshake timed out"))

@@ -197,7 +197,7 @@ import Testing
     }
 
     @Test func thePoolBoundsConnectionsAndReplacesBrokenOnes() async throws {
-        let pool = PostgresPool(conninfo: try testDatabaseURL(), size: 2)
+        let pool = PostgresPool(target: try PostgresConnectionString(testDatabaseURL()), size: 2)
         let gauge = InFlightGauge()
         let pids = try await withThrowingTaskGroup(of: Int64.self) { group in
             for _ in 0..<6 {
@@ -228,7 +228,7 @@ import Testing
     }
 
     @Test func thePoolRollsBackATransactionItsBorrowerLeftOpenOrAborted() async throws {
-        let pool = PostgresPool(conninfo: try testDatabaseURL(), size: 1)
+        let pool = PostgresPool(target: try PostgresConnectionString(testDatabaseURL()), size: 1)
         let table = "pool_leftover_\(UInt32.random(in: 0...UInt32.max))"
         _ = try await pool.withConnection { try await $0.execute("CREATE TABLE \(table) (n int)") }
         // Left open: the insert must not commit along with the next borrower's work.

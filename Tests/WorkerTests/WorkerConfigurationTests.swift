@@ -127,6 +127,6 @@ import XMPP
             environment: ["FCM_SENDER_ID": "1"])
         #expect(!configuration.description.contains("SECRET-KEY-VALUE"))
         #expect(!configuration.description.contains("db-PASSWORD"))
-        #expect(configuration.description.contains("postgresql://***@db.internal/fcm"))
+        #expect(configuration.description.contains("user=fcm password=*** dbname=fcm host=db.internal"))
     }
 }

@@ -4,19 +4,22 @@ import Postgres
 import XMPP
 import Runtime
 
-/// Sends the outbox over the worker's CCS connections with FCM's rules.
+/// Sends the outbox rows of transport `xmpp` over the worker's CCS connections with FCM's
+/// rules: the XMPP shell of the `Outbox`.
 ///
 /// - Claims due rows (`OutboxStore`), woken by NOTIFY and by a periodic sweep, never more
-///   than the open windows can take plus a read-ahead, and renews its lease on what it holds.
+///   than the open windows can take plus a read-ahead (the outbox renews its lease on
+///   what it holds: `heldRowIDs`).
 /// - Places them with a `DownstreamScheduler`: at most 100 pending per connection, a slot
 ///   freed only by that message's ack, nack or stanza error; a draining connection takes
 ///   nothing more; what was pending on a closed connection is sent again on another.
-/// - Turns every answer into a `DownstreamVerdict` and writes the row's state back
-///   (`OutboxWriteBack`): sent, acked, delivered, failed, retry, expired; marks tokens.
+/// - Turns every answer into a `DownstreamVerdict`, settles it (`OutboxSettlement`) and
+///   records the row's state for the write-back: sent, acked, delivered, failed, retry,
+///   expired; marks tokens.
 ///
 /// Each connection gets a send loop (`attach`); the connection's reader reports answers
 /// (`received`), receipts, draining and the end of the connection (`detach`).
-final class OutboxSender: Sendable {
+final class XMPPOutboxSender: Sendable {
     /// What a connection's reader saw that concerns downstream messages.
     enum Answer: Sendable {
         case ack(messageID: String, canonicalToken: String?)
@@ -51,6 +54,8 @@ final class OutboxSender: Sendable {
         var nextLink = 0
         var claiming = true
         var finished = false
+        /// Tasks waiting until nothing sent is unanswered (shutdown).
+        var answerWaiters = Waiters<Bool>()
         var statistics = Statistics()
         /// When scheduled retries fall due: the claim loop wakes for each.
         var retryTimes = DueTimes()
@@ -61,58 +66,40 @@ final class OutboxSender: Sendable {
     let settings: DownstreamSettings
     private let store: OutboxStore
     private let writeBack: OutboxWriteBack
-    private let conninfo: String
     private let logger: Logger
-    private let observer: WorkerObserver?
     private let state = BlockingLock(State())
-    private let doorbell: Doorbell
-    private let alsoWakeBox = BlockingLock<Doorbell?>(nil)
-    /// Rung on every NOTIFY too (the HTTP sender shares this listener).
-    var alsoWake: Doorbell? {
-        get { alsoWakeBox.withLock { $0 } }
-        set { alsoWakeBox.withLock { $0 = newValue } }
-    }
+    /// Rung on NOTIFY, on each write-back commit, and when rows are wanted.
+    let doorbell: Doorbell
 
-    init(pool: PostgresPool, conninfo: String, settings: DownstreamSettings, logger: Logger, observer: WorkerObserver? = nil) {
+    init(store: OutboxStore, writeBack: OutboxWriteBack, doorbell: Doorbell, settings: DownstreamSettings, logger: Logger) {
         self.settings = settings
-        self.conninfo = conninfo
-        self.logger = logger
-        self.observer = observer
-        self.store = OutboxStore(pool: pool, workerID: settings.workerID, lease: settings.lease)
-        let doorbell = Doorbell()
+        self.store = store
+        self.writeBack = writeBack
         self.doorbell = doorbell
-        // A written retry may be due already: let the claim loop look.
-        self.writeBack = OutboxWriteBack(store: store, logger: logger, onCommit: { doorbell.ring() })
+        self.logger = logger
     }
 
     var statistics: Statistics { state.withLock { $0.statistics } }
 
-    // MARK: - Running
+    /// The rows this sender holds (waiting or unanswered), whose claim the outbox renews.
+    var heldRowIDs: [Int64] { state.withLock { $0.scheduler.heldRowIDs } }
 
-    /// Claims, listens, renews and writes back until `finish`.
-    func run() async {
-        async let writing: Void = writeBack.run()
-        async let listening: Void = listen()
-        async let renewing: Void = renewLeases()
-        await claimLoop()
-        await listening
-        await renewing
-        await writing
-    }
+    // MARK: - Shutdown
 
-    /// Stops claiming, hands back what was claimed and never sent, waits up to `timeout`
-    /// for the answers to what is pending, hands back what is still unanswered (sent again
-    /// by the next worker: at-least-once), and writes everything back.
-    func finish(within timeout: Duration) async {
-        let deadline = ContinuousClock.now + timeout
+    /// Stops claiming, hands back what was claimed and never sent, waits until `deadline`
+    /// (or an urgent shutdown) for the answers to what is pending, then hands back what is
+    /// still unanswered (sent again by the next worker: at-least-once).
+    func finish(until deadline: ContinuousClock.Instant, shutdown: ShutdownSignal) async {
         let unsent = state.withLock { state -> [OutgoingDownstream] in
             state.claiming = false
             return state.scheduler.removeAllReady()
         }
         doorbell.ring()
-        writeBack.record(unsent.map(handBack))
-        while ContinuousClock.now < deadline, state.withLock({ $0.scheduler.pendingCount }) > 0 {
-            try? await Task.sleep(for: .milliseconds(10))
+        let now = Date()
+        writeBack.record(unsent.map { OutboxSettlement.handBack(rowID: $0.rowID, sentBefore: $0.attempt > 1, now: now) })
+        shutdown.onUrgent { [self] in wakeAnswerWaiters() }
+        _ = await state.suspend(in: \.answerWaiters, cancelled: false, deadline: deadline, timedOut: false) { state in
+            state.scheduler.pendingCount == 0 || shutdown.isUrgent ? true : nil
         }
         let (unanswered, waiters) = state.withLock { state -> ([OutgoingDownstream], [CheckedContinuation<Batch?, Never>]) in
             state.finished = true
@@ -130,24 +117,21 @@ final class OutboxSender: Sendable {
         if !unanswered.isEmpty {
             logger.warning("\(unanswered.count) downstream message(s) were not answered before shutdown; they are handed back and will be sent again")
         }
-        writeBack.record(unanswered.map(handBack))
+        let handedBack = Date()
+        writeBack.record(unanswered.map { OutboxSettlement.handBack(rowID: $0.rowID, sentBefore: $0.attempt > 1, now: handedBack) })
         logger.info("outbox over XMPP: \(statistics)")
-        writeBack.stop()
-        if !(await writeBack.flushed(within: max(deadline - .now, .seconds(2)))) {
-            logger.error("could not write the state of outbox rows \(writeBack.unwrittenRows.prefix(20).map(String.init).joined(separator: ",")) "
-                         + "before shutdown; their claims lapse after \(settings.lease.formattedSeconds) and they are sent again")
-        }
     }
 
-    /// Gives a claimed row back: claimable at once by any worker.
-    private func handBack(_ message: OutgoingDownstream) -> OutboxUpdate {
-        OutboxUpdate(rowID: message.rowID, status: message.attempt > 1 ? .retry : .pending, availableAt: Date())
+    /// Wakes `finish` when nothing is pending any more (or the shutdown became urgent).
+    private func wakeAnswerWaiters() {
+        let waiters = state.withLock { $0.answerWaiters.removeAll() }
+        for waiter in waiters { waiter.resume(returning: true) }
     }
 
     // MARK: - Connections
 
     /// Starts sending on `connection`; returns its link id for `received`, `drain` and `detach`.
-    func attach(_ connection: XMPPConnection) -> Int {
+    func attach(_ connection: CCSConnection) -> Int {
         let link = state.withLock { state -> Int in
             state.nextLink += 1
             state.scheduler.open(state.nextLink)
@@ -181,6 +165,7 @@ final class OutboxSender: Sendable {
         if moved > 0 { logger.info("\(moved) downstream message(s) pending on a closed connection go out on another") }
         resume(wake)
         doorbell.ring()
+        wakeAnswerWaitersIfDone()
     }
 
     /// An answer read on the link's connection.
@@ -227,6 +212,15 @@ final class OutboxSender: Sendable {
         if let badAck { logger.error("CCS answered BAD_ACK (\(badAck)): an ack we sent was malformed; this is a bug in fcm-worker") }
         resume(wake)
         if claimNow { doorbell.ring() }
+        wakeAnswerWaitersIfDone()
+    }
+
+    /// Wakes `finish` once nothing sent is unanswered.
+    private func wakeAnswerWaitersIfDone() {
+        let waiters = state.withLock { state -> [CheckedContinuation<Bool, Never>] in
+            state.answerWaiters.isEmpty || state.scheduler.pendingCount > 0 ? [] : state.answerWaiters.removeAll()
+        }
+        for waiter in waiters { waiter.resume(returning: true) }
     }
 
     /// A delivery receipt for the message sent as `originalMessageID` (by any worker).
@@ -242,52 +236,36 @@ final class OutboxSender: Sendable {
     private func apply(_ verdict: DownstreamVerdict, to message: OutgoingDownstream, link: Int, now: ContinuousClock.Instant,
                        date: Date, state: inout State, updates: inout [OutboxUpdate], tokens: inout [TokenMark],
                        due: inout [ContinuousClock.Instant]) {
-        let isToken = message.targetIsToken
+        let settlement = OutboxSettlement.xmpp(verdict, rowID: message.rowID, target: message.target,
+                                               targetIsToken: message.targetIsToken, now: date)
+        tokens += settlement.tokens
         switch verdict {
-        case .acked(let canonical):
-            state.statistics.acked += 1
-            updates.append(OutboxUpdate(rowID: message.rowID, status: .acked, ackedAt: date, canonicalToken: canonical))
-            if let canonical, canonical != message.target, isToken {
-                tokens.append(TokenMark(token: message.target, state: .replaced, canonicalToken: canonical, errorCode: nil))
-            }
-        case .failed(let code, let description, let tokenState):
-            state.statistics.nacked += 1
-            state.statistics.failed += 1
-            updates.append(OutboxUpdate(rowID: message.rowID, status: .failed, errorCode: code, errorDescription: description))
-            if let tokenState, isToken {
-                tokens.append(TokenMark(token: message.target, state: tokenState == .invalid ? .invalid : .unregistered,
-                                        canonicalToken: nil, errorCode: code))
-            }
-        case .retry(let delay, let code, let description):
-            state.statistics.nacked += 1
-            state.statistics.retried += 1
-            due.append(now + delay)
-            updates.append(OutboxUpdate(rowID: message.rowID, status: .retry, errorCode: code, errorDescription: description,
-                                        availableAt: date.addingTimeInterval(delay.seconds)))
-        case .slowDown(let delay, _, let code, let description):
-            state.statistics.nacked += 1
-            state.statistics.retried += 1
-            state.scheduler.slowDown(target: message.target, until: now + delay)
-            due.append(now + delay)
-            updates.append(OutboxUpdate(rowID: message.rowID, status: .retry, errorCode: code, errorDescription: description,
-                                        availableAt: date.addingTimeInterval(delay.seconds)))
-        case .expired(let code, let description):
-            state.statistics.nacked += 1
-            state.statistics.expired += 1
-            updates.append(OutboxUpdate(rowID: message.rowID, status: .expired, errorCode: code, errorDescription: description))
-        case .resendElsewhere:
-            // CONNECTION_DRAINING as a nack: this connection is draining.
-            state.statistics.resent += 1
+        case .acked: state.statistics.acked += 1
+        case .failed: state.statistics.nacked += 1; state.statistics.failed += 1
+        case .retry, .slowDown: state.statistics.nacked += 1; state.statistics.retried += 1
+        case .expired: state.statistics.nacked += 1; state.statistics.expired += 1
+        case .resendElsewhere: state.statistics.resent += 1
+        }
+        if let slowDown = settlement.slowDown {
+            for target in slowDown.targets { state.scheduler.slowDown(target: target, until: now + slowDown.duration) }
+        }
+        guard let update = settlement.update else {
+            // CONNECTION_DRAINING as a nack: this connection is draining; send it elsewhere.
             state.scheduler.drain(link)
             var again = message
             again.attempt += 1
             state.scheduler.enqueueFront(again)
+            return
         }
+        if update.status == .retry, let availableAt = update.availableAt {
+            due.append(now + .seconds(max(0, availableAt.timeIntervalSince(date))))
+        }
+        updates.append(update)
     }
 
     // MARK: - Sending
 
-    private func sendLoop(link: Int, connection: XMPPConnection) async {
+    private func sendLoop(link: Int, connection: CCSConnection) async {
         while let batch = await nextBatch(for: link) {
             guard !batch.placed.isEmpty else { continue }
             let date = Date()
@@ -379,9 +357,10 @@ final class OutboxSender: Sendable {
     /// Rows worth a claim query: half a window, so claims come in batches.
     private var claimThreshold: Int { max(1, min(settings.readAheadPerConnection, DownstreamWindow.ccsCapacity) / 2) }
 
-    private func claimLoop() async {
-        var delay = Duration.milliseconds(100)
-        while state.withLock({ $0.claiming }) {
+    /// Claims rows as the windows make room, until `finish` or cancellation.
+    func claimLoop() async {
+        var outage = Backoff.outage(base: .milliseconds(100), cap: .seconds(10))
+        while state.withLock({ $0.claiming }) && !Task.isCancelled {
             let wanted = state.withLock { self.wanted($0) }
             guard wanted >= claimThreshold, writeBack.backlog < 50_000 else {
                 await doorbell.wait(timeout: sweepWait())
@@ -391,11 +370,12 @@ final class OutboxSender: Sendable {
             let rows: [OutboxStore.ClaimedRow]
             do {
                 rows = try await store.claim(limit: limit)
-                delay = .milliseconds(100)
+                outage.reset()
             } catch {
+                guard !Task.isCancelled else { return }
+                let delay = outage.next()
                 logger.warning("could not claim outbox rows (retrying in \(delay.formattedSeconds)): \(error)")
                 await doorbell.wait(timeout: delay)
-                delay = min(delay * 2, .seconds(10))
                 continue
             }
             let (ready, updates) = prepare(rows)
@@ -473,50 +453,6 @@ final class OutboxSender: Sendable {
         if rest.first != "}" { json += "," }
         json += rest
         return json
-    }
-
-    // MARK: - NOTIFY and leases
-
-    /// Rings the doorbell on every NOTIFY; reconnects with backoff (the sweep covers gaps).
-    private func listen() async {
-        var delay = Duration.milliseconds(250)
-        while state.withLock({ $0.claiming }) {
-            do {
-                let connection = try await PostgresConnection.connect(conninfo, timeout: .seconds(5), preparesStatements: false)
-                defer { Task { await connection.close() } }
-                try await connection.listen("fcm_downstream")
-                delay = .milliseconds(250)
-                doorbell.ring()
-                observer?(.outboxListening)
-                while state.withLock({ $0.claiming }) {
-                    if try await connection.nextNotification(timeout: .milliseconds(250)) != nil {
-                        doorbell.ring()
-                        alsoWake?.ring()
-                    }
-                }
-            } catch {
-                logger.debug("outbox LISTEN connection failed (the sweep keeps sending): \(error)")
-                try? await Task.sleep(for: delay)
-                delay = min(delay * 2, .seconds(10))
-            }
-        }
-    }
-
-    /// Renews the lease on every row this worker holds, every third of the lease.
-    private func renewLeases() async {
-        let period = settings.lease / 3
-        var next = ContinuousClock.now + period
-        while state.withLock({ !$0.finished }) {
-            try? await Task.sleep(for: .milliseconds(min(250, Int64(period.seconds * 1000))))
-            guard ContinuousClock.now >= next else { continue }
-            next = ContinuousClock.now + period
-            let ids = state.withLock { $0.scheduler.heldRowIDs }
-            do {
-                try await store.renew(ids)
-            } catch {
-                logger.warning("could not renew the claim on \(ids.count) outbox row(s): \(error)")
-            }
-        }
     }
 }
 

@@ -1,0 +1,68 @@
+import Foundation
+import Runtime
+import Transport
+import XMPP
+
+/// One CCS session: an XMPP connection whose received stanzas come out typed
+/// (`CCSInbound`), with the ack policy applied on the connection's own thread.
+///
+/// Upstream messages are acked there at once (immediate mode) or hand out a `DurableAck`
+/// to send after their commit (durable mode); receipts are acked at once. Downstream
+/// stanzas go out with `send(serialized:)`.
+public final class CCSConnection: Sendable {
+    private let connection: XMPPConnection<CCSInbound>
+
+    /// The full JID CCS bound to this session.
+    public var boundJID: String { connection.boundJID }
+    /// A label for logs (`ccs#1.3`).
+    public var label: String { connection.label }
+
+    private init(connection: XMPPConnection<CCSInbound>) {
+        self.connection = connection
+    }
+
+    /// Connects, authenticates and binds.
+    /// - Parameters:
+    ///   - onDraining: called on the connection's thread the moment a
+    ///     `CONNECTION_DRAINING` control message is parsed (before anything after it).
+    /// - Throws: `XMPPError` (`isConfigurationError` for refused credentials, a refused
+    ///   certificate or an unknown XMPP domain).
+    public static func connect(_ configuration: XMPPClientConfiguration, ackMode: CCSAckMode, tls: TLSContext, label: String,
+                               onDraining: @escaping @Sendable () -> Void = {}) async throws -> CCSConnection {
+        let route = CCSAckRoute(label: label)
+        let interceptor = CCSInterceptor(ackMode: ackMode, route: route, onDraining: onDraining)
+        let connection = try await XMPPConnection.connect(configuration, interceptor: interceptor, tls: tls, label: label)
+        route.bind(connection)
+        return CCSConnection(connection: connection)
+    }
+
+    /// Everything received and waiting (at most `maximum`, at least one), in arrival
+    /// order; nil once the stream has ended and all was taken, or when the task is
+    /// cancelled while nothing is waiting.
+    public func next(maximum: Int) async -> [CCSInbound]? {
+        await connection.next(maximum: maximum)
+    }
+
+    /// Queues already serialized stanzas (downstream messages), waiting while the write
+    /// buffer is full.
+    /// - Throws: the `XMPPError` the stream ended with, or `CancellationError`.
+    public func send(serialized stanzas: String) async throws {
+        try await connection.send(serialized: stanzas)
+    }
+
+    /// Stops reading: stanzas arriving from now on are neither acked nor handed out (CCS
+    /// redelivers them); `next` returns what was already received, then nil. Sending
+    /// (durable acks among it) still works until `close()`.
+    public func stopReceiving() { connection.stopReceiving() }
+
+    /// Sends what is queued, closes the stream and waits until the socket is closed.
+    public func close() async { await connection.close() }
+
+    /// Drops the connection at once.
+    public func abort() { connection.abort() }
+
+    /// Waits until the stream has ended and returns why.
+    public func closed() async -> XMPPError { await connection.closed() }
+
+    public var isClosed: Bool { connection.isClosed }
+}

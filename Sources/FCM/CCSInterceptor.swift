@@ -1,0 +1,88 @@
+import Foundation
+import XMPP
+
+/// Decodes CCS stanzas on the connection's thread and applies the ack policy there: in
+/// immediate mode the ack of every upstream message is written at once; receipts, and
+/// unusable messages that can be acked, are acked at once in both modes (durable mode
+/// acks an unusable message after its dead letter commits). `CONNECTION_DRAINING` is
+/// reported from here too, so that sending stops before anything read after it is
+/// answered.
+struct CCSInterceptor: StanzaInterceptor {
+    let ackMode: CCSAckMode
+    let route: CCSAckRoute
+    /// Called on the connection's thread when CCS announces it is draining the connection.
+    let onDraining: @Sendable () -> Void
+
+    func intercept(_ stanza: XMLElement) -> Interception<CCSInbound> {
+        let receivedAt = Date()
+        guard stanza.name == "message" else { return Interception(inbound: .ignored(stanza)) }
+        if stanza.attribute("type") == "error" {
+            let error = stanza.child("error")
+            let condition = error?.elements.first { $0.name != "text" }?.name ?? "undefined-condition"
+            return Interception(inbound: .stanzaError(stanzaID: stanza.attribute("id"), condition: condition,
+                                                      text: error?.child("text")?.text))
+        }
+        guard let payload = CCSStanza.payload(of: stanza) else { return Interception(inbound: .ignored(stanza)) }
+        let message: CCSMessage
+        do {
+            message = try CCSMessage.decode(json: payload)
+        } catch {
+            return unusable(payload, reason: error.isUnknownType ? .unknownType : .unreadable, detail: error.description,
+                            members: error.isUnknownType ? CCSMessage.identity(of: payload) : nil, at: receivedAt)
+        }
+        switch message {
+        case .upstream(let upstream):
+            guard let messageID = upstream.messageID, let from = upstream.from else {
+                let missing = upstream.messageID == nil ? "message_id" : "from"
+                return Interception(inbound: .unusable(CCSUnusableMessage(
+                    payload: payload, reason: .unackable, detail: "missing \(missing)", messageID: upstream.messageID,
+                    from: upstream.from, category: upstream.category, receivedAt: receivedAt, ack: .impossible)))
+            }
+            let arrival = { (ack: CCSAck) in
+                CCSInbound.upstream(CCSUpstreamArrival(message: upstream, messageID: messageID, from: from,
+                                                       receivedAt: receivedAt, ack: ack))
+            }
+            let stanza = CCSStanza.ack(to: from, messageID: messageID)
+            switch ackMode {
+            case .immediate: return Interception(reply: stanza, inbound: arrival(.sent))
+            case .durable: return Interception(inbound: arrival(.afterCommit(DurableAck(messageID: messageID, stanza: stanza, route: route))))
+            }
+        case .receipt(let receipt):
+            var reply: String?
+            if let id = receipt.messageID, let from = receipt.from { reply = CCSStanza.ack(to: from, messageID: id) }
+            return Interception(reply: reply, inbound: .receipt(receipt, receivedAt: receivedAt))
+        case .ack(let messageID, _, let canonical):
+            return Interception(inbound: .ack(messageID: messageID, canonicalToken: canonical))
+        case .nack(let messageID, _, let code, let description, _):
+            return Interception(inbound: .nack(messageID: messageID, code: code, description: description))
+        case .control(let type):
+            if type == "CONNECTION_DRAINING" { onDraining() }
+            return Interception(inbound: .control(type: type))
+        }
+    }
+
+    /// An unusable message, acked now or after its dead letter commits when it names
+    /// itself (`message_id` and `from`).
+    private func unusable(_ payload: String, reason: CCSUnusableMessage.Reason, detail: String,
+                          members: CCSMessage.Identity?, at receivedAt: Date) -> Interception<CCSInbound> {
+        var ack = CCSAck.impossible
+        var reply: String?
+        if let members, let messageID = members.messageID, let from = members.from {
+            let stanza = CCSStanza.ack(to: from, messageID: messageID)
+            switch ackMode {
+            case .immediate:
+                reply = stanza
+                ack = .sent
+            case .durable:
+                ack = .afterCommit(DurableAck(messageID: messageID, stanza: stanza, route: route))
+            }
+        }
+        return Interception(reply: reply, inbound: .unusable(CCSUnusableMessage(
+            payload: payload, reason: reason, detail: detail, messageID: members?.messageID, from: members?.from,
+            category: members?.category, receivedAt: receivedAt, ack: ack)))
+    }
+}
+
+private extension CCSMessage.DecodingError {
+    var isUnknownType: Bool { if case .unknownMessageType = self { true } else { false } }
+}

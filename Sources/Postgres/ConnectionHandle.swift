@@ -1,0 +1,478 @@
+internal import CLibPQ
+import Foundation
+import Runtime
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Owns one `PGconn`, in non-blocking mode, and is touched only on its connection's thread
+/// (`interrupt()` and the flags excepted).
+///
+/// Every wait for the server (connecting, sending, reading results) polls the socket
+/// together with a wake pipe, until a deadline: when the deadline passes, or `interrupt()`
+/// is called (its task was cancelled), the call gives up, the connection is marked broken
+/// (the pool replaces it), and the server is asked to cancel what it runs (`PQcancel`, on
+/// a thread of its own: it opens a connection of its own, which may hang as well).
+final class ConnectionHandle: @unchecked Sendable {
+    private var connection: OpaquePointer?
+    private let healthy = AtomicFlag(true)
+    private let interrupted = AtomicFlag(false)
+    /// False while a transaction is open (or aborted) on the server, as of the last call.
+    private let outsideTransaction = AtomicFlag(true)
+    private let wakeRead: Int32
+    private let wakeWrite: Int32
+    /// Redacts the password of this connection from messages.
+    private let target: PostgresConnectionString
+    /// SQL text → the server-side prepared statement made for it on this connection.
+    private var preparedNames: [String: String] = [:]
+    /// Names handed out so far (a failed preparation's name is not reused).
+    private var preparedCount = 0
+    /// Statements prepared at most: past it, new SQL texts run unprepared (so handlers that
+    /// build SQL text on the fly cannot grow the server's memory). Zero prepares none.
+    private let preparedLimit: Int
+    /// True while a statement was sent and its results are not all read.
+    private var statementInFlight = false
+
+    /// TCP settings used unless the connection string sets them: a silent server is found
+    /// by keepalives after about a minute of idleness, and unacknowledged data gives up
+    /// after 30 s (`tcp_user_timeout`, milliseconds).
+    static let networkDefaults = [
+        ("keepalives", "1"), ("keepalives_idle", "30"), ("keepalives_interval", "10"), ("keepalives_count", "3"),
+        ("tcp_user_timeout", "30000"),
+    ]
+
+    /// Connects before `deadline` (blocking this thread; `interrupt()` ends it early).
+    init(target: PostgresConnectionString, deadline: ContinuousClock.Instant, preparedLimit: Int) throws(PostgresError) {
+        self.target = target
+        self.preparedLimit = preparedLimit
+        var fds: [Int32] = [0, 0]
+        guard pipe(&fds) == 0 else {
+            throw PostgresError(kind: .connection, message: "pipe() failed: \(String(cString: strerror(errno)))")
+        }
+        for fd in fds {
+            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        }
+        (wakeRead, wakeWrite) = (fds[0], fds[1])
+        let parameters = target.adding(Self.networkDefaults)
+        let keywords = parameters.map { strdup($0.keyword) } + [nil]
+        let values = parameters.map { strdup($0.value) } + [nil]
+        defer { (keywords + values).forEach { free($0) } }
+        connection = keywords.map { UnsafePointer($0) }.withUnsafeBufferPointer { keywordPointers in
+            values.map { UnsafePointer($0) }.withUnsafeBufferPointer { valuePointers in
+                PQconnectStartParams(keywordPointers.baseAddress, valuePointers.baseAddress, 0)
+            }
+        }
+        guard let connection else {
+            throw PostgresError(kind: .connection, message: "libpq could not allocate a connection")
+        }
+        do throws(PostgresError) {
+            try completeConnection(connection, deadline: deadline)
+            guard PQsetnonblocking(connection, 1) == 0 else { throw connectionError("cannot enter non-blocking mode") }
+            PQsetNoticeReceiver(connection, Self.receiveNotice, nil)
+            try simpleQuery("SET TimeZone = 'UTC'; SET DateStyle = 'ISO'", deadline: deadline)
+        } catch {
+            finish()
+            throw error
+        }
+    }
+
+    deinit {
+        finish()
+        close(wakeRead)
+        close(wakeWrite)
+    }
+
+    var isHealthy: Bool { healthy.value && !interrupted.value }
+    var isOutsideTransaction: Bool { outsideTransaction.value }
+
+    /// Makes the call under way (or the next one) give up at once; the connection is
+    /// broken from then on. Safe from any thread.
+    func interrupt() {
+        interrupted.value = true
+        var byte: UInt8 = 1
+        _ = write(wakeWrite, &byte, 1)
+    }
+
+    // MARK: - Calls (this connection's thread only)
+
+    func execute(_ statement: PostgresStatement, deadline: ContinuousClock.Instant?) throws(PostgresError) -> PostgresResult {
+        let connection = try live()
+        statementInFlight = true
+        defer { statementInFlight = false; noteTransactionStatus() }
+        // Statements with parameters are prepared on first use, as in `pipeline`.
+        var name = preparedNames[statement.sql]
+        if name == nil, let candidate = newPreparedName(for: statement) {
+            guard PQsendPrepare(connection, candidate, statement.sql, Int32(statement.parameters.count), nil) == 1 else {
+                throw connectionError("sending a preparation failed")
+            }
+            try flush(deadline)
+            _ = try results(for: 0, deadline: deadline)
+            preparedNames[statement.sql] = candidate
+            name = candidate
+        }
+        let sent = withParameters(statement.parameters) { values in
+            if let name { return PQsendQueryPrepared(connection, name, Int32(values.count), values, nil, nil, 0) }
+            return PQsendQueryParams(connection, statement.sql, Int32(values.count), nil, values, nil, nil, 0)
+        }
+        guard sent == 1 else { throw connectionError("sending a statement failed") }
+        try flush(deadline)
+        do {
+            return try results(for: 0, deadline: deadline) ?? PostgresResult(rows: [], affectedRows: 0)
+        } catch {
+            forgetIfStale(statement.sql, after: error)
+            throw error
+        }
+    }
+
+    /// Runs SQL text that may hold several statements and no parameters.
+    func simpleQuery(_ sql: String, deadline: ContinuousClock.Instant?) throws(PostgresError) {
+        let connection = try live()
+        statementInFlight = true
+        defer { statementInFlight = false; noteTransactionStatus() }
+        guard PQsendQuery(connection, sql) == 1 else { throw connectionError("sending a query failed") }
+        try flush(deadline)
+        _ = try results(for: 0, deadline: deadline)
+    }
+
+    func pipeline(_ statements: [PostgresStatement], deadline: ContinuousClock.Instant?) throws(PostgresError) -> [PostgresResult] {
+        let connection = try live()
+        guard !statements.isEmpty else { return [] }
+        guard PQenterPipelineMode(connection) == 1 else { throw connectionError("cannot enter pipeline mode") }
+        statementInFlight = true
+        defer {
+            statementInFlight = false
+            if self.connection != nil { PQexitPipelineMode(connection) }
+            noteTransactionStatus()
+        }
+        // Statements with parameters run as prepared statements, prepared on first use in
+        // the same pipeline: the server then parses each once per connection (and, once
+        // its generic plan proves as good, plans it once too).
+        var preparing: [Int: String] = [:]
+        var preparingNames: [String: String] = [:]
+        for (index, statement) in statements.enumerated() {
+            let sent: Int32
+            if let name = preparedNames[statement.sql] ?? preparingNames[statement.sql] {
+                sent = withParameters(statement.parameters) { values in
+                    PQsendQueryPrepared(connection, name, Int32(values.count), values, nil, nil, 0)
+                }
+            } else if let name = newPreparedName(for: statement, pending: preparing.count) {
+                preparingNames[statement.sql] = name
+                guard PQsendPrepare(connection, name, statement.sql, Int32(statement.parameters.count), nil) == 1 else {
+                    throw connectionError("sending a pipelined statement failed")
+                }
+                preparing[index] = name
+                sent = withParameters(statement.parameters) { values in
+                    PQsendQueryPrepared(connection, name, Int32(values.count), values, nil, nil, 0)
+                }
+            } else {
+                sent = withParameters(statement.parameters) { values in
+                    PQsendQueryParams(connection, statement.sql, Int32(values.count), nil, values, nil, nil, 0)
+                }
+            }
+            guard sent == 1 else { throw connectionError("sending a pipelined statement failed") }
+        }
+        guard PQpipelineSync(connection) == 1 else { throw connectionError("pipeline sync failed") }
+        try flush(deadline)
+        var results: [PostgresResult] = []
+        results.reserveCapacity(statements.count)
+        var firstError: PostgresError?
+        // Each statement's results end with a NULL (a preparation's come first, ending the
+        // same way); then comes the sync marker.
+        for index in statements.indices {
+            if let name = preparing[index] {
+                var prepared = false
+                while let result = try nextResult(deadline) {
+                    defer { PQclear(result) }
+                    if PQresultStatus(result) == PGRES_COMMAND_OK {
+                        prepared = true
+                    } else if PQresultStatus(result) != PGRES_PIPELINE_ABORTED {
+                        do { _ = try decode(result, statement: index) } catch {
+                            if firstError == nil { firstError = error }
+                        }
+                    }
+                }
+                if prepared { preparedNames[statements[index].sql] = name }
+            }
+            var outcome: PostgresResult?
+            while let result = try nextResult(deadline) {
+                defer { PQclear(result) }
+                if PQresultStatus(result) == PGRES_PIPELINE_ABORTED { continue }
+                do {
+                    outcome = try decode(result, statement: index)
+                } catch {
+                    forgetIfStale(statements[index].sql, after: error)
+                    if firstError == nil { firstError = error }
+                }
+            }
+            if let outcome { results.append(outcome) }
+            if PQstatus(connection) != CONNECTION_OK { break }
+        }
+        while let result = try nextResult(deadline) {
+            let status = PQresultStatus(result)
+            PQclear(result)
+            if status == PGRES_PIPELINE_SYNC { break }
+        }
+        if PQstatus(connection) != CONNECTION_OK {
+            healthy.value = false
+            throw firstError ?? connectionError("the connection broke during a pipeline")
+        }
+        if let firstError { throw firstError }
+        return results
+    }
+
+    /// Waits up to `timeout` for a notification on a channel this connection listens to.
+    func nextNotification(timeout: Duration) throws(PostgresError) -> PostgresNotification? {
+        let connection = try live()
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            guard PQconsumeInput(connection) == 1 else { throw connectionError("reading notifications failed") }
+            if let notification = PQnotifies(connection) {
+                defer { PQfreemem(notification) }
+                return PostgresNotification(channel: String(cString: notification.pointee.relname),
+                                            payload: String(cString: notification.pointee.extra))
+            }
+            if try wait(for: Int16(POLLIN), until: deadline, meaning: .waitEnded) == nil { return nil }
+        }
+    }
+
+    func finish() {
+        if let connection { PQfinish(connection) }
+        connection = nil
+        healthy.value = false
+    }
+
+    // MARK: - Waiting for the server
+
+    /// Sends what libpq has buffered, reading meanwhile so that the server never blocks on us.
+    private func flush(_ deadline: ContinuousClock.Instant?) throws(PostgresError) {
+        let connection = try live()
+        while true {
+            let status = PQflush(connection)
+            if status == 0 { return }
+            if status < 0 { throw connectionError("sending to the server failed") }
+            let ready = try wait(for: Int16(POLLIN | POLLOUT), until: deadline) ?? 0
+            if ready & Int16(POLLIN) != 0, PQconsumeInput(connection) != 1 { throw connectionError("reading from the server failed") }
+        }
+    }
+
+    /// The next result (nil at the end of a statement's results), waiting for it without
+    /// blocking past the deadline.
+    private func nextResult(_ deadline: ContinuousClock.Instant?) throws(PostgresError) -> OpaquePointer? {
+        let connection = try live()
+        while PQisBusy(connection) == 1 {
+            try wait(for: Int16(POLLIN), until: deadline)
+            guard PQconsumeInput(connection) == 1 else { throw connectionError("reading from the server failed") }
+        }
+        return PQgetResult(connection)
+    }
+
+    /// Every result of the statement sent last; the last one decoded (errors thrown).
+    private func results(for index: Int, deadline: ContinuousClock.Instant?) throws(PostgresError) -> PostgresResult? {
+        var outcome: PostgresResult?
+        var firstError: PostgresError?
+        while let result = try nextResult(deadline) {
+            defer { PQclear(result) }
+            do {
+                outcome = try decode(result, statement: index)
+            } catch {
+                if firstError == nil { firstError = error }
+            }
+        }
+        if let firstError { throw firstError }
+        return outcome
+    }
+
+    /// What a deadline means to a wait.
+    private enum DeadlineMeaning { case callTimedOut, waitEnded }
+
+    /// Polls the socket for `events` and the wake pipe until `deadline`; returns the
+    /// socket's events, or nil when a `waitEnded` deadline passed. Past a call's deadline,
+    /// or once interrupted, the connection is broken: the server is asked to cancel what
+    /// it runs and the call fails.
+    @discardableResult
+    private func wait(for events: Int16, until deadline: ContinuousClock.Instant?,
+                      meaning: DeadlineMeaning = .callTimedOut) throws(PostgresError) -> Int16? {
+        let connection = try live()
+        while true {
+            if interrupted.value { throw abandon("the call was cancelled (shutdown)") }
+            var timeout: Int32 = -1
+            if let deadline {
+                let remaining = deadline - .now
+                if remaining <= .zero {
+                    switch meaning {
+                    case .callTimedOut: throw abandon("no answer from PostgreSQL within the database timeout")
+                    case .waitEnded: return nil
+                    }
+                }
+                timeout = remaining.pollMilliseconds
+            }
+            var descriptors = [pollfd(fd: PQsocket(connection), events: events, revents: 0),
+                               pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0)]
+            let result = poll(&descriptors, 2, timeout)
+            if result < 0 && errno != EINTR { throw connectionError("poll failed: \(String(cString: strerror(errno)))") }
+            if descriptors[1].revents != 0 {
+                var scratch = (UInt64(0), UInt64(0))
+                while withUnsafeMutableBytes(of: &scratch, { read(wakeRead, $0.baseAddress, $0.count) }) > 0 {}
+            }
+            if descriptors[0].revents != 0 { return descriptors[0].revents }
+        }
+    }
+
+    /// Breaks the connection after a missed deadline or an interruption: the server is
+    /// asked to cancel the statement under way on a thread of its own, then the
+    /// connection closes.
+    private func abandon(_ reason: String) -> PostgresError {
+        if statementInFlight, let connection, let cancel = PQgetCancel(connection) {
+            let request = CancelRequest(cancel)
+            let thread = Thread { request.send() }
+            thread.name = "postgres-cancel"
+            thread.start()
+        }
+        healthy.value = false
+        finish()
+        return PostgresError(kind: .connection, message: "\(reason): the connection was dropped and will be replaced")
+    }
+
+    /// Drives `PQconnectPoll` to the end before `deadline`.
+    private func completeConnection(_ connection: OpaquePointer, deadline: ContinuousClock.Instant) throws(PostgresError) {
+        var status = PGRES_POLLING_WRITING
+        while true {
+            switch status {
+            case PGRES_POLLING_OK:
+                return
+            case PGRES_POLLING_FAILED:
+                throw PostgresError(kind: .connection, message: target.redact(String(cString: PQerrorMessage(connection))))
+            case PGRES_POLLING_READING, PGRES_POLLING_WRITING:
+                let events = status == PGRES_POLLING_READING ? Int16(POLLIN) : Int16(POLLOUT)
+                if interrupted.value { throw PostgresError(kind: .connection, message: "connecting was cancelled") }
+                let remaining = deadline - .now
+                guard remaining > .zero else {
+                    throw PostgresError(kind: .connection, message: "connecting timed out (\(target.redact(target["host"] ?? "local socket")))")
+                }
+                var descriptors = [pollfd(fd: PQsocket(connection), events: events, revents: 0),
+                                   pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0)]
+                if poll(&descriptors, 2, remaining.pollMilliseconds) < 0 && errno != EINTR {
+                    throw PostgresError(kind: .connection, message: "poll failed: \(String(cString: strerror(errno)))")
+                }
+                if descriptors[0].revents == 0 { continue }
+            default:
+                break
+            }
+            status = PQconnectPoll(connection)
+        }
+    }
+
+    // MARK: - Helpers
+
+    private func live() throws(PostgresError) -> OpaquePointer {
+        guard let connection, healthy.value else {
+            throw PostgresError(kind: .connection, message: "the connection is closed")
+        }
+        if interrupted.value { throw abandon("the call was cancelled (shutdown)") }
+        return connection
+    }
+
+    /// Records whether a transaction is open; called after every call that sends SQL.
+    private func noteTransactionStatus() {
+        guard let connection else { return }
+        outsideTransaction.value = PQtransactionStatus(connection) == PQTRANS_IDLE
+    }
+
+    /// A fresh name to prepare `statement` under, or nil when it has no parameters or the
+    /// limit is reached (`pending`: preparations sent but not yet confirmed).
+    private func newPreparedName(for statement: PostgresStatement, pending: Int = 0) -> String? {
+        guard !statement.parameters.isEmpty, preparedNames.count + pending < preparedLimit else { return nil }
+        preparedCount += 1
+        return "fcm_\(preparedCount)"
+    }
+
+    /// A prepared statement whose tables changed shape (`SELECT *` after `ALTER TABLE`)
+    /// fails with "cached plan must not change result type" until it is prepared again:
+    /// forget it, so the next run of that SQL prepares a fresh one. (The old one stays on
+    /// the server until the connection closes: one per such change.)
+    private func forgetIfStale(_ sql: String, after error: PostgresError) {
+        if error.sqlState == "0A000" { preparedNames[sql] = nil }
+    }
+
+    private func connectionError(_ what: String) -> PostgresError {
+        let detail = connection.map { String(cString: PQerrorMessage($0)) } ?? ""
+        if let connection, PQstatus(connection) != CONNECTION_OK { healthy.value = false }
+        return PostgresError(kind: .connection, message: target.redact("\(what): \(detail)"))
+    }
+
+    private func decode(_ result: OpaquePointer?, statement index: Int) throws(PostgresError) -> PostgresResult {
+        guard let result else { throw connectionError("no result") }
+        switch PQresultStatus(result) {
+        case PGRES_TUPLES_OK, PGRES_COMMAND_OK, PGRES_EMPTY_QUERY:
+            let rowCount = PQntuples(result), columnCount = PQnfields(result)
+            var columns: [String] = []
+            columns.reserveCapacity(Int(columnCount))
+            for column in 0..<columnCount { columns.append(String(cString: PQfname(result, column))) }
+            var rows: [PostgresRow] = []
+            rows.reserveCapacity(Int(rowCount))
+            for row in 0..<rowCount {
+                var values: [String?] = []
+                values.reserveCapacity(Int(columnCount))
+                for column in 0..<columnCount {
+                    values.append(PQgetisnull(result, row, column) == 1 ? nil : String(cString: PQgetvalue(result, row, column)))
+                }
+                rows.append(PostgresRow(columns: columns, values: values))
+            }
+            let affected = Int(String(cString: PQcmdTuples(result))) ?? 0
+            return PostgresResult(rows: rows, affectedRows: affected)
+        default:
+            let sqlState = PQresultErrorField(result, Int32(UInt8(ascii: "C"))).map { String(cString: $0) }
+            let message = target.redact(String(cString: PQresultErrorMessage(result)).trimmingCharacters(in: .whitespacesAndNewlines))
+            if let connection, PQstatus(connection) != CONNECTION_OK {
+                healthy.value = false
+                throw PostgresError(kind: .connection, sqlState: sqlState, message: message)
+            }
+            // Class 08 is "connection exception"; 57P01-03 are shutdowns.
+            if let sqlState, sqlState.hasPrefix("08") || sqlState.hasPrefix("57P") {
+                healthy.value = false
+                throw PostgresError(kind: .connection, sqlState: sqlState, message: message)
+            }
+            throw PostgresError(kind: .statement, sqlState: sqlState, message: message, statementIndex: index)
+        }
+    }
+
+    /// Server notices: warnings go to standard error as `postgres WARNING: …` on one line;
+    /// NOTICE, INFO and DEBUG messages ("relation … already exists, skipping") are dropped
+    /// rather than printed raw into the worker's log as libpq would by default.
+    private static let receiveNotice: PQnoticeReceiver = { _, result in
+        guard let result, let severity = PQresultErrorField(result, Int32(UInt8(ascii: "V"))),
+              String(cString: severity) == "WARNING", let message = PQresultErrorMessage(result) else { return }
+        FileHandle.standardError.write(Data("postgres \(PostgresConnectionString.redactPatterns(String(cString: message)))\n".utf8))
+    }
+}
+
+/// A `PGcancel`, sent from a thread of its own and then freed.
+private final class CancelRequest: @unchecked Sendable {
+    private let cancel: OpaquePointer
+
+    init(_ cancel: OpaquePointer) { self.cancel = cancel }
+
+    func send() {
+        var buffer = [CChar](repeating: 0, count: 256)
+        _ = PQcancel(cancel, &buffer, Int32(buffer.count))
+        PQfreeCancel(cancel)
+    }
+}
+
+/// Calls `body` with a C array of text-format parameters (NULL for SQL NULL).
+private func withParameters<R>(_ parameters: [PostgresValue], _ body: ([UnsafePointer<CChar>?]) -> R) -> R {
+    let storage: [UnsafeMutablePointer<CChar>?] = parameters.map { $0.textEncoding.map { strdup($0) } ?? nil }
+    defer { for pointer in storage { free(pointer) } }
+    return body(storage.map { $0.map { UnsafePointer($0) } })
+}
+
+extension Duration {
+    /// This duration as a poll(2) timeout: milliseconds rounded up, at least 0, at most a day.
+    fileprivate var pollMilliseconds: Int32 {
+        if self <= .zero { return 0 }
+        let (seconds, attoseconds) = components
+        let milliseconds = seconds * 1000 + (attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000
+        return Int32(min(milliseconds, 86_400_000))
+    }
+}

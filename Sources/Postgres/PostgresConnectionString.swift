@@ -1,0 +1,86 @@
+internal import CLibPQ
+import Foundation
+
+/// A PostgreSQL connection string (a `postgresql://` URL or `key=value` conninfo), parsed
+/// by libpq itself, so that what is printed and what is connected to are the same.
+///
+/// `description` shows every part but the password; `redact` removes the password (and
+/// URL or keyword passwords in general) from any text, such as a libpq error message.
+public struct PostgresConnectionString: Sendable, CustomStringConvertible {
+    /// The keywords libpq parsed, in its order, with their values (only those set).
+    public let parameters: [(keyword: String, value: String)]
+
+    /// Parses `text`.
+    /// - Throws: `PostgresError` of kind `.configuration` naming what libpq refused, with
+    ///   any quoted part of the text left out (it may hold the password).
+    public init(_ text: String) throws(PostgresError) {
+        var error: UnsafeMutablePointer<CChar>?
+        guard let options = PQconninfoParse(text, &error) else {
+            let message = error.map { String(cString: $0) } ?? "libpq could not parse it"
+            if let error { PQfreemem(error) }
+            throw PostgresError(kind: .configuration,
+                                message: "the database URL cannot be parsed: \(Self.withoutQuotedParts(message))")
+        }
+        defer { PQconninfoFree(options) }
+        var parameters: [(String, String)] = []
+        var cursor = options
+        while let keyword = cursor.pointee.keyword {
+            if let value = cursor.pointee.val { parameters.append((String(cString: keyword), String(cString: value))) }
+            cursor += 1
+        }
+        self.parameters = parameters
+    }
+
+    /// The value of `keyword`, if set.
+    public subscript(keyword: String) -> String? { parameters.first { $0.keyword == keyword }?.value }
+
+    /// These parameters with `defaults` added where the string did not set them.
+    func adding(_ defaults: [(String, String)]) -> [(keyword: String, value: String)] {
+        parameters + defaults.filter { self[$0.0] == nil }
+    }
+
+    /// `key=value` pairs without the password (`password=***` when one was given).
+    public var description: String {
+        parameters.map { keyword, value in
+            keyword == "password" ? "password=***" : "\(keyword)=\(Self.quote(value))"
+        }.joined(separator: " ")
+    }
+
+    /// `text` with this string's password, and any URL or keyword password, replaced by
+    /// `***`, on one line.
+    public func redact(_ text: String) -> String {
+        var redacted = Self.redactPatterns(text)
+        if let password = self["password"], !password.isEmpty {
+            redacted = redacted.replacingOccurrences(of: password, with: "***")
+        }
+        return redacted
+    }
+
+    /// Replaces URL and keyword passwords in `text` (`://user:secret@`, `password=secret`,
+    /// `password = 'two words'`), and joins its lines.
+    static func redactPatterns(_ text: String) -> String {
+        var text = text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }.joined(separator: " ")
+        let patterns = [
+            (#"://([^:@/\s]*):[^@\s]*@"#, "://$1:***@"),
+            (#"(password\s*=\s*)'(?:[^'\\]|\\.)*'"#, "$1***"),
+            (#"(password\s*=\s*)[^'\s&]\S*?(?=[\s&]|$)"#, "$1***"),
+        ]
+        for (pattern, template) in patterns {
+            guard let expression = try? NSRegularExpression(pattern: pattern, options: [.caseInsensitive]) else { continue }
+            text = expression.stringByReplacingMatches(in: text, range: NSRange(text.startIndex..., in: text), withTemplate: template)
+        }
+        return text
+    }
+
+    /// `message` with every double-quoted part replaced by `"…"`.
+    private static func withoutQuotedParts(_ message: String) -> String {
+        let line = message.split(whereSeparator: \.isNewline).joined(separator: " ")
+        guard let expression = try? NSRegularExpression(pattern: #""[^"]*""#) else { return "(unreadable)" }
+        return expression.stringByReplacingMatches(in: line, range: NSRange(line.startIndex..., in: line), withTemplate: "\"…\"")
+    }
+
+    private static func quote(_ value: String) -> String {
+        guard value.isEmpty || value.contains(where: { $0 == " " || $0 == "'" || $0 == "\\" }) else { return value }
+        return "'" + value.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "'", with: "\\'") + "'"
+    }
+}

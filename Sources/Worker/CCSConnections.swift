@@ -1,0 +1,283 @@
+import FCM
+import Foundation
+import Runtime
+import Synchronization
+import Transport
+import XMPP
+
+/// The worker's CCS connections: `configuration.connections` slots, each keeping one
+/// connection alive with a `CCSConnectionPlan` (reconnects with backoff, an immediate
+/// replacement for a connection CCS drains, a stop on configuration errors).
+///
+/// Every upstream message goes to the pipeline (its ack already written, or waiting for
+/// the commit); downstream answers, receipts and draining go to the outbox sender, which
+/// sends on the connections. It runs as two services: `reading` (the slots) and `streams`
+/// (the open connections), which stop at different points of the shutdown: reading stops
+/// while the pipeline still commits, the streams close after it has (durable acks go out
+/// on them meanwhile).
+final class CCSConnections: Sendable {
+    let configuration: WorkerConfiguration
+    private let tls: TLSContext
+    private let logger: Logger
+    private let observer: WorkerObserver?
+    private let pipeline: UpstreamPipeline
+    private let sender: XMPPOutboxSender
+    private let open = BlockingLock<[ObjectIdentifier: CCSConnection]>([:])
+
+    init(configuration: WorkerConfiguration, tls: TLSContext, logger: Logger, observer: WorkerObserver?,
+         pipeline: UpstreamPipeline, sender: XMPPOutboxSender) {
+        self.configuration = configuration
+        self.tls = tls
+        self.logger = logger
+        self.observer = observer
+        self.pipeline = pipeline
+        self.sender = sender
+    }
+
+    /// Connects and reads every slot until cancelled; then stops receiving and hands what
+    /// was already received (and acked) to the pipeline before it returns.
+    /// - Throws: the configuration error that stopped a slot (refused credentials or
+    ///   certificate, unknown domain).
+    var reading: some Service { Reading(connections: self) }
+
+    /// Keeps the open connections until cancelled, then closes them: what is queued on
+    /// them (acks) is sent, then `</stream:stream>` and a TLS close_notify.
+    var streams: some Service { Streams(connections: self) }
+
+    private struct Reading: Service {
+        let connections: CCSConnections
+        var name: String { "ccs reading" }
+        func run() async throws {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for index in 1...connections.configuration.connections {
+                    group.addTask { try await Slot(index: index, connections: connections).run() }
+                }
+                try await group.waitForAll()
+            }
+        }
+    }
+
+    private struct Streams: Service {
+        let connections: CCSConnections
+        var name: String { "ccs streams" }
+        func run() async {
+            await waitUntilCancelled()
+            let all = connections.open.withLock { open in
+                defer { open.removeAll() }
+                return Array(open.values)
+            }
+            // Closing waits (at most a second each) for the socket: not cut short by the
+            // cancellation that asked for it, so that queued acks leave before the process ends.
+            await shielded {
+                await withTaskGroup(of: Void.self) { group in
+                    for connection in all { group.addTask { await connection.close() } }
+                }
+            }
+        }
+    }
+
+    fileprivate func register(_ connection: CCSConnection) {
+        open.withLock { $0[ObjectIdentifier(connection)] = connection }
+    }
+
+    fileprivate func forget(_ connection: CCSConnection) {
+        _ = open.withLock { $0.removeValue(forKey: ObjectIdentifier(connection)) }
+    }
+
+    /// One slot: its plan, its connection and the connections CCS still drains.
+    private struct Slot {
+        let index: Int
+        let connections: CCSConnections
+        private var configuration: WorkerConfiguration { connections.configuration }
+        private var logger: Logger { connections.logger.labeled("ccs#\(index)") }
+        private var observer: WorkerObserver? { connections.observer }
+        private var sender: XMPPOutboxSender { connections.sender }
+
+        init(index: Int, connections: CCSConnections) {
+            self.index = index
+            self.connections = connections
+        }
+
+        func run() async throws {
+            var plan = CCSConnectionPlan(backoff: .reconnect(base: configuration.reconnectBase, cap: configuration.reconnectCap))
+            try await withThrowingTaskGroup(of: Void.self) { drainingReaders in
+                var generation = 0
+                var action = plan.start()
+                var current: (connection: CCSConnection, link: Int)?
+                while true {
+                    switch action {
+                    case .stop:
+                        try await drainingReaders.waitForAll()
+                        return
+                    case .fail(let error):
+                        logger.error("\(error)")
+                        try await drainingReaders.waitForAll()
+                        throw error
+                    case .reconnect(let delay):
+                        logger.info("reconnecting in \(delay.formattedSeconds) (attempt \(plan.attempt))")
+                        observer?(.reconnectScheduled(slot: index, delay: delay))
+                        action = await sleepUnlessCancelled(for: delay) ? .connect : plan.handle(.shutdown)
+                    case .connect:
+                        generation += 1
+                        do {
+                            current = try await connect(label: "ccs#\(index).\(generation)")
+                            action = plan.handle(.connected(at: .now))
+                        } catch let error as XMPPError where !Task.isCancelled {
+                            logger.warning("connecting failed: \(error)")
+                            observer?(.disconnected(slot: index, reason: error))
+                            action = plan.handle(.connectFailed(error))
+                        } catch {
+                            action = plan.handle(.shutdown)
+                        }
+                    case .serve:
+                        guard let (connection, link) = current else { action = plan.handle(.shutdown); continue }
+                        current = nil
+                        switch await read(connection, link: link, untilDraining: true) {
+                        case .draining:
+                            logger.info("CCS is draining \(connection.label): opening a replacement now, reading it until CCS closes it")
+                            observer?(.reconnectScheduled(slot: index, delay: .zero))
+                            drainingReaders.addTask { await readWhileDraining(connection, link: link) }
+                            action = plan.handle(.draining)
+                        case .stopped:
+                            action = plan.handle(.shutdown)
+                        case .ended:
+                            sender.detach(link)
+                            connections.forget(connection)
+                            let reason = await connection.closed()
+                            logger.warning("connection \(connection.label) ended: \(reason)")
+                            observer?(.disconnected(slot: index, reason: reason))
+                            action = plan.handle(.ended(reason, at: .now))
+                        }
+                    }
+                }
+            }
+        }
+
+        private func connect(label: String) async throws -> (CCSConnection, Int) {
+            let drainHook = DrainHook(sender: sender)
+            let connection = try await CCSConnection.connect(configuration.xmppClient, ackMode: configuration.ackMode, tls: connections.tls,
+                                                             label: label, onDraining: { drainHook.fire() })
+            connections.register(connection)
+            logger.info("connected to \(configuration.host):\(configuration.port) as \(connection.label), bound as \(connection.boundJID)")
+            observer?(.connected(slot: index, jid: connection.boundJID))
+            if ThreadPriority.takeUnreportedRefusal() {
+                logger.warning("connection threads could not raise their priority (nice \(configuration.ioNiceness.map(String.init) ?? "-")): "
+                               + "that needs root or CAP_SYS_NICE; acks may wait behind database work on busy cores "
+                               + "(pass --io-niceness off to silence this)")
+            }
+            let link = sender.attach(connection)
+            drainHook.link = link
+            return (connection, link)
+        }
+
+        private enum ReadOutcome { case draining, ended, stopped }
+
+        /// Reads until the stream ends, CCS announces draining (when `untilDraining`), or
+        /// the task is cancelled: then receiving stops and what was received before is
+        /// still handed on (it may be acked already).
+        private func read(_ connection: CCSConnection, link: Int, untilDraining: Bool) async -> ReadOutcome {
+            while let batch = await connection.next(maximum: Self.readBatch) {
+                if await handle(batch, on: connection, link: link) && untilDraining { return .draining }
+            }
+            guard Task.isCancelled else { return .ended }
+            connection.stopReceiving()
+            while let batch = await connection.next(maximum: Self.readBatch) {
+                _ = await handle(batch, on: connection, link: link)
+            }
+            return .stopped
+        }
+
+        /// Reads a draining connection until CCS closes it (its upstream messages are acked
+        /// on it, its pending downstream answered), then hands what is still pending on it
+        /// to the other connections.
+        private func readWhileDraining(_ connection: CCSConnection, link: Int) async {
+            let outcome = await read(connection, link: link, untilDraining: false)
+            sender.detach(link)
+            guard outcome == .ended else { return }
+            connections.forget(connection)
+            let reason = await connection.closed()
+            logger.info("drained connection \(connection.label) ended: \(reason)")
+            observer?(.disconnected(slot: index, reason: reason))
+        }
+
+        /// Stanzas taken from a connection at once: what one read turn typically completes.
+        private static let readBatch = 256
+
+        /// Handles a batch in order and hands its upstream work to the pipeline together.
+        /// Returns true when it held `CONNECTION_DRAINING` (what follows it was handled too).
+        private func handle(_ batch: [CCSInbound], on connection: CCSConnection, link: Int) async -> Bool {
+            var work: [UpstreamWork] = []
+            work.reserveCapacity(batch.count)
+            var draining = false
+            for inbound in batch where handle(inbound, on: connection, link: link, into: &work) { draining = true }
+            if !work.isEmpty { await connections.pipeline.submit(work) }
+            return draining
+        }
+
+        private func handle(_ inbound: CCSInbound, on connection: CCSConnection, link: Int, into work: inout [UpstreamWork]) -> Bool {
+            switch inbound {
+            case .upstream(let arrival):
+                work.append(UpstreamWork(arrival, connection: connection.label))
+                if case .sent = arrival.ack { observer?(.acked(connection: connection.label, messageID: arrival.messageID)) }
+            case .receipt(let receipt, let receivedAt):
+                if let messageID = receipt.messageID, receipt.from != nil {
+                    observer?(.acked(connection: connection.label, messageID: messageID))
+                } else {
+                    logger.warning("a receipt without message_id or from: \(receipt.json.prefix(200))")
+                }
+                if let original = receipt.data["original_message_id"]?.stringValue {
+                    sender.receipt(originalMessageID: original, at: receivedAt)
+                }
+            case .ack(let messageID, let canonical):
+                sender.received(.ack(messageID: messageID, canonicalToken: canonical), on: link)
+            case .nack(let messageID, let code, let description):
+                logger.info("CCS nacked \(messageID): \(code) \(description ?? "")")
+                sender.received(.nack(messageID: messageID, code: code, description: description), on: link)
+            case .stanzaError(let stanzaID, let condition, let text):
+                logger.warning("stanza error for id \(stanzaID ?? "?"): \(condition) \(text ?? "")")
+                if let stanzaID { sender.received(.stanzaError(stanzaID: stanzaID, condition: condition, text: text), on: link) }
+            case .control(let type):
+                if type == "CONNECTION_DRAINING" {
+                    sender.drain(link)
+                    return true
+                }
+                logger.info("control message \(type)")
+            case .unusable(let message):
+                switch message.reason {
+                case .unackable:
+                    logger.warning("cannot ack a message without message_id or from; dead-lettered: \(message.payload.prefix(200))")
+                    observer?(.unackable(slot: index, raw: message.payload))
+                case .unreadable, .unknownType:
+                    logger.warning("unusable CCS message, dead-lettered: \(message.detail)")
+                    observer?(.unreadable(slot: index, reason: message.detail))
+                }
+                if case .sent = message.ack, let messageID = message.messageID {
+                    observer?(.acked(connection: connection.label, messageID: messageID))
+                }
+                work.append(UpstreamWork(message))
+            case .ignored(let stanza):
+                logger.debug("ignored stanza <\(stanza.name)>")
+            }
+            return false
+        }
+    }
+}
+
+/// Tells the sender, from the connection's thread, that CCS drains the connection: no
+/// send is placed on it once the control message is parsed. (Before the connection has a
+/// link, the reader's own handling of the control message does it.)
+private final class DrainHook: Sendable {
+    private let sender: XMPPOutboxSender
+    private let linked = Mutex<Int?>(nil)
+
+    init(sender: XMPPOutboxSender) { self.sender = sender }
+
+    var link: Int? {
+        get { linked.withLock { $0 } }
+        set { linked.withLock { $0 = newValue } }
+    }
+
+    func fire() {
+        if let link { sender.drain(link) }
+    }
+}

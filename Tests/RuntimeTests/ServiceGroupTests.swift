@@ -1,0 +1,140 @@
+import Synchronization
+import Testing
+@testable import Runtime
+
+/// Records when it started and stopped, and takes `windDown` to stop once cancelled.
+private struct RecordingService: Service {
+    let name: String
+    let journal: Journal
+    var windDown: Duration = .zero
+    var failure: (any Error)? = nil
+
+    func run() async throws {
+        journal.append("\(name) started")
+        if let failure { throw failure }
+        while !Task.isCancelled { try? await Task.sleep(for: .seconds(60)) }
+        journal.append("\(name) cancelled")
+        // Winding down must not be cut short by the cancellation that asked for it.
+        let until = ContinuousClock.now + windDown
+        while ContinuousClock.now < until { _ = await Task.detached { () }.value }
+        journal.append("\(name) stopped")
+    }
+}
+
+private final class Journal: Sendable {
+    private let entries = Mutex<[String]>([])
+    func append(_ entry: String) { entries.withLock { $0.append(entry) } }
+    var all: [String] { entries.withLock { $0 } }
+}
+
+private struct Planned: Error {}
+
+@Suite struct ServiceGroupTests {
+    private func quiet() -> Logger { Logger(label: "test", minimumLevel: .error) { _ in } }
+
+    @Test func stagesStopInTheDeclaredOrderEachAfterTheOneBefore() async throws {
+        let journal = Journal()
+        let shutdown = ShutdownSignal()
+        let group = ServiceGroup(stages: [
+            .init("first", [RecordingService(name: "a", journal: journal, windDown: .milliseconds(50)),
+                            RecordingService(name: "b", journal: journal)]),
+            .init("second", [RecordingService(name: "c", journal: journal, windDown: .milliseconds(20))]),
+            .init("third", [RecordingService(name: "d", journal: journal)]),
+        ], shutdown: shutdown, logger: quiet())
+        let running = Task { try await group.run() }
+        while journal.all.filter({ $0.hasSuffix("started") }).count < 4 { await Task.yield() }
+        #expect(!journal.all.contains { $0.hasSuffix("cancelled") })
+        shutdown.request()
+        try await running.value
+        let order = journal.all.filter { !$0.hasSuffix("started") }
+        func position(_ entry: String) -> Int { order.firstIndex(of: entry) ?? -1 }
+        // Each stage is cancelled only after every service of the stage before it stopped.
+        #expect(position("c cancelled") > position("a stopped"))
+        #expect(position("c cancelled") > position("b stopped"))
+        #expect(position("d cancelled") > position("c stopped"))
+        #expect(order.count == 8)
+    }
+
+    @Test func aServiceThatThrowsStopsTheGroupAndItsErrorComesOut() async {
+        let journal = Journal()
+        let shutdown = ShutdownSignal()
+        let group = ServiceGroup(stages: [
+            .init("first", [RecordingService(name: "a", journal: journal)]),
+            .init("second", [RecordingService(name: "b", journal: journal, failure: Planned())]),
+        ], shutdown: shutdown, logger: quiet())
+        await #expect(throws: Planned.self) { try await group.run() }
+        #expect(shutdown.isRequested)
+        #expect(journal.all.contains("a stopped"))
+    }
+}
+
+@Suite struct CancellableWaitTests {
+    @Test func aProducerCancelledWhileWaitingForRoomHandsItsItemsOverAnyway() async {
+        let queue = BoundedQueue<Int>(capacity: 2)
+        await queue.push(contentsOf: [1, 2])
+        let producer = Task { await queue.push(contentsOf: [3, 4]) }
+        while queue.count < 3 { await Task.yield() }
+        producer.cancel()
+        await producer.value
+        #expect(queue.count == 4, "nothing a producer held is lost")
+        #expect(await queue.take(maximum: 10) == [1, 2, 3, 4])
+    }
+
+    @Test func takingEverythingReleasesWaitingProducersWithTheirItems() async {
+        let queue = BoundedQueue<Int>(capacity: 1)
+        await queue.push(1)
+        let producer = Task { await queue.push(contentsOf: [2, 3]) }
+        while queue.count < 2 { await Task.yield() }
+        let everything = queue.takeAll()
+        await producer.value
+        // The producer's remaining item is accepted without waiting once the queue is drained.
+        #expect(everything + queue.takeAll() == [1, 2, 3])
+        #expect(queue.isClosed)
+    }
+
+    @Test func aConsumerWaitEndsOnCancellationAndOnItsDeadline() async {
+        let queue = BoundedQueue<Int>(capacity: 1)
+        let consumer = Task { await queue.take(maximum: 1) }
+        consumer.cancel()
+        #expect(await consumer.value == [])
+        let started = ContinuousClock.now
+        #expect(await queue.take(maximum: 1, deadline: .now + .milliseconds(30)) == [])
+        #expect(ContinuousClock.now - started >= .milliseconds(30))
+    }
+
+    @Test func doorbellShutdownAndOneShotWaitsEndOnCancellation() async {
+        let doorbell = Doorbell()
+        let ringing = Task { await doorbell.wait(timeout: .seconds(600)) }
+        ringing.cancel()
+        await ringing.value
+        let shutdown = ShutdownSignal()
+        let sleeping = Task { await shutdown.sleep(for: .seconds(600)) }
+        sleeping.cancel()
+        await sleeping.value
+        let waiting = Task { await shutdown.wait() }
+        waiting.cancel()
+        await waiting.value
+        let value = OneShot<Int>()
+        let awaiting = Task { try await value.value() }
+        awaiting.cancel()
+        await #expect(throws: CancellationError.self) { try await awaiting.value }
+    }
+
+    @Test func aSecondRequestMakesTheShutdownUrgent() async {
+        let shutdown = ShutdownSignal()
+        let urgent = Task { await shutdown.waitUntilUrgent() }
+        shutdown.request()
+        #expect(shutdown.isRequested && !shutdown.isUrgent)
+        shutdown.request()
+        await urgent.value
+        #expect(shutdown.isUrgent)
+    }
+
+    @Test func aRingBeforeTheWaitIsKept() async {
+        let doorbell = Doorbell()
+        doorbell.ring()
+        let started = ContinuousClock.now
+        await doorbell.wait(timeout: .seconds(600))
+        #expect(ContinuousClock.now - started < .seconds(60))
+    }
+}
