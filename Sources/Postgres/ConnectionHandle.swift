@@ -41,8 +41,8 @@ final class ConnectionHandle: @unchecked Sendable {
         ("tcp_user_timeout", "30000"),
     ]
 
-    /// Connects before `deadline` (blocking this thread; `interrupt()` ends it early).
-    init(target: PostgresConnectionString, deadline: ContinuousClock.Instant, preparedLimit: Int) throws(PostgresError) {
+    /// A handle that is not connected yet (see `connect`): `interrupt()` works from now on.
+    init(target: PostgresConnectionString, preparedLimit: Int) throws(PostgresError) {
         self.target = target
         self.preparedLimit = preparedLimit
         var fds: [Int32] = [0, 0]
@@ -54,6 +54,10 @@ final class ConnectionHandle: @unchecked Sendable {
             _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
         }
         (wakeRead, wakeWrite) = (fds[0], fds[1])
+    }
+
+    /// Connects before `deadline` (blocking this thread; `interrupt()` ends it early).
+    func connect(deadline: ContinuousClock.Instant) throws(PostgresError) {
         let parameters = target.adding(Self.networkDefaults)
         let keywords = parameters.map { strdup($0.keyword) } + [nil]
         let values = parameters.map { strdup($0.value) } + [nil]

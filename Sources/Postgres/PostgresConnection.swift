@@ -46,22 +46,14 @@ public final class PostgresConnection: Sendable {
     public static func connect(_ target: PostgresConnectionString, timeout: Duration = .seconds(10), callTimeout: Duration? = .seconds(15),
                                preparesStatements: Bool = true) async throws -> PostgresConnection {
         let thread = DedicatedThread(name: "postgres-connection")
-        let opening = BlockingLock<ConnectionHandle?>(nil)
-        let cancelled = AtomicFlag(false)
         do {
+            let handle = try ConnectionHandle(target: target, preparedLimit: preparesStatements ? 64 : 0)
             let deadline = ContinuousClock.now + timeout
-            let handle = try await withTaskCancellationHandler {
-                try await thread.run { () throws -> ConnectionHandle in
-                    let handle = try ConnectionHandle(target: target, deadline: deadline, preparedLimit: preparesStatements ? 64 : 0)
-                    opening.withLock { $0 = handle }
-                    if cancelled.value { handle.interrupt() }
-                    return handle
-                }
+            try await withTaskCancellationHandler {
+                try await thread.run { try handle.connect(deadline: deadline) }
             } onCancel: {
-                cancelled.value = true
-                opening.withLock { $0 }?.interrupt()
+                handle.interrupt()
             }
-            if cancelled.value { throw CancellationError() }
             return PostgresConnection(thread: thread, handle: handle, callTimeout: callTimeout)
         } catch {
             thread.shutdown()

@@ -4,6 +4,7 @@
 package final class ShutdownSignal: Sendable {
     private struct State {
         var requested = false
+        var requestedAt: ContinuousClock.Instant?
         var urgent = false
         var hooks: [@Sendable () -> Void] = []
         var urgentHooks: [@Sendable () -> Void] = []
@@ -16,6 +17,15 @@ package final class ShutdownSignal: Sendable {
 
     package var isRequested: Bool { state.withLock { $0.requested } }
 
+    /// When shutdown was first requested (nil before): every stage's deadline counts from
+    /// here, so that the whole shutdown ends within one timeout.
+    package var requestedAt: ContinuousClock.Instant? { state.withLock { $0.requestedAt } }
+
+    /// `requestedAt + timeout` (from now if not requested yet).
+    package func deadline(after timeout: Duration) -> ContinuousClock.Instant {
+        (requestedAt ?? .now) + timeout
+    }
+
     /// True once shutdown was requested twice: skip every wait that is left.
     package var isUrgent: Bool { state.withLock { $0.urgent } }
 
@@ -25,6 +35,7 @@ package final class ShutdownSignal: Sendable {
         let (hooks, sleepers) = state.withLock { state -> ([@Sendable () -> Void], [CheckedContinuation<Void, Never>]) in
             if !state.requested {
                 state.requested = true
+                state.requestedAt = .now
                 defer { state.hooks.removeAll() }
                 return (state.hooks, state.sleepers.removeAll())
             }
@@ -73,9 +84,9 @@ package final class ShutdownSignal: Sendable {
         await state.suspend(in: \.urgentSleepers, cancelled: ()) { $0.urgent ? () : nil }
     }
 
-    /// Sleeps for `duration`, or less if the shutdown becomes urgent or the task is cancelled.
-    package func sleepUnlessUrgent(for duration: Duration) async {
-        await state.suspend(in: \.urgentSleepers, cancelled: (), deadline: .now + duration, timedOut: ()) { $0.urgent ? () : nil }
+    /// Sleeps until `deadline`, or less if the shutdown becomes urgent or the task is cancelled.
+    package func sleepUnlessUrgent(until deadline: ContinuousClock.Instant) async {
+        await state.suspend(in: \.urgentSleepers, cancelled: (), deadline: deadline, timedOut: ()) { $0.urgent ? () : nil }
     }
 
     /// Sleeps for `duration`, or less if shutdown is requested or the task is cancelled.

@@ -93,9 +93,8 @@ public struct FCMWorker: Sendable {
                             logger: logger.labeled("outbox"), observer: observer)
         let ccs = CCSConnections(configuration: configuration, tls: tls, logger: logger, observer: observer,
                                  pipeline: pipeline, sender: outbox.xmpp)
-        let answerWait = min(configuration.shutdownTimeout, .seconds(5))
         let group = ServiceGroup(stages: [
-            .init("outbox", [outbox.service(answerWait: answerWait, shutdown: shutdown)]),
+            .init("outbox", [outbox.service(shutdownTimeout: configuration.shutdownTimeout, shutdown: shutdown)]),
             .init("reading", [ccs.reading]),
             .init("pipeline", [UpstreamPipelineService(pipeline: pipeline, spool: spool, shutdownTimeout: configuration.shutdownTimeout,
                                                        shutdown: shutdown, logger: logger.labeled("pipeline"), observer: observer)]),

@@ -11,12 +11,13 @@ import Runtime
 /// settlement of answers into row updates (`OutboxSettlement`) and one write-back; each
 /// transport is a thin shell that claims and sends.
 ///
-/// As a service it runs until cancelled, then stops claiming, waits up to `answerWait`
-/// for the answers to what is pending over XMPP and for the HTTP requests under way (less
-/// when the shutdown becomes urgent), hands back every row it still holds (claimable at
-/// once by any worker), and writes everything back, within `answerWait` plus 2 s; rows
-/// whose state cannot be written by then (the database is down) keep their claim until
-/// the lease lapses, and are then sent again.
+/// As a service it runs until cancelled, then stops claiming, waits for the answers to
+/// what is pending over XMPP and for the HTTP requests under way (up to 5 s after the
+/// shutdown was requested, never past the shutdown timeout, not at all once the shutdown
+/// is urgent), hands back every row it still holds (claimable at once by any worker), and
+/// writes everything back by the shutdown timeout plus a second; rows whose state cannot
+/// be written by then (the database is down) keep their claim until the lease lapses,
+/// and are then sent again.
 final class Outbox: Sendable {
     let xmpp: XMPPOutboxSender
     let http: HTTPOutboxSender
@@ -47,13 +48,16 @@ final class Outbox: Sendable {
     }
 
     /// The outbox as a service of the worker (see the type's description).
-    func service(answerWait: Duration, shutdown: ShutdownSignal) -> some Service {
-        Running(outbox: self, answerWait: answerWait, shutdown: shutdown)
+    func service(shutdownTimeout: Duration, shutdown: ShutdownSignal) -> some Service {
+        Running(outbox: self, shutdownTimeout: shutdownTimeout, shutdown: shutdown)
     }
+
+    /// The longest wait for answers at shutdown.
+    static let answerWait: Duration = .seconds(5)
 
     private struct Running: Service {
         let outbox: Outbox
-        let answerWait: Duration
+        let shutdownTimeout: Duration
         let shutdown: ShutdownSignal
         var name: String { "outbox" }
 
@@ -67,12 +71,12 @@ final class Outbox: Sendable {
                 group.addTask { await outbox.xmpp.claimLoop() }
                 await waitUntilCancelled()
             }
-            await shielded { [outbox, answerWait, shutdown] in
-                let deadline = ContinuousClock.now + answerWait
+            await shielded { [outbox, shutdownTimeout, shutdown] in
+                let deadline = shutdown.deadline(after: min(shutdownTimeout, Outbox.answerWait))
                 outbox.http.stopClaiming()
                 // HTTP requests under way get the same time as XMPP answers, then are abandoned.
                 let httpDeadline = Task {
-                    await shutdown.sleepUnlessUrgent(for: deadline - .now)
+                    await shutdown.sleepUnlessUrgent(until: deadline)
                     if !Task.isCancelled { sendingOverHTTP.cancel() }
                 }
                 await outbox.xmpp.finish(until: deadline, shutdown: shutdown)
@@ -80,7 +84,8 @@ final class Outbox: Sendable {
                 httpDeadline.cancel()
                 renewing.cancel()
                 outbox.writeBack.stop()
-                let flushWindow = shutdown.isUrgent ? .milliseconds(200) : max(deadline - .now, .zero) + .seconds(2)
+                let flushDeadline = shutdown.deadline(after: shutdownTimeout + .seconds(1))
+                let flushWindow = shutdown.isUrgent ? .milliseconds(200) : max(flushDeadline - .now, .milliseconds(200))
                 if !(await outbox.writeBack.flushed(within: flushWindow)) {
                     outbox.logger.error("could not write the state of outbox rows "
                                         + "\(outbox.writeBack.unwrittenRows.prefix(20).map(String.init).joined(separator: ",")) "

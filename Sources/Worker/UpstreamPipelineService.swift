@@ -2,8 +2,8 @@ import Foundation
 import Runtime
 
 /// The upstream pipeline as a service of the worker: it commits until cancelled, then
-/// lets what is queued commit for up to `shutdownTimeout` (less when the shutdown becomes
-/// urgent), abandons the rest (a transaction under way included) and writes what was
+/// lets what is queued commit until `shutdownTimeout` after the shutdown was requested
+/// (at once when the shutdown becomes urgent), abandons the rest (a transaction under way included) and writes what was
 /// acked but not committed to the spool, which the next start replays. Work whose ack
 /// waits for its commit (durable mode) is not spooled: CCS redelivers it.
 struct UpstreamPipelineService: Service {
@@ -23,7 +23,7 @@ struct UpstreamPipelineService: Service {
         logger.info("shutting down: \(pipeline.backlog) message(s) still queued")
         pipeline.close()
         let deadline = Task { [shutdown, shutdownTimeout] in
-            await shutdown.sleepUnlessUrgent(for: shutdownTimeout)
+            await shutdown.sleepUnlessUrgent(until: shutdown.deadline(after: shutdownTimeout))
             if !Task.isCancelled { lanes.cancel() }
         }
         let leftovers = await lanes.value

@@ -42,6 +42,8 @@ final class ClientStreamDriver<Inbound: Sendable>: StreamDriver {
             return
         }
         guard established else { return }
+        // While the consumer is full the socket is not read: the peer's silence is ours.
+        if inbox.hasRoom { liveness.resume(at: now) } else { liveness.pause(at: now) }
         switch liveness.tick(now: now, lastHeard: loop.lastReadAt) {
         case .sendPing?: loop.write(negotiation.makePing())
         case .peerDead(let silence)?: loop.abort(reason: XMPPError.peerUnresponsive(silence: silence))

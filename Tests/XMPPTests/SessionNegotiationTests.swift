@@ -167,3 +167,21 @@ private let bindFeatures = "<stream:features><bind xmlns=\"urn:ietf:params:xml:n
         #expect(monitor.tick(now: heard + .seconds(30), lastHeard: heard) == .sendPing)
     }
 }
+
+@Suite struct LivenessWhilePausedTests {
+    @Test func silenceWhileReadingIsPausedIsNotADeadPeer() {
+        var monitor = LivenessMonitor(idleInterval: .seconds(30), timeout: .seconds(10))
+        let start = ContinuousClock.now
+        #expect(monitor.tick(now: start + .seconds(30), lastHeard: start) == .sendPing)
+        // The consumer is full: reading pauses with a ping outstanding.
+        monitor.pause(at: start + .seconds(31))
+        #expect(monitor.nextDeadline(lastHeard: start) == nil)
+        #expect(monitor.tick(now: start + .seconds(200), lastHeard: start) == nil)
+        // Reading resumes 90 s later: the idle interval counts from there, with no ping pending.
+        monitor.resume(at: start + .seconds(121))
+        #expect(monitor.nextDeadline(lastHeard: start) == start + .seconds(151))
+        #expect(monitor.tick(now: start + .seconds(140), lastHeard: start) == nil)
+        #expect(monitor.tick(now: start + .seconds(151), lastHeard: start) == .sendPing)
+        #expect(monitor.tick(now: start + .seconds(161), lastHeard: start) == .peerDead(silence: .seconds(40)))
+    }
+}

@@ -67,7 +67,7 @@ start_cluster() {
   for attempt in $(seq 1 20); do
     port=$(( 20000 + RANDOM % 40000 ))
     if as_pg_user "$bindir/pg_ctl" -D "$FCM_PG_DIR/data" -l "$FCM_PG_DIR/server.log" -w -t 30 \
-        -o "-c listen_addresses=127.0.0.1 -p $port -k $FCM_PG_DIR -c fsync=on -c max_connections=200" \
+        -o "-c listen_addresses=127.0.0.1 -p $port -k $FCM_PG_DIR -c fsync=on -c max_connections=400" \
         start >/dev/null 2>&1; then
       export PGHOST=127.0.0.1 PGPORT=$port PGUSER=postgres
       "$bindir/psql" -q -X -h 127.0.0.1 -p "$port" -U postgres -d postgres \

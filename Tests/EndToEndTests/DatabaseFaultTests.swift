@@ -1,0 +1,178 @@
+import FCM
+import Foundation
+import Postgres
+import Simulator
+import Testing
+import Worker
+
+/// Database faults through a TCP proxy the test controls: nothing acked is lost, and the
+/// worker recovers without a restart.
+@Suite struct DatabaseFaultTests {
+    /// A worker configuration whose database connections go through `proxy`.
+    private func proxied(_ ccs: TestCCS, _ database: TestDatabase) throws -> (WorkerConfiguration, FaultProxy) {
+        let base = try TestDatabase.baseURL
+        guard let port = URLComponents(string: base)?.port else { throw ProxyError("no port in \(base)") }
+        let proxy = try FaultProxy(targetPort: port)
+        var configuration = try ccs.worker(database: database)
+        configuration.databaseURL = proxy.url(replacingPortIn: database.url)
+        configuration.databaseTimeout = .seconds(2)
+        configuration.pipeline.databaseRetryBase = .milliseconds(50)
+        configuration.pipeline.databaseRetryCap = .milliseconds(500)
+        return (configuration, proxy)
+    }
+
+    @Test func stalledConnectionsAreReplacedAndEverythingAckedIsStoredWithoutARestart() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let (configuration, proxy) = try proxied(ccs, database)
+        defer { proxy.stop() }
+        let (task, events) = startWorker(configuration)
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        for index in 0..<500 { ccs.simulator.injectUpstream(from: "d\(index % 20)", messageID: "before-\(index)") }
+        await database.waitForRows(in: "upstream_messages", count: 500, within: .seconds(20))
+        // The open connections go silent (a failover behind a load balancer); new ones work.
+        proxy.set(.stall(newConnectionsWork: true))
+        let stalledAt = ContinuousClock.now
+        for index in 0..<2000 { ccs.simulator.injectUpstream(from: "d\(index % 20)", messageID: "during-\(index)") }
+        try await ccs.simulator.wait(for: "every ack", timeout: .seconds(30)) { Set($0.acked).count >= 2500 }
+        await database.waitForRows(in: "upstream_messages", count: 2500, within: .seconds(30))
+        #expect(try await database.count("upstream_messages") == 2500)
+        let recovered = ContinuousClock.now - stalledAt
+        // The deadline (2 s) plus a reconnect, with room for a busy test machine.
+        #expect(recovered < .seconds(15), "stored \(recovered) after the stall")
+        #expect(events.all.contains { if case .databaseUnavailable(let reason) = $0 { reason.contains("timeout") } else { false } })
+        // The worker is still running: more messages are stored as usual.
+        ccs.simulator.injectUpstream(from: "d0", messageID: "after")
+        await database.waitForRows(in: "upstream_messages", count: 2501, within: .seconds(10))
+        #expect(try await database.count("upstream_messages") == 2501)
+        #expect(ccs.simulator.violations.isEmpty)
+    }
+
+    @Test func aLongOutageUnderLoadKeepsTheCCSConnectionUpAndLosesNothing() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        var (configuration, proxy) = try proxied(ccs, database)
+        defer { proxy.stop() }
+        // CCS is pinged after 1 s of silence and presumed dead 1 s later: an outage of 8 s
+        // is many times that (the same as 90 s against the default 60 + 15 s).
+        configuration.pingInterval = .seconds(1)
+        configuration.pingTimeout = .seconds(1)
+        configuration.pipeline.queueCapacity = 50
+        let (task, events) = startWorker(configuration)
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        try await events.wait(for: "the worker's side of the session") { events in
+            events.contains { if case .connected = $0 { true } else { false } }
+        }
+        proxy.set(.refuse)
+        proxy.cut()
+        for index in 0..<3000 { ccs.simulator.injectUpstream(from: "d\(index % 10)", messageID: "o\(index)") }
+        // Reading pauses once the lanes are full; CCS stops at 100 unacked.
+        try await ccs.simulator.wait(for: "CCS's window to fill", timeout: .seconds(30)) { events in
+            let delivered = events.count { if case .upstreamDelivered = $0 { true } else { false } }
+            return delivered - events.acked.count >= 100
+        }
+        try await Task.sleep(for: .seconds(8))
+        #expect(!events.all.contains { if case .disconnected = $0 { true } else { false } }, "the paused connection was dropped")
+        proxy.set(.pass)
+        try await ccs.simulator.wait(for: "every ack", timeout: .seconds(60)) { Set($0.acked).count >= 3000 }
+        await database.waitForRows(in: "upstream_messages", count: 3000, within: .seconds(30))
+        #expect(try await database.count("upstream_messages") == 3000)
+        #expect(!events.all.contains { if case .disconnected = $0 { true } else { false } })
+        #expect(ccs.simulator.violations.isEmpty)
+    }
+}
+
+/// The worker as a process under SIGTERM while the database is down or hung: it exits
+/// within the shutdown timeout plus a few seconds, and a restart loses nothing acked.
+@Suite struct ShutdownDuringDatabaseFaultTests {
+    private func run(_ ccs: TestCCS, databaseURL: String, spool: String, shutdownTimeout: Int = 2) throws -> (Process, Pipe) {
+        let caPath = FileManager.default.temporaryDirectory.appendingPathComponent("ca-\(UUID()).pem").path
+        try ccs.authority.rootCertificatePEM.write(toFile: caPath, atomically: true, encoding: .utf8)
+        let process = Process()
+        process.executableURL = try CommandLineTests.executable
+        process.arguments = ["run", "--sender-id", TestCCS.senderID, "--server-key", TestCCS.serverKey,
+                             "--endpoint", "127.0.0.1:\(ccs.simulator.port)", "--ca-file", caPath,
+                             "--database-url", databaseURL, "--migrations-dir", TestDatabase.migrationsDirectory,
+                             "--spool-file", spool, "--shutdown-timeout", "\(shutdownTimeout)", "--database-timeout", "2"]
+        process.environment = ["PATH": "/usr/bin:/bin"]
+        let errors = Pipe()
+        process.standardError = errors
+        process.standardOutput = FileHandle.nullDevice
+        try process.run()
+        return (process, errors)
+    }
+
+    /// Sends SIGTERM and waits for the exit; returns how long it took.
+    private func terminate(_ process: Process, limit: Duration) async throws -> Duration {
+        let started = ContinuousClock.now
+        kill(process.processIdentifier, SIGTERM)
+        while process.isRunning {
+            guard ContinuousClock.now - started < limit else {
+                kill(process.processIdentifier, SIGKILL)
+                throw ProxyError("the worker did not exit within \(limit) of SIGTERM")
+            }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        return ContinuousClock.now - started
+    }
+
+    private func storedIDs(_ database: TestDatabase) async throws -> Set<String> {
+        Set(try await database.query("SELECT message_id FROM upstream_messages").compactMap { $0.string(0) })
+    }
+
+    @Test(arguments: ["refused", "hung"])
+    func sigtermWithTheDatabaseDownAndFullQueuesExitsInTimeAndARestartLosesNothing(fault: String) async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let base = try TestDatabase.baseURL
+        let proxy = try FaultProxy(targetPort: URLComponents(string: base)!.port!)
+        defer { proxy.stop() }
+        let url = proxy.url(replacingPortIn: database.url)
+        let spool = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID())").path
+        let (first, firstErrors) = try run(ccs, databaseURL: url, spool: spool)
+        try await ccs.simulator.waitForBoundSessions(1)
+        for index in 0..<200 { ccs.simulator.injectUpstream(from: "d\(index % 50)", messageID: "x\(index)") }
+        try await ccs.simulator.wait(for: "the first acks", timeout: .seconds(30)) { Set($0.acked).count >= 200 }
+        if fault == "refused" {
+            proxy.set(.refuse)
+            proxy.cut()
+        } else {
+            // A partition: open connections go silent and new ones hang too.
+            proxy.set(.stall(newConnectionsWork: false))
+        }
+        for index in 200..<14_000 { ccs.simulator.injectUpstream(from: "d\(index % 50)", messageID: "x\(index)") }
+        // Acking stops once the queues are full and reading pauses.
+        var last = -1
+        while true {
+            try await Task.sleep(for: .seconds(1))
+            let acked = Set(ccs.simulator.events.acked).count
+            if acked == last { break }
+            last = acked
+        }
+        let took = try await terminate(first, limit: .seconds(12))
+        print("shutdown with the database \(fault) and full queues took \(took) (--shutdown-timeout 2)")
+        let log = String(decoding: await readToEnd(firstErrors.fileHandleForReading), as: UTF8.self)
+        #expect(first.terminationStatus == 0, "\(log.suffix(3000))")
+        #expect(took < .seconds(9), "exit took \(took) with --shutdown-timeout 2: \(log.suffix(4000))")
+        let ackedBeforeRestart = Set(ccs.simulator.events.acked)
+        #expect(ackedBeforeRestart.count > 1000)
+        #expect(FileManager.default.fileExists(atPath: spool), "the acked, uncommitted messages were spooled")
+
+        // The database is back; a restart replays the spool, CCS redelivers the rest.
+        proxy.set(.pass)
+        let (second, secondErrors) = try run(ccs, databaseURL: url, spool: spool)
+        defer { if second.isRunning { second.terminate() } }
+        try await ccs.simulator.wait(for: "every message acked", timeout: .seconds(90)) { Set($0.acked).count >= 14_000 }
+        await database.waitForRows(in: "upstream_messages", count: 14_000, within: .seconds(60))
+        _ = try await terminate(second, limit: .seconds(20))
+        let secondLog = String(decoding: await readToEnd(secondErrors.fileHandleForReading), as: UTF8.self)
+        let lost = ackedBeforeRestart.subtracting(try await storedIDs(database))
+        #expect(lost.isEmpty, "\(lost.count) acked message(s) lost, e.g. \(lost.prefix(5)); \(secondLog.suffix(2000))")
+        #expect(try await database.count("upstream_messages") == 14_000)
+    }
+}

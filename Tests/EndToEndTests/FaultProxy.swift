@@ -1,0 +1,190 @@
+import Foundation
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A TCP proxy on 127.0.0.1 between the worker and a server (PostgreSQL or CCS) that a
+/// test controls: it passes bytes, refuses new connections, stalls (holds every byte, in
+/// both directions, on the connections open now, while new ones work or not), or cuts
+/// every open connection. Each connection is forwarded by a thread of its own.
+final class FaultProxy: Sendable {
+    enum Mode: Sendable, Equatable {
+        /// Forward everything.
+        case pass
+        /// Close new connections at once (existing ones go on, unless `cut()`).
+        case refuse
+        /// Stop forwarding on the connections open now; new ones are forwarded when
+        /// `newConnectionsWork`, else held too (a partition).
+        case stall(newConnectionsWork: Bool)
+    }
+
+    private struct State {
+        var mode = Mode.pass
+        /// Connections whose bytes are held (open when a stall began).
+        var stalled: Set<Int> = []
+        var open: [Int: (client: Int32, server: Int32)] = [:]
+        var nextID = 0
+        var stopped = false
+        var accepted = 0
+    }
+
+    let port: Int
+    private let listener: Int32
+    private let targetPort: Int
+    private let state = Mutex(State())
+
+    init(targetPort: Int) throws {
+        self.targetPort = targetPort
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw ProxyError("socket: \(String(cString: strerror(errno)))") }
+        var one: Int32 = 1
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard bound == 0, listen(fd, 128) == 0 else { throw ProxyError("bind/listen: \(String(cString: strerror(errno)))") }
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        listener = fd
+        port = Int(UInt16(bigEndian: address.sin_port))
+        let thread = Thread { [self] in acceptLoop() }
+        thread.name = "fault proxy"
+        thread.start()
+    }
+
+    /// Sets how the proxy behaves from now on. Stalling holds the connections open now.
+    func set(_ mode: Mode) {
+        state.withLock { state in
+            state.mode = mode
+            switch mode {
+            case .stall: state.stalled.formUnion(state.open.keys)
+            case .pass: state.stalled.removeAll()
+            case .refuse: break
+            }
+        }
+    }
+
+    /// Closes every open connection at once (both sides see the connection drop).
+    func cut() {
+        let open = state.withLock { state -> [(Int32, Int32)] in
+            defer { state.stalled.removeAll() }
+            return Array(state.open.values.map { ($0.client, $0.server) })
+        }
+        for (client, server) in open {
+            shutdown(client, Int32(SHUT_RDWR))
+            shutdown(server, Int32(SHUT_RDWR))
+        }
+    }
+
+    /// Connections accepted so far.
+    var acceptedCount: Int { state.withLock { $0.accepted } }
+
+    func stop() {
+        state.withLock { $0.stopped = true }
+        shutdown(listener, Int32(SHUT_RDWR))
+        close(listener)
+        cut()
+    }
+
+    /// A PostgreSQL URL like `url` but through this proxy.
+    func url(replacingPortIn url: String) -> String {
+        url.replacingOccurrences(of: ":\(targetPort)/", with: ":\(port)/")
+    }
+
+    private func acceptLoop() {
+        while true {
+            let client = accept(listener, nil, nil)
+            if client < 0 {
+                if errno == EINTR { continue }
+                return
+            }
+            let (mode, stopped) = state.withLock { state -> (Mode, Bool) in
+                state.accepted += 1
+                return (state.mode, state.stopped)
+            }
+            if stopped || mode == .refuse {
+                close(client)
+                if stopped { return }
+                continue
+            }
+            let server = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            address.sin_port = UInt16(targetPort).bigEndian
+            let connected = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(server, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            guard connected == 0 else {
+                close(client)
+                close(server)
+                continue
+            }
+            let id = state.withLock { state -> Int in
+                state.nextID += 1
+                state.open[state.nextID] = (client, server)
+                if case .stall(newConnectionsWork: false) = state.mode { state.stalled.insert(state.nextID) }
+                return state.nextID
+            }
+            let thread = Thread { [self] in forward(id: id, client: client, server: server) }
+            thread.name = "fault proxy connection"
+            thread.start()
+        }
+    }
+
+    /// Copies bytes both ways until either side closes; while stalled, holds them.
+    private func forward(id: Int, client: Int32, server: Int32) {
+        defer {
+            state.withLock { state in
+                state.open[id] = nil
+                state.stalled.remove(id)
+            }
+            close(client)
+            close(server)
+        }
+        var buffer = [UInt8](repeating: 0, count: 64 * 1024)
+        while true {
+            if state.withLock({ $0.stalled.contains(id) }) {
+                // Held: read nothing, write nothing (the peers' own buffers fill up), but
+                // notice a peer that hangs up (POLLRDHUP), so that the other side sees it too.
+                var probe = [pollfd(fd: client, events: Self.peerClosed, revents: 0),
+                             pollfd(fd: server, events: Self.peerClosed, revents: 0)]
+                _ = poll(&probe, 2, 20)
+                if probe.contains(where: { $0.revents & (Self.peerClosed | Int16(POLLHUP | POLLERR | POLLNVAL)) != 0 }) { return }
+                continue
+            }
+            var descriptors = [pollfd(fd: client, events: Int16(POLLIN), revents: 0),
+                               pollfd(fd: server, events: Int16(POLLIN), revents: 0)]
+            guard poll(&descriptors, 2, 20) >= 0 || errno == EINTR else { return }
+            for (index, descriptor) in descriptors.enumerated() where descriptor.revents != 0 {
+                if state.withLock({ $0.stalled.contains(id) }) { break }
+                let from = index == 0 ? client : server, to = index == 0 ? server : client
+                let count = buffer.withUnsafeMutableBytes { read(from, $0.baseAddress, $0.count) }
+                if count <= 0 { return }
+                var offset = 0
+                while offset < count {
+                    let written = buffer.withUnsafeBytes { write(to, $0.baseAddress! + offset, count - offset) }
+                    if written <= 0 { return }
+                    offset += written
+                }
+            }
+        }
+    }
+}
+
+extension FaultProxy {
+    /// POLLRDHUP (Linux): the peer closed its side.
+    fileprivate static let peerClosed = Int16(0x2000)
+}
+
+struct ProxyError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
