@@ -59,7 +59,7 @@ public struct FCMWorker: Sendable {
         let target: PostgresConnectionString
         do { target = try PostgresConnectionString(databaseURL) } catch { throw ConfigurationError(error.message) }
         let spool = Spool(path: configuration.spoolFile)
-        try spool.checkWritable()
+        try spool.lock()
         let tls = try TLSContext.client(trust: configuration.xmppClient.trust)
         let httpClient = try FCMHTTPClient(settings: configuration.httpClient)
         func pool(size: Int) -> PostgresPool {
@@ -135,7 +135,9 @@ public struct FCMWorker: Sendable {
     /// shutdown meanwhile keeps the spool for the next start.
     private func replay(_ spool: Spool, into pool: PostgresPool) async throws {
         let (entries, corrupt) = try spool.load()
-        if corrupt > 0 { logger.error("\(corrupt) unreadable line(s) in the spool \(spool.path) were skipped") }
+        if corrupt > 0 {
+            logger.error("\(corrupt) torn or corrupt record(s) in the spool \(spool.path) were set aside in \(spool.path).corrupt")
+        }
         guard !entries.isEmpty else { return }
         logger.info("replaying \(entries.count) spooled message(s) from \(spool.path)")
         let pipeline = UpstreamPipeline(pool: pool, handlers: handlers, settings: configuration.pipeline,

@@ -1,16 +1,33 @@
 import Foundation
+import Runtime
+#if canImport(Glibc)
+import Glibc
+#endif
 
-/// A local file for messages that were acked but could not be persisted before shutdown
-/// (the database was unreachable). The next start replays it before reading from CCS.
+/// A local file for messages that were acked but could not be committed before shutdown
+/// (the database was down or hung). The next start replays it before reading from CCS.
 ///
-/// One JSON object per line: `{"connection":…,"payload":…,"received_at":…}` with the
-/// payload as received. Writes are fsynced; replays are safe to repeat (handling is
-/// de-duplicated by message id).
-public struct Spool: Sendable {
-    public let path: String
+/// - One process per spool: `lock()` takes an exclusive lock (`<path>.lock`) for the
+///   life of the process; a second worker on the same path fails at start.
+/// - Records are appended with `O_APPEND` in one write and fsynced; the file's folder is
+///   fsynced after the file is created or removed, so a crash never loses the file itself.
+/// - Each record is one line, `CRC32 JSON`: the checksum (8 hex digits) of the JSON text
+///   `{"connection":…,"payload":…,"received_at":…}` holding the payload as received.
+///   A torn or corrupt record (a crash in the middle of a write, a damaged disk) is set
+///   aside in `<path>.corrupt` (and the spool rewritten without it, renamed into place),
+///   never deleted and never blocking start-up.
+///
+/// Replays are safe to repeat: handling is de-duplicated by message id.
+final class Spool: Sendable {
+    let path: String
+    private let lockDescriptor = BlockingLock<Int32?>(nil)
 
-    public init(path: String) {
+    init(path: String) {
         self.path = path
+    }
+
+    deinit {
+        if let fd = lockDescriptor.withLock({ $0 }) { close(fd) }
     }
 
     struct Entry: Codable, Sendable, Equatable {
@@ -24,14 +41,34 @@ public struct Spool: Sendable {
         }
     }
 
-    /// Fails at start, rather than when it is needed, when the spool cannot be written.
-    func checkWritable() throws(ConfigurationError) {
-        let directory = (path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent
+    /// The folder the spool lives in.
+    private var directory: String {
+        let folder = (path as NSString).deletingLastPathComponent
+        return folder.isEmpty ? "." : folder
+    }
+
+    /// Checks at start that the spool can be written, and takes the lock that makes this
+    /// process its only writer (held until the process ends).
+    /// - Throws: `ConfigurationError` (exit status 2) for a folder that does not exist or
+    ///   cannot be written, or a spool another worker process holds.
+    func lock() throws(ConfigurationError) {
         var isDirectory: ObjCBool = false
         guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory), isDirectory.boolValue,
-              FileManager.default.isWritableFile(atPath: directory) else {
+              access(directory, W_OK | X_OK) == 0 else {
             throw ConfigurationError("the spool file's folder \(directory) does not exist or is not writable (--spool-file \(path))")
         }
+        if FileManager.default.fileExists(atPath: path), access(path, R_OK | W_OK) != 0 {
+            throw ConfigurationError("the spool file \(path) cannot be read and written")
+        }
+        let fd = open(path + ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            throw ConfigurationError("cannot open the spool lock \(path).lock: \(String(cString: strerror(errno)))")
+        }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+            close(fd)
+            throw ConfigurationError("the spool file \(path) is in use by another worker process: give each worker a spool of its own (--spool-file)")
+        }
+        lockDescriptor.withLock { $0 = fd }
     }
 
     /// Appends `entries` and flushes them to disk.
@@ -40,37 +77,105 @@ public struct Spool: Sendable {
         let encoder = JSONEncoder()
         var data = Data()
         for entry in entries {
-            data.append(try encoder.encode(entry))
+            let json = try encoder.encode(entry)
+            data.append(contentsOf: Array(String(format: "%08x ", CRC32.checksum(json)).utf8))
+            data.append(json)
             data.append(0x0A)
         }
-        if !FileManager.default.fileExists(atPath: path) {
-            guard FileManager.default.createFile(atPath: path, contents: nil, attributes: [.posixPermissions: 0o600]) else {
-                throw CocoaError(.fileWriteNoPermission, userInfo: [NSFilePathErrorKey: path])
-            }
-        }
-        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
-        defer { try? handle.close() }
-        try handle.seekToEnd()
-        try handle.write(contentsOf: data)
-        try handle.synchronize()
+        let existed = FileManager.default.fileExists(atPath: path)
+        try Self.append(data, to: path)
+        if !existed { try syncDirectory() }
     }
 
-    /// The spooled entries (empty when there is no spool). Unreadable lines are skipped
-    /// and counted in `corruptLines`.
-    func load() throws -> (entries: [Entry], corruptLines: Int) {
+    /// The spooled entries (empty when there is no spool). Records that are torn or fail
+    /// their checksum are appended to `<path>.corrupt` and counted in `corruptRecords`.
+    func load() throws -> (entries: [Entry], corruptRecords: Int) {
         guard FileManager.default.fileExists(atPath: path) else { return ([], 0) }
-        let text = try String(contentsOfFile: path, encoding: .utf8)
+        let data = try Data(contentsOf: URL(fileURLWithPath: path))
         let decoder = JSONDecoder()
         var entries: [Entry] = []
-        var corrupt = 0
-        for line in text.split(separator: "\n") where !line.isEmpty {
-            if let entry = try? decoder.decode(Entry.self, from: Data(line.utf8)) { entries.append(entry) } else { corrupt += 1 }
+        var corrupt = Data()
+        var corruptCount = 0
+        var lines = data.split(separator: 0x0A, omittingEmptySubsequences: false)
+        // The part after the last newline is a torn record unless it is empty.
+        let torn = lines.removeLast()
+        for line in lines where !line.isEmpty {
+            if let entry = Self.decode(line, with: decoder) {
+                entries.append(entry)
+            } else {
+                corrupt.append(line)
+                corrupt.append(0x0A)
+                corruptCount += 1
+            }
         }
-        return (entries, corrupt)
+        if !torn.isEmpty {
+            corrupt.append(torn)
+            corrupt.append(0x0A)
+            corruptCount += 1
+        }
+        if corruptCount > 0 {
+            // Set aside first, then rewrite the spool without them (renamed into place).
+            try Self.append(corrupt, to: path + ".corrupt")
+            let rest = path + ".rewrite"
+            try? FileManager.default.removeItem(atPath: rest)
+            var kept = Data()
+            for line in lines where !line.isEmpty && Self.decode(line, with: decoder) != nil {
+                kept.append(line)
+                kept.append(0x0A)
+            }
+            try Self.append(kept, to: rest)
+            guard rename(rest, path) == 0 else { throw SpoolError("cannot replace \(path): \(String(cString: strerror(errno)))") }
+            try syncDirectory()
+        }
+        return (entries, corruptCount)
     }
 
-    /// Deletes the spool after a successful replay.
+    /// Deletes the spool after a successful replay (the removal made durable).
     func remove() throws {
-        if FileManager.default.fileExists(atPath: path) { try FileManager.default.removeItem(atPath: path) }
+        guard FileManager.default.fileExists(atPath: path) else { return }
+        try FileManager.default.removeItem(atPath: path)
+        try syncDirectory()
     }
+
+    /// A record line's entry, or nil when it is torn or fails its checksum.
+    private static func decode(_ line: Data.SubSequence, with decoder: JSONDecoder) -> Entry? {
+        guard line.count > 9, line[line.startIndex + 8] == UInt8(ascii: " "),
+              let checksum = UInt32(String(decoding: line.prefix(8), as: UTF8.self), radix: 16) else { return nil }
+        let json = line.dropFirst(9)
+        guard CRC32.checksum(json) == checksum else { return nil }
+        return try? decoder.decode(Entry.self, from: Data(json))
+    }
+
+    /// Appends `data` with one `O_APPEND` write (retrying partial writes) and fsyncs it.
+    private static func append(_ data: Data, to path: String) throws {
+        let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw SpoolError("cannot open \(path): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        try data.withUnsafeBytes { bytes in
+            var offset = 0
+            while offset < bytes.count {
+                let written = write(fd, bytes.baseAddress! + offset, bytes.count - offset)
+                if written < 0 {
+                    if errno == EINTR { continue }
+                    throw SpoolError("cannot write \(path): \(String(cString: strerror(errno)))")
+                }
+                offset += written
+            }
+        }
+        guard fsync(fd) == 0 else { throw SpoolError("cannot flush \(path) to disk: \(String(cString: strerror(errno)))") }
+    }
+
+    /// Makes a file's creation or removal in the spool's folder durable.
+    private func syncDirectory() throws {
+        let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw SpoolError("cannot open the folder \(directory): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        guard fsync(fd) == 0 else { throw SpoolError("cannot flush the folder \(directory): \(String(cString: strerror(errno)))") }
+    }
+}
+
+/// A spool file could not be written or read.
+struct SpoolError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Postgres
 import XMPP
 import Runtime
@@ -16,6 +17,7 @@ import Runtime
 /// exit(await WorkerMain.run(handlers: handlers))
 /// ```
 public enum WorkerMain {
+    /// SIGTERM or SIGINT starts the graceful shutdown; a second one makes it urgent.
     /// Exit statuses: 0 after a signal, 2 for invalid settings or pending migrations,
     /// 3 when FCM refuses the credentials or certificate, 1 otherwise.
     public static func run(handlers: UpstreamHandlers, arguments: [String] = Array(CommandLine.arguments.dropFirst()),
@@ -37,9 +39,16 @@ public enum WorkerMain {
         }
         let worker = FCMWorker(configuration: configuration, handlers: handlers)
         let task = Task { try await worker.run() }
+        let signals = Atomic(0)
+        // The first signal starts the graceful shutdown; a second one skips the waiting.
         let trap = SignalTrap { signal in
-            worker.logger.info("received \(signal == SIGTERM ? "SIGTERM" : "SIGINT"), shutting down")
-            task.cancel()
+            let name = signal == SIGTERM ? "SIGTERM" : "SIGINT"
+            if signals.add(1, ordering: .relaxed).newValue == 1 {
+                worker.logger.info("received \(name), shutting down (send it again to skip the waiting)")
+            } else {
+                worker.logger.warning("received \(name) again: spooling what is uncommitted and stopping now")
+            }
+            worker.requestShutdown()
         }
         defer { withExtendedLifetime(trap) {} }
         switch await task.result {

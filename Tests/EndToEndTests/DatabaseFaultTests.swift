@@ -120,6 +120,40 @@ import Worker
         return ContinuousClock.now - started
     }
 
+    @Test func aSecondSIGTERMSkipsTheWaitingAndStillSpoolsEverythingAcked() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let base = try TestDatabase.baseURL
+        let proxy = try FaultProxy(targetPort: URLComponents(string: base)!.port!)
+        defer { proxy.stop() }
+        let url = proxy.url(replacingPortIn: database.url)
+        let spool = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID())").path
+        let (worker, errors) = try run(ccs, databaseURL: url, spool: spool, shutdownTimeout: 60)
+        try await ccs.simulator.waitForBoundSessions(1)
+        proxy.set(.stall(newConnectionsWork: false))
+        for index in 0..<300 { ccs.simulator.injectUpstream(from: "d\(index % 20)", messageID: "u\(index)") }
+        try await ccs.simulator.wait(for: "every ack", timeout: .seconds(30)) { Set($0.acked).count >= 300 }
+        kill(worker.processIdentifier, SIGTERM)
+        try await Task.sleep(for: .milliseconds(500))
+        let took = try await terminate(worker, limit: .seconds(10))
+        let log = String(decoding: await readToEnd(errors.fileHandleForReading), as: UTF8.self)
+        print("an urgent shutdown (a second SIGTERM 0.5 s after the first) took \(took) after it (--shutdown-timeout 60)")
+        #expect(worker.terminationStatus == 0, "\(log.suffix(2000))")
+        #expect(took < .seconds(5), "\(log.suffix(3000))")
+        #expect(log.contains("received SIGTERM again"))
+        #expect(FileManager.default.fileExists(atPath: spool))
+        // A restart with the database back stores everything that was acked.
+        proxy.set(.pass)
+        let acked = Set(ccs.simulator.events.acked)
+        let (second, _) = try run(ccs, databaseURL: url, spool: spool)
+        defer { if second.isRunning { second.terminate() } }
+        await database.waitForRows(in: "upstream_messages", count: 300, within: .seconds(30))
+        _ = try await terminate(second, limit: .seconds(20))
+        let lost = acked.subtracting(try await storedIDs(database))
+        #expect(lost.isEmpty, "\(lost.count) acked message(s) lost, e.g. \(lost.prefix(5))")
+    }
+
     private func storedIDs(_ database: TestDatabase) async throws -> Set<String> {
         Set(try await database.query("SELECT message_id FROM upstream_messages").compactMap { $0.string(0) })
     }

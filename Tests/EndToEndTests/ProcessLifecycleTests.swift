@@ -123,5 +123,54 @@ import Testing
         #expect(claimers.count == 2 && claimers.allSatisfy { $0.hasPrefix("process-") }, "\(claimers)")
         #expect(ccs.simulator.violations.isEmpty)
     }
-}
 
+    @Test func aSecondWorkerOnTheSameSpoolIsRefusedAtStart() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let spool = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID())").path
+        let (first, _) = try startWorkerProcess(ccs, database, spool: spool, [])
+        defer { if first.isRunning { first.terminate() } }
+        try await ccs.simulator.waitForBoundSessions(1)
+        let (second, errors) = try startWorkerProcess(ccs, database, spool: spool, [])
+        try await waitForExit(second)
+        let message = String(decoding: await readToEnd(errors.fileHandleForReading), as: UTF8.self)
+        #expect(second.terminationStatus == 2)
+        #expect(message.contains("is in use by another worker process"), "\(message)")
+        #expect(first.isRunning)
+    }
+
+    @Test func aCorruptSpoolIsSetAsideAndDoesNotBlockStartUp() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let (database, name) = try await TestDatabase.makeDedicated()
+        let spool = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID())").path
+        // A first run spools what it acked while the database was down.
+        let (first, _) = try startWorkerProcess(ccs, database, spool: spool, ["--shutdown-timeout", "1"])
+        try await ccs.simulator.waitForBoundSessions(1)
+        try await TestDatabase.cutOff(name)
+        for index in 0..<20 { ccs.simulator.injectUpstream(from: "d", messageID: "c\(index)") }
+        try await ccs.simulator.wait(for: "20 acks", timeout: .seconds(20)) { Set($0.acked).count >= 20 }
+        kill(first.processIdentifier, SIGTERM)
+        try await waitForExit(first)
+        #expect(first.terminationStatus == 0)
+        // The disk then damages it: garbage, and a record torn in the middle of a write.
+        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: spool))
+        try handle.seekToEnd()
+        try handle.write(contentsOf: Data("not a record\n0badc0de {\"connection\":\"x\",\"pay".utf8))
+        try handle.close()
+        try await TestDatabase.restore(name)
+        let (second, errors) = try startWorkerProcess(ccs, database, spool: spool, [])
+        defer { if second.isRunning { second.terminate() } }
+        await database.waitForRows(in: "upstream_messages", count: 20, within: .seconds(30))
+        #expect(try await database.count("upstream_messages") == 20)
+        #expect(!FileManager.default.fileExists(atPath: spool))
+        let setAside = try String(contentsOfFile: spool + ".corrupt", encoding: .utf8)
+        #expect(setAside.contains("not a record") && setAside.contains("0badc0de"))
+        kill(second.processIdentifier, SIGTERM)
+        try await waitForExit(second)
+        let log = String(decoding: await readToEnd(errors.fileHandleForReading), as: UTF8.self)
+        #expect(log.contains("2 torn or corrupt record(s)"), "\(log.suffix(2000))")
+        #expect(second.terminationStatus == 0)
+    }
+}
