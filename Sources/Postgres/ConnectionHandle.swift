@@ -70,6 +70,13 @@ final class ConnectionHandle: @unchecked Sendable {
         guard let connection else {
             throw PostgresError(kind: .connection, message: "libpq could not allocate a connection")
         }
+        if PQstatus(connection) == CONNECTION_BAD {
+            // Refused before any network work: an option libpq cannot use ("invalid sslmode
+            // value") is a configuration error, never retried; anything else is retried.
+            let message = target.redact(String(cString: PQerrorMessage(connection)))
+            finish()
+            throw PostgresError(kind: message.hasPrefix("invalid ") ? .configuration : .connection, message: message)
+        }
         do throws(PostgresError) {
             try completeConnection(connection, deadline: deadline)
             guard PQsetnonblocking(connection, 1) == 0 else { throw connectionError("cannot enter non-blocking mode") }

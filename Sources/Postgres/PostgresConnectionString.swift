@@ -29,6 +29,11 @@ public struct PostgresConnectionString: Sendable, CustomStringConvertible {
             cursor += 1
         }
         self.parameters = parameters
+        // libpq checks ports only when connecting: a bad one is a configuration error now.
+        if let ports = self["port"], !ports.split(separator: ",", omittingEmptySubsequences: false)
+            .allSatisfy({ $0.isEmpty || Int($0).map { (1...65535).contains($0) } == true }) {
+            throw PostgresError(kind: .configuration, message: "the database URL's port is not a number from 1 to 65535")
+        }
     }
 
     /// The value of `keyword`, if set.

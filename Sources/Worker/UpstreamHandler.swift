@@ -97,6 +97,17 @@ public struct UpstreamHandlers: Sendable {
         return records
     }
 
+    /// These handlers restricted to `names`, in registration order.
+    /// - Throws: `ConfigurationError` naming a handler that is not registered.
+    public func selecting(_ names: [String]) throws(ConfigurationError) -> UpstreamHandlers {
+        if let unknown = names.first(where: { name in !routes.contains { $0.name == name } }) {
+            throw ConfigurationError("unknown handler \(unknown): the handlers are \(self.names.joined(separator: ", "))")
+        }
+        var selected = UpstreamHandlers()
+        selected.routes = routes.filter { names.contains($0.name) }
+        return selected
+    }
+
     /// The registered names, in order.
     public var names: [String] { routes.map(\.name) }
     public var isEmpty: Bool { routes.isEmpty }

@@ -1,8 +1,9 @@
 import FCM
 import Foundation
 import Postgres
-import XMPP
 import Runtime
+import Transport
+import XMPP
 
 /// A setting that is missing or invalid. `fcm-worker` prints `description` as one line and
 /// exits with status 2.
@@ -11,7 +12,9 @@ public struct ConfigurationError: Error, Equatable, CustomStringConvertible {
     public init(_ description: String) { self.description = description }
 }
 
-/// Everything `fcm-worker run` needs, filled from flags, then environment, then defaults.
+/// Everything `fcm-worker run` needs, filled from flags, then environment, then defaults
+/// (`options`, the one table of the run settings). Each setting is stored once: what code
+/// sets is what runs.
 ///
 /// `description` never shows the server key or the database password.
 public struct WorkerConfiguration: Sendable, CustomStringConvertible {
@@ -27,18 +30,14 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     public var databaseURL: String?
     /// How many CCS connections to keep open.
     public var connections = 1
-    /// Built-in handler names to run.
-    public var handlers = ["store"]
+    /// The handlers to run, by name (nil: the executable's default).
+    public var handlers: [String]?
     /// Ping CCS after this much silence, and give up this long after the ping.
     public var pingInterval: Duration = .seconds(60)
     public var pingTimeout: Duration = .seconds(15)
     /// When upstream messages are acked (`CCSAckMode`).
     public typealias AckMode = CCSAckMode
     public var ackMode = CCSAckMode.immediate
-    /// Lanes handling upstream messages in parallel (a device's messages keep one lane).
-    public var concurrency = 4
-    /// Handling attempts before a failing message is dead-lettered.
-    public var maxAttempts = 5
     /// Where acked-but-unpersisted messages go when the database is down at shutdown.
     public var spoolFile = "fcm-worker.spool"
     /// Apply pending migrations at start instead of refusing to start.
@@ -47,7 +46,7 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     public var migrationsDirectory = Migrator.defaultDirectory()
     /// How long shutdown waits for queued messages to commit before spooling them.
     public var shutdownTimeout: Duration = .seconds(10)
-    /// Batching and retry tuning of the upstream pipeline (`concurrency` sets its lanes).
+    /// Batching and retry tuning of the upstream pipeline.
     public var pipeline = PipelineSettings()
     /// Reconnect delays: full jitter from `reconnectBase` doubling to `reconnectCap`.
     public var reconnectBase: Duration = .seconds(1)
@@ -68,232 +67,212 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     /// Prepare each SQL text once per database connection (`--prepared-statements`); off
     /// behind PgBouncer in transaction mode before 1.21, which loses them between transactions.
     public var preparedStatements = true
+    /// What parsing found worth saying but not refusing (a key file others can read), for
+    /// the log at start.
+    public internal(set) var warnings: [String] = []
+
+    /// Lanes handling upstream messages in parallel (a device's messages keep one lane):
+    /// the pipeline's partitions.
+    public var concurrency: Int {
+        get { pipeline.partitions }
+        set { pipeline.partitions = newValue }
+    }
+
+    /// Handling attempts before a failing message is dead-lettered: the pipeline's.
+    public var maxAttempts: Int {
+        get { pipeline.maxAttempts }
+        set { pipeline.maxAttempts = newValue }
+    }
 
     public init(senderID: String, serverKey: String) {
         self.senderID = senderID
         self.serverKey = serverKey
     }
 
-    /// The configuration flags and their environment variables, for `--help`.
-    public static let usage = """
-        --sender-id ID            FCM_SENDER_ID         FCM sender ID (required)
-        --server-key KEY          FCM_SERVER_KEY        FCM server key (required, or:)
-        --server-key-file PATH    FCM_SERVER_KEY_FILE   file holding the server key
-        --endpoint HOST:PORT      FCM_ENDPOINT          default fcm-xmpp.googleapis.com:5235
-        --xmpp-domain DOMAIN      FCM_XMPP_DOMAIN       default gcm.googleapis.com
-        --ca-file PATH            FCM_CA_FILE           PEM CAs to trust (default: system store)
-        --database-url URL        DATABASE_URL          PostgreSQL URL or conninfo
-        --connections N           FCM_CONNECTIONS       CCS connections to keep open (default 1)
-        --handlers a,b            FCM_HANDLERS          handlers to run (default store)
-        --ping-interval SECONDS   FCM_PING_INTERVAL     ping after this much silence (default 60)
-        --ping-timeout SECONDS    FCM_PING_TIMEOUT      dead if no answer within (default 15)
-        --ack-mode MODE           FCM_ACK_MODE          immediate (default) or durable
-        --concurrency N           FCM_CONCURRENCY       parallel handling lanes (default 4)
-        --max-attempts N          FCM_MAX_ATTEMPTS      tries before dead-lettering (default 5)
-        --spool-file PATH         FCM_SPOOL_FILE        default ./fcm-worker.spool
-        --shutdown-timeout SECS   FCM_SHUTDOWN_TIMEOUT  drain time on SIGTERM (default 10)
-        --migrations-dir PATH     FCM_MIGRATIONS_DIR    default ./migrations
-        --migrate                 FCM_MIGRATE=1         apply pending migrations at start
-        --outbox-lease SECS       FCM_OUTBOX_LEASE      claim on an outbox row before another
-                                                        worker may take it over (default 60)
-        --retry-base SECS         FCM_RETRY_BASE        first downstream retry wait (default 1)
-        --retry-max-age SECS      FCM_RETRY_MAX_AGE     no retry after this age (default 86400)
-        --worker-id ID            FCM_WORKER_ID         claimed_by on outbox rows (default host:pid:random)
-        --http-endpoint HOST:PORT FCM_HTTP_ENDPOINT     legacy HTTP API (default fcm.googleapis.com:443)
-        --io-niceness N|off       FCM_IO_NICENESS       nice value of connection threads, -20 to 19
-                                                        (default -10: acks ahead of database work;
-                                                        below 0 needs root or CAP_SYS_NICE)
-        --database-timeout SECS   FCM_DATABASE_TIMEOUT  a database call waits this long before its
-                                                        connection is dropped and replaced (default 15)
-        --prepared-statements on|off FCM_PREPARED_STATEMENTS  prepare SQL once per connection
-                                                        (default on; off behind PgBouncer's
-                                                        transaction mode before 1.21)
-      """
-
-    private static let flags: [String: String] = [
-        "--sender-id": "FCM_SENDER_ID", "--server-key": "FCM_SERVER_KEY", "--server-key-file": "FCM_SERVER_KEY_FILE",
-        "--endpoint": "FCM_ENDPOINT", "--xmpp-domain": "FCM_XMPP_DOMAIN", "--ca-file": "FCM_CA_FILE",
-        "--database-url": "DATABASE_URL", "--connections": "FCM_CONNECTIONS", "--handlers": "FCM_HANDLERS",
-        "--ping-interval": "FCM_PING_INTERVAL", "--ping-timeout": "FCM_PING_TIMEOUT",
-        "--ack-mode": "FCM_ACK_MODE", "--concurrency": "FCM_CONCURRENCY", "--max-attempts": "FCM_MAX_ATTEMPTS",
-        "--spool-file": "FCM_SPOOL_FILE", "--shutdown-timeout": "FCM_SHUTDOWN_TIMEOUT",
-        "--migrations-dir": "FCM_MIGRATIONS_DIR", "--migrate": "FCM_MIGRATE",
-        "--outbox-lease": "FCM_OUTBOX_LEASE", "--retry-base": "FCM_RETRY_BASE", "--retry-max-age": "FCM_RETRY_MAX_AGE",
-        "--worker-id": "FCM_WORKER_ID", "--http-endpoint": "FCM_HTTP_ENDPOINT", "--io-niceness": "FCM_IO_NICENESS",
-        "--prepared-statements": "FCM_PREPARED_STATEMENTS", "--database-timeout": "FCM_DATABASE_TIMEOUT",
-    ]
-    /// Flags that take no value.
-    private static let switches: Set<String> = ["--migrate"]
-
-    /// Parses `arguments` (flags only, `--flag value` or `--flag=value`) over `environment`.
-    /// - Throws: `ConfigurationError` naming the first missing or invalid setting.
+    /// Parses `arguments` (options only) over `environment`.
+    /// - Throws: `ConfigurationError` naming the first missing or invalid setting (also for
+    ///   `--help`, which callers handle before: see `options`).
     public static func parse(arguments: [String], environment: [String: String]) throws(ConfigurationError) -> WorkerConfiguration {
-        var values: [String: String] = [:]
-        var index = 0
-        while index < arguments.count {
-            let argument = arguments[index]
-            var flag = argument, value: String?
-            if let equals = argument.firstIndex(of: "="), argument.hasPrefix("--") {
-                flag = String(argument[..<equals])
-                value = String(argument[argument.index(after: equals)...])
-            }
-            guard let variable = flags[flag] else {
-                throw ConfigurationError("unknown option \(flag) (see fcm-worker --help)")
-            }
-            if value == nil && switches.contains(flag) {
-                value = "1"
-            } else if value == nil {
-                index += 1
-                guard index < arguments.count else { throw ConfigurationError("\(flag) needs a value") }
-                value = arguments[index]
-            }
-            values[variable] = value
-            index += 1
+        switch try options.parse(arguments, environment: environment, into: WorkerConfiguration(senderID: "", serverKey: "")) {
+        case .parsed(let configuration, let positional):
+            if let extra = positional.first { throw ConfigurationError("unexpected argument \(extra) (see --help)") }
+            return configuration
+        case .helpRequested:
+            throw ConfigurationError("--help lists the options")
         }
-        func setting(_ variable: String) -> String? {
-            let value = values[variable] ?? environment[variable]
-            return value?.isEmpty == true ? nil : value
-        }
+    }
 
-        guard let senderID = setting("FCM_SENDER_ID") else {
-            throw ConfigurationError("missing sender ID: pass --sender-id or set FCM_SENDER_ID")
-        }
-        guard senderID.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") }) else {
-            throw ConfigurationError("invalid sender ID: only letters, digits, - and _ are allowed")
-        }
-        let key: String
-        if let inline = setting("FCM_SERVER_KEY") {
-            key = inline
-        } else if let path = setting("FCM_SERVER_KEY_FILE") {
+    /// The settings of `fcm-worker run`, in the order `--help` lists them.
+    public static let options = OptionTable<WorkerConfiguration>([
+        CommandOption("--sender-id", environment: "FCM_SENDER_ID", placeholder: "ID", default: "required",
+                      help: "FCM sender ID (letters, digits, - and _)") { settings, text throws(ConfigurationError) in
+            guard text.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") }) else {
+                throw ConfigurationError("invalid sender ID: only letters, digits, - and _ are allowed")
+            }
+            settings.senderID = text
+        },
+        CommandOption("--server-key", environment: "FCM_SERVER_KEY", placeholder: "KEY", default: "required (or a key file)",
+                      help: "FCM server key; wins over a key file") { settings, text throws(ConfigurationError) in
+            settings.serverKey = try serverKey(text, from: "the server key")
+        },
+        CommandOption("--server-key-file", environment: "FCM_SERVER_KEY_FILE", placeholder: "PATH", default: "none",
+                      help: "file holding the server key (one line; not readable by group or others)") { settings, path throws(ConfigurationError) in
+            guard settings.serverKey.isEmpty else { return }
             guard let contents = try? String(contentsOfFile: path, encoding: .utf8) else {
                 throw ConfigurationError("cannot read the server key file \(path)")
             }
-            key = contents.trimmingCharacters(in: .whitespacesAndNewlines)
-            guard !key.isEmpty else { throw ConfigurationError("the server key file \(path) is empty") }
-        } else {
-            throw ConfigurationError("missing server key: pass --server-key or --server-key-file, or set FCM_SERVER_KEY or FCM_SERVER_KEY_FILE")
-        }
-        var configuration = WorkerConfiguration(senderID: senderID, serverKey: key)
-
-        if let endpoint = setting("FCM_ENDPOINT") {
-            (configuration.host, configuration.port) = try parseEndpoint(endpoint)
-        }
-        if let domain = setting("FCM_XMPP_DOMAIN") {
-            guard !domain.contains(where: { $0.isWhitespace || $0 == "/" || $0 == "@" }) else {
-                throw ConfigurationError("invalid XMPP domain \(domain)")
+            settings.serverKey = try serverKey(contents, from: "the server key file \(path)")
+            if let attributes = try? FileManager.default.attributesOfItem(atPath: path),
+               let permissions = attributes[.posixPermissions] as? Int, permissions & 0o077 != 0 {
+                settings.warnings.append("the server key file \(path) can be read by group or others "
+                                         + "(mode \(String(permissions, radix: 8))): chmod 600 it")
             }
-            configuration.xmppDomain = domain
-        }
-        if let caFile = setting("FCM_CA_FILE") {
-            guard FileManager.default.isReadableFile(atPath: caFile) else {
-                throw ConfigurationError("the CA file \(caFile) does not exist or is not readable")
+        },
+        CommandOption("--endpoint", environment: "FCM_ENDPOINT", placeholder: "HOST:PORT", default: "fcm-xmpp.googleapis.com:5235",
+                      help: "CCS's address (5236 for FCM's testing service)") { settings, text throws(ConfigurationError) in
+            (settings.host, settings.port) = try parseEndpoint(text)
+        },
+        CommandOption("--xmpp-domain", environment: "FCM_XMPP_DOMAIN", placeholder: "DOMAIN", default: "gcm.googleapis.com",
+                      help: "the XMPP domain of the stream and the SASL identity") { settings, text throws(ConfigurationError) in
+            guard !text.contains(where: { $0.isWhitespace || $0 == "/" || $0 == "@" }) else {
+                throw ConfigurationError("invalid XMPP domain \(text)")
             }
-            configuration.caFile = caFile
-        }
-        if let url = setting("DATABASE_URL") {
-            do {
-                _ = try PostgresConnectionString(url)
+            settings.xmppDomain = text
+        },
+        CommandOption("--ca-file", environment: "FCM_CA_FILE", placeholder: "PATH", default: "the system trust store",
+                      help: "PEM certificate authorities to trust for CCS and HTTP") { settings, path throws(ConfigurationError) in
+            guard FileManager.default.isReadableFile(atPath: path) else {
+                throw ConfigurationError("the CA file \(path) does not exist or is not readable")
+            }
+            settings.caFile = path
+        },
+        CommandOption("--database-url", environment: "DATABASE_URL", placeholder: "URL", default: "required",
+                      help: "PostgreSQL URL or key=value connection string") { settings, text throws(ConfigurationError) in
+            do throws(PostgresError) {
+                _ = try PostgresConnectionString(text)
             } catch {
                 throw ConfigurationError(error.message)
             }
-            configuration.databaseURL = url
-        }
-        if let timeout = setting("FCM_DATABASE_TIMEOUT") {
-            configuration.databaseTimeout = try parseSeconds(timeout, name: "database timeout")
-        }
-        if let connections = setting("FCM_CONNECTIONS") {
-            guard let count = Int(connections), (1...1000).contains(count) else {
-                throw ConfigurationError("invalid connection count \(connections): expected 1 to 1000")
-            }
-            configuration.connections = count
-        }
-        if let handlers = setting("FCM_HANDLERS") {
-            let names = handlers.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+            settings.databaseURL = text
+        },
+        CommandOption("--database-timeout", environment: "FCM_DATABASE_TIMEOUT", placeholder: "SECONDS", default: "15",
+                      help: "a database call that waits this long has its connection dropped and replaced, and is retried") { settings, text throws(ConfigurationError) in
+            settings.databaseTimeout = try parseSeconds(text, name: "database timeout")
+        },
+        CommandOption("--connections", environment: "FCM_CONNECTIONS", placeholder: "N", default: "1",
+                      help: "CCS connections to keep open (1 to 1000)") { settings, text throws(ConfigurationError) in
+            settings.connections = try parseInteger(text, name: "connection count", range: 1...1000)
+        },
+        CommandOption("--handlers", environment: "FCM_HANDLERS", placeholder: "a,b", default: "every registered handler",
+                      help: "handlers to run, by name") { settings, text throws(ConfigurationError) in
+            let names = text.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
             guard !names.isEmpty else { throw ConfigurationError("--handlers names no handler") }
-            configuration.handlers = names
-        }
-        if let interval = setting("FCM_PING_INTERVAL") {
-            configuration.pingInterval = try parseSeconds(interval, name: "ping interval")
-        }
-        if let timeout = setting("FCM_PING_TIMEOUT") {
-            configuration.pingTimeout = try parseSeconds(timeout, name: "ping timeout")
-        }
-        if let mode = setting("FCM_ACK_MODE") {
-            guard let ackMode = AckMode(rawValue: mode) else {
-                throw ConfigurationError("invalid ack mode \(mode): expected immediate or durable")
+            settings.handlers = names
+        },
+        CommandOption("--ack-mode", environment: "FCM_ACK_MODE", placeholder: "MODE", default: "immediate",
+                      help: "immediate (ack on arrival) or durable (ack after the commit)") { settings, text throws(ConfigurationError) in
+            guard let mode = CCSAckMode(rawValue: text) else {
+                throw ConfigurationError("invalid ack mode \(text): expected \(CCSAckMode.allCases.map(\.rawValue).joined(separator: " or "))")
             }
-            configuration.ackMode = ackMode
-        }
-        if let text = setting("FCM_CONCURRENCY") {
-            guard let value = Int(text), (1...64).contains(value) else {
-                throw ConfigurationError("invalid concurrency \(text): expected 1 to 64")
+            settings.ackMode = mode
+        },
+        CommandOption("--concurrency", environment: "FCM_CONCURRENCY", placeholder: "N", default: "4",
+                      help: "handling lanes (a device's messages keep one lane; 1 to 64)") { settings, text throws(ConfigurationError) in
+            settings.concurrency = try parseInteger(text, name: "concurrency", range: 1...64)
+        },
+        CommandOption("--max-attempts", environment: "FCM_MAX_ATTEMPTS", placeholder: "N", default: "5",
+                      help: "handling attempts before a message is dead-lettered (1 to 100)") { settings, text throws(ConfigurationError) in
+            settings.maxAttempts = try parseInteger(text, name: "max attempts", range: 1...100)
+        },
+        CommandOption("--spool-file", environment: "FCM_SPOOL_FILE", placeholder: "PATH", default: "./fcm-worker.spool",
+                      help: "where acked messages that could not be committed at shutdown wait for the next start") { settings, path throws(ConfigurationError) in
+            settings.spoolFile = path
+        },
+        CommandOption("--shutdown-timeout", environment: "FCM_SHUTDOWN_TIMEOUT", placeholder: "SECONDS", default: "10",
+                      help: "how long a shutdown lets queued messages commit before spooling them") { settings, text throws(ConfigurationError) in
+            settings.shutdownTimeout = try parseSeconds(text, name: "shutdown timeout")
+        },
+        CommandOption("--migrations-dir", environment: "FCM_MIGRATIONS_DIR", placeholder: "PATH", default: "./migrations",
+                      help: "the folder of NNNN_name.sql migrations") { settings, path throws(ConfigurationError) in
+            settings.migrationsDirectory = path
+        },
+        .toggle("--migrate", environment: "FCM_MIGRATE", help: "apply pending migrations at start instead of refusing to start") { settings, on in
+            settings.migrate = on
+        },
+        CommandOption("--ping-interval", environment: "FCM_PING_INTERVAL", placeholder: "SECONDS", default: "60",
+                      help: "ping CCS after this much silence") { settings, text throws(ConfigurationError) in
+            settings.pingInterval = try parseSeconds(text, name: "ping interval")
+        },
+        CommandOption("--ping-timeout", environment: "FCM_PING_TIMEOUT", placeholder: "SECONDS", default: "15",
+                      help: "a connection silent this long after a ping is dropped and replaced") { settings, text throws(ConfigurationError) in
+            settings.pingTimeout = try parseSeconds(text, name: "ping timeout")
+        },
+        CommandOption("--outbox-lease", environment: "FCM_OUTBOX_LEASE", placeholder: "SECONDS", default: "60",
+                      help: "claim on an outbox row before another worker may take it over") { settings, text throws(ConfigurationError) in
+            settings.downstream.lease = try parseSeconds(text, name: "outbox lease")
+            guard settings.downstream.lease >= .seconds(1) else {
+                throw ConfigurationError("invalid outbox lease \(text): expected at least 1 second")
             }
-            configuration.concurrency = value
-        }
-        configuration.pipeline.partitions = configuration.concurrency
-        if let text = setting("FCM_MAX_ATTEMPTS") {
-            guard let value = Int(text), (1...100).contains(value) else {
-                throw ConfigurationError("invalid max attempts \(text): expected 1 to 100")
-            }
-            configuration.maxAttempts = value
-        }
-        configuration.pipeline.maxAttempts = configuration.maxAttempts
-        if let path = setting("FCM_SPOOL_FILE") { configuration.spoolFile = path }
-        if let timeout = setting("FCM_SHUTDOWN_TIMEOUT") {
-            configuration.shutdownTimeout = try parseSeconds(timeout, name: "shutdown timeout")
-        }
-        if let directory = setting("FCM_MIGRATIONS_DIR") { configuration.migrationsDirectory = directory }
-        if let migrate = setting("FCM_MIGRATE") {
-            guard ["1", "true", "yes", "0", "false", "no"].contains(migrate.lowercased()) else {
-                throw ConfigurationError("invalid FCM_MIGRATE \(migrate): expected 1 or 0")
-            }
-            configuration.migrate = ["1", "true", "yes"].contains(migrate.lowercased())
-        }
-        if let lease = setting("FCM_OUTBOX_LEASE") {
-            configuration.downstream.lease = try parseSeconds(lease, name: "outbox lease")
-            guard configuration.downstream.lease >= .seconds(1) else {
-                throw ConfigurationError("invalid outbox lease \(lease): expected at least 1 second")
-            }
-        }
-        if let base = setting("FCM_RETRY_BASE") {
-            configuration.downstream.retry.base = try parseSeconds(base, name: "retry base")
-        }
-        if let age = setting("FCM_RETRY_MAX_AGE") {
-            configuration.downstream.retry.maximumAge = try parseSeconds(age, name: "retry maximum age")
-        }
-        if let endpoint = setting("FCM_HTTP_ENDPOINT") {
-            var probe = FCMHTTPClient.Settings(serverKey: "", senderID: "")
-            do {
-                try probe.setEndpoint(endpoint)
-            } catch {
-                throw ConfigurationError("invalid HTTP endpoint \(endpoint): expected host:port")
-            }
-            configuration.httpEndpoint = endpoint
-        }
-        if let workerID = setting("FCM_WORKER_ID") {
-            guard workerID.count <= 200, !workerID.contains(where: { $0.isNewline }) else {
+        },
+        CommandOption("--retry-base", environment: "FCM_RETRY_BASE", placeholder: "SECONDS", default: "1",
+                      help: "first wait before a downstream message is sent again") { settings, text throws(ConfigurationError) in
+            settings.downstream.retry.base = try parseSeconds(text, name: "retry base")
+        },
+        CommandOption("--retry-max-age", environment: "FCM_RETRY_MAX_AGE", placeholder: "SECONDS", default: "86400",
+                      help: "no downstream retry after this age") { settings, text throws(ConfigurationError) in
+            settings.downstream.retry.maximumAge = try parseSeconds(text, name: "retry maximum age")
+        },
+        CommandOption("--worker-id", environment: "FCM_WORKER_ID", placeholder: "ID", default: "host:pid:random",
+                      help: "written to claimed_by on outbox rows") { settings, text throws(ConfigurationError) in
+            guard text.count <= 200, !text.contains(where: { $0.isNewline }) else {
                 throw ConfigurationError("invalid worker ID: at most 200 characters on one line")
             }
-            configuration.downstream.workerID = workerID
-        }
-        if let niceness = setting("FCM_IO_NICENESS") {
-            if niceness == "off" {
-                configuration.ioNiceness = nil
+            settings.downstream.workerID = text
+        },
+        CommandOption("--http-endpoint", environment: "FCM_HTTP_ENDPOINT", placeholder: "HOST:PORT", default: "fcm.googleapis.com:443",
+                      help: "FCM's legacy HTTP API (multicast, device groups, rows with transport http)") { settings, text throws(ConfigurationError) in
+            var probe = FCMHTTPClient.Settings(serverKey: "", senderID: "")
+            do {
+                try probe.setEndpoint(text)
+            } catch {
+                throw ConfigurationError("invalid HTTP endpoint \(text): expected host:port")
+            }
+            settings.httpEndpoint = text
+        },
+        CommandOption("--io-niceness", environment: "FCM_IO_NICENESS", placeholder: "N|off", default: "-10",
+                      help: "nice value of the connection threads, -20 to 19 (below 0 needs root or CAP_SYS_NICE): acks ahead of database work") { settings, text throws(ConfigurationError) in
+            if text == "off" {
+                settings.ioNiceness = nil
             } else {
-                guard let value = Int32(niceness), (-20...19).contains(value) else {
-                    throw ConfigurationError("invalid I/O niceness \(niceness): expected -20 to 19, or off")
-                }
-                configuration.ioNiceness = value
+                settings.ioNiceness = Int32(try parseInteger(text, name: "I/O niceness", range: -20...19, expecting: "-20 to 19, or off"))
             }
-        }
-        if let prepared = setting("FCM_PREPARED_STATEMENTS") {
-            switch prepared.lowercased() {
-            case "on", "1", "true", "yes": configuration.preparedStatements = true
-            case "off", "0", "false", "no": configuration.preparedStatements = false
-            default: throw ConfigurationError("invalid prepared statements setting \(prepared): expected on or off")
+        },
+        CommandOption("--prepared-statements", environment: "FCM_PREPARED_STATEMENTS", placeholder: "on|off", default: "on",
+                      help: "prepare each SQL text once per connection (off behind PgBouncer's transaction mode before 1.21)") { settings, text throws(ConfigurationError) in
+            switch text.lowercased() {
+            case "on", "1", "true", "yes": settings.preparedStatements = true
+            case "off", "0", "false", "no": settings.preparedStatements = false
+            default: throw ConfigurationError("invalid prepared statements setting \(text): expected on or off")
             }
+        },
+    ]) { settings throws(ConfigurationError) in
+        guard !settings.senderID.isEmpty else {
+            throw ConfigurationError("missing sender ID: pass --sender-id or set FCM_SENDER_ID")
         }
-        return configuration
+        guard !settings.serverKey.isEmpty else {
+            throw ConfigurationError("missing server key: pass --server-key or --server-key-file, or set FCM_SERVER_KEY or FCM_SERVER_KEY_FILE")
+        }
+    }
+
+    /// A server key as given or read from a file: surrounding white space is dropped; a
+    /// line break inside it (a key file of several lines) is refused.
+    static func serverKey(_ text: String, from source: String) throws(ConfigurationError) -> String {
+        let key = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        guard !key.isEmpty else { throw ConfigurationError("\(source) is empty") }
+        guard !key.contains(where: { $0 == "\n" || $0 == "\r" }) else {
+            throw ConfigurationError("\(source) holds more than one line: a server key is one line")
+        }
+        return key
     }
 
     /// `host:port`, `[v6]:port`, or a bare host (port 5235).
@@ -326,6 +305,13 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         return .milliseconds(Int64((seconds * 1000).rounded()))
     }
 
+    static func parseInteger(_ text: String, name: String, range: ClosedRange<Int>, expecting: String? = nil) throws(ConfigurationError) -> Int {
+        guard let value = Int(text), range.contains(value) else {
+            throw ConfigurationError("invalid \(name) \(text): expected \(expecting ?? "\(range.lowerBound) to \(range.upperBound)")")
+        }
+        return value
+    }
+
     /// The settings of the legacy HTTP client (same credentials and trust as XMPP).
     public var httpClient: FCMHTTPClient.Settings {
         var settings = FCMHTTPClient.Settings(serverKey: serverKey, senderID: senderID)
@@ -348,7 +334,7 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
 
     public var description: String {
         "sender \(senderID), endpoint \(host):\(port), domain \(xmppDomain), \(connections) connection(s), "
-            + "trust \(caFile ?? "system store"), handlers \(handlers.joined(separator: ",")), ack mode \(ackMode.rawValue), "
+            + "trust \(caFile ?? "system store"), handlers \(handlers?.joined(separator: ",") ?? "all"), ack mode \(ackMode.rawValue), "
             + "concurrency \(concurrency), outbox lease \(downstream.lease.formattedSeconds) as \(downstream.workerID), "
             + "database \(databaseURL.map { (try? PostgresConnectionString($0))?.description ?? "(unparsable)" } ?? "none")"
     }

@@ -8,95 +8,103 @@ import Worker
 import XMPP
 import Runtime
 
-/// `fcm-worker bench`: measured figures, printed.
+/// `fcm-worker bench upstream|downstream`: measured figures, printed.
 enum BenchCommand {
-    static let usage = """
-      fcm-worker bench upstream [options]   measure upstream throughput and latency through the
-                                      simulator over TLS into PostgreSQL (DATABASE_URL)
-        --messages N              messages per throughput run (default 200000)
-        --connections N           CCS connections (default 4)
-        --durable-connections N   CCS connections of the durable-mode run (default 8: with acks
-                                      waiting for the commit, CCS's 100 unacked per connection
-                                      bound the batches, so durable deployments use more)
-        --concurrency N           handling lanes (default 4)
-        --rate N                  offered load of the latency run, msgs/s (default 10000)
-        --rate-seconds N          length of the latency run (default 5)
-        --phases LIST             which of ceiling,immediate,durable,latency to run (default all;
-                                      the ratio needs ceiling)
-        --database-url URL        default $DATABASE_URL
-      fcm-worker bench downstream [options] measure sending the outbox through the simulator,
-                                      which acks each message after the round trip
-        --runs LIST               connections@milliseconds runs (default 1@20,4@20,16@20,16@1)
-        --seconds N               each run sends about N seconds' worth of its bound (default 5)
-        --database-url URL        default $DATABASE_URL
-    """
-
-    static func run(_ arguments: [String]) async -> Int32 {
-        guard arguments.first == "upstream" || arguments.first == "downstream" else {
-            WorkerMain.printError("bench: expected `bench upstream` or `bench downstream` (see fcm-worker --help)")
-            return 2
-        }
-        var options: [String: String] = [:]
-        var index = 1
-        while index + 1 < arguments.count || index < arguments.count {
-            guard index + 1 < arguments.count else {
-                WorkerMain.printError("bench: \(arguments[index]) needs a value")
-                return 2
-            }
-            options[arguments[index]] = arguments[index + 1]
-            index += 2
-        }
-        let known: Set<String> = arguments[0] == "upstream"
-            ? ["--messages", "--connections", "--durable-connections", "--concurrency", "--rate", "--rate-seconds", "--phases",
-               "--database-url"]
-            : ["--runs", "--seconds", "--database-url"]
-        if let unknown = options.keys.first(where: { !known.contains($0) }) {
-            WorkerMain.printError("bench: unknown option \(unknown) for bench \(arguments[0])")
-            return 2
-        }
-        guard let databaseURL = options["--database-url"] ?? ProcessInfo.processInfo.environment["DATABASE_URL"], !databaseURL.isEmpty else {
-            WorkerMain.printError("bench: missing database URL: pass --database-url or set DATABASE_URL")
-            return 2
-        }
-        if arguments[0] == "downstream" {
-            let runs = (options["--runs"] ?? "1@20,4@20,16@20,16@1").split(separator: ",").map(DownstreamBench.Run.init)
-            guard !runs.isEmpty, runs.allSatisfy({ $0 != nil }), let seconds = Int(options["--seconds"] ?? "5"), seconds > 0 else {
-                WorkerMain.printError("bench: --runs takes connections@milliseconds,… and --seconds a positive whole number")
-                return 2
-            }
-            return await report { try await DownstreamBench(databaseURL: databaseURL, runs: runs.compactMap { $0 }, seconds: seconds).run() }
-        }
-        func number(_ name: String, _ fallback: Int) -> Int? { options[name].map { Int($0) } ?? fallback }
-        guard let messages = number("--messages", 200_000), messages > 0,
-              let connections = number("--connections", 4), connections > 0,
-              let durableConnections = number("--durable-connections", 8), durableConnections > 0,
-              let concurrency = number("--concurrency", 4), concurrency > 0,
-              let rate = number("--rate", 10_000), rate > 0,
-              let rateSeconds = number("--rate-seconds", 5), rateSeconds > 0 else {
-            WorkerMain.printError("bench: options take positive whole numbers")
-            return 2
-        }
-        let phaseNames = (options["--phases"] ?? "ceiling,immediate,durable,latency").split(separator: ",")
-        let phases = Set(phaseNames.compactMap { UpstreamBench.Phase(rawValue: String($0)) })
-        guard phases.count == Set(phaseNames).count, !phases.isEmpty else {
-            WorkerMain.printError("bench: --phases takes a list of ceiling, immediate, durable, latency")
-            return 2
-        }
-        let bench = UpstreamBench(databaseURL: databaseURL, messages: messages, connections: connections,
-                                  durableConnections: durableConnections,
-                                  concurrency: concurrency, rate: rate, rateSeconds: rateSeconds, phases: phases)
-        return await report { try await bench.run() }
+    /// The settings of both benchmarks.
+    struct Settings: Sendable {
+        var databaseURL = ProcessInfo.processInfo.environment["DATABASE_URL"] ?? ""
+        var messages = 200_000
+        var connections = 4
+        var durableConnections = 8
+        var concurrency = 4
+        var rate = 10_000
+        var rateSeconds = 5
+        var phases: Set<UpstreamBench.Phase> = [.ceiling, .immediate, .durable, .latency]
+        var runs: [DownstreamBench.Run] = "1@20,4@20,16@20,16@1".split(separator: ",").compactMap(DownstreamBench.Run.init)
+        var seconds = 5
     }
 
-    private static func report(_ body: () async throws -> Void) async -> Int32 {
-        do {
-            try await body()
-            return 0
-        } catch {
-            WorkerMain.printError("bench: \(error)")
-            return 1
+    private static func positive(_ flag: String, placeholder: String = "N", default value: String, help: String,
+                                 _ keyPath: any WritableKeyPath<Settings, Int> & Sendable) -> CommandOption<Settings> {
+        CommandOption(flag, placeholder: placeholder, default: value, help: help) { settings, text throws(ConfigurationError) in
+            guard let number = Int(text), number > 0 else { throw ConfigurationError("bench: \(flag) takes a positive whole number") }
+            settings[keyPath: keyPath] = number
         }
     }
+
+    private static let databaseURL = CommandOption<Settings>("--database-url", environment: "DATABASE_URL", placeholder: "URL",
+                                                             default: "$DATABASE_URL", help: "the PostgreSQL to measure against") { settings, text throws(ConfigurationError) in
+        settings.databaseURL = text
+    }
+
+    static let upstreamOptions = OptionTable<Settings>([
+        positive("--messages", default: "200000", help: "messages per throughput run", \.messages),
+        positive("--connections", default: "4", help: "CCS connections", \.connections),
+        positive("--durable-connections", default: "8",
+                 help: "CCS connections of the durable-mode run (acks wait for the commit, so CCS's 100 unacked per connection bound the batches)",
+                 \.durableConnections),
+        positive("--concurrency", default: "4", help: "handling lanes", \.concurrency),
+        positive("--rate", default: "10000", help: "offered load of the latency run, msgs/s", \.rate),
+        positive("--rate-seconds", default: "5", help: "length of the latency run", \.rateSeconds),
+        CommandOption("--phases", placeholder: "LIST", default: "ceiling,immediate,durable,latency",
+                      help: "which parts to run (the ratio needs ceiling)") { settings, text throws(ConfigurationError) in
+            let names = text.split(separator: ",")
+            let phases = Set(names.compactMap { UpstreamBench.Phase(rawValue: String($0)) })
+            guard phases.count == Set(names).count, !phases.isEmpty else {
+                throw ConfigurationError("bench: --phases takes a list of ceiling, immediate, durable, latency")
+            }
+            settings.phases = phases
+        },
+        databaseURL,
+    ], finish: requireDatabase)
+
+    static let downstreamOptions = OptionTable<Settings>([
+        CommandOption("--runs", placeholder: "LIST", default: "1@20,4@20,16@20,16@1",
+                      help: "connections@round-trip-milliseconds of each run") { settings, text throws(ConfigurationError) in
+            let runs = text.split(separator: ",").map(DownstreamBench.Run.init)
+            guard !runs.isEmpty, runs.allSatisfy({ $0 != nil }) else {
+                throw ConfigurationError("bench: --runs takes connections@milliseconds,…")
+            }
+            settings.runs = runs.compactMap { $0 }
+        },
+        positive("--seconds", default: "5", help: "each run sends about this many seconds' worth of its bound", \.seconds),
+        databaseURL,
+    ], finish: requireDatabase)
+
+    @Sendable private static func requireDatabase(_ settings: inout Settings) throws(ConfigurationError) {
+        guard !settings.databaseURL.isEmpty else {
+            throw ConfigurationError("bench: missing database URL: pass --database-url or set DATABASE_URL")
+        }
+    }
+
+    static let command = WorkerCommand(
+        name: "bench", synopsis: "upstream|downstream [options]",
+        summary: "measure throughput and latency through the simulator over TLS into PostgreSQL, and print the figures",
+        options: "bench upstream:\n\(upstreamOptions.help)\nbench downstream:\n\(downstreamOptions.help)") { arguments, context in
+            guard let mode = arguments.first, mode == "upstream" || mode == "downstream" else {
+                if arguments.first == "--help" || arguments.first == "-h" {
+                    print(context.command?.help(program: context.program) ?? "", terminator: "")
+                    return 0
+                }
+                return context.fail("bench: expected `bench upstream` or `bench downstream` (see \(context.program) help bench)")
+            }
+            var status: Int32 = 0
+            guard let (settings, positional) = context.parse(Array(arguments.dropFirst()), with: mode == "upstream" ? upstreamOptions : downstreamOptions,
+                                                             into: Settings(), status: &status) else { return status }
+            if let extra = positional.first { return context.fail("bench: unexpected argument \(extra)") }
+            do {
+                if mode == "downstream" {
+                    try await DownstreamBench(databaseURL: settings.databaseURL, runs: settings.runs, seconds: settings.seconds).run()
+                } else {
+                    try await UpstreamBench(databaseURL: settings.databaseURL, messages: settings.messages, connections: settings.connections,
+                                            durableConnections: settings.durableConnections, concurrency: settings.concurrency,
+                                            rate: settings.rate, rateSeconds: settings.rateSeconds, phases: settings.phases).run()
+                }
+                return 0
+            } catch {
+                return context.fail("bench: \(error)", status: 1)
+            }
+        }
 }
 
 /// The upstream benchmark of issue 3.
@@ -112,7 +120,7 @@ struct UpstreamBench {
     let phases: Set<Phase>
 
     /// The parts of the benchmark, in the order they run.
-    enum Phase: String {
+    enum Phase: String, Sendable {
         case ceiling, immediate, durable, latency
     }
 

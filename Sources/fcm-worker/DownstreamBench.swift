@@ -12,7 +12,7 @@ import Runtime
 /// ack round trip p50/p99 as the worker recorded it (`acked_at - sent_at`), and the share
 /// of the flow-control bound (connections × 100 / round trip) reached.
 struct DownstreamBench {
-    struct Run: CustomStringConvertible {
+    struct Run: CustomStringConvertible, Sendable {
         let connections: Int
         let roundTripMilliseconds: Int
         var bound: Double { Double(connections * 100) / (Double(roundTripMilliseconds) / 1000) }

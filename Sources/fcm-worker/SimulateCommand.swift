@@ -7,60 +7,86 @@ import Runtime
 
 /// `fcm-worker simulate`: a simulated CCS on loopback with a generated certificate.
 enum SimulateCommand {
-    static let usage = """
-      fcm-worker simulate [options]   run a simulated FCM connection server (CCS) over TLS, and
-                                      FCM's legacy HTTP API beside it (tokens named unregistered-…
-                                      or invalid-… fail, old-… get a canonical new-…)
-        --host ADDRESS            listen address (default 127.0.0.1)
-        --port N                  listen port (default: a free one)
-        --sender-id ID            accepted sender ID (default 123456789012)
-        --server-key KEY          accepted server key (default: generated)
-        --out DIR                 where to write ca.pem and simulator.env (default: a new temp dir)
-        --upstream N              inject N upstream messages once a worker has bound
-        --upstream-interval MS    pause between injected messages (default 100)
-        --drop-after SECONDS      drop the first session this long after it bound (once)
-        --keepalive SECONDS       send whitespace keepalives this often
-        --ack-delay MS            answer downstream messages after this delay (default 0)
-        --upstream-rate R         with --upstream: inject at R msgs/s (0: as fast as CCS flow
-                                  control lets them through) instead of --upstream-interval
-        --exit-when-acked         with --upstream-rate: exit once every injected message is
-                                  acked, printing `stats acked=… p50_us=… p99_us=… p999_us=… max_us=…`
-        --niceness N              nice value for session threads (-20…19; below 0 needs root or
-                                  CAP_SYS_NICE; the benchmarks pass -10)
-        --quiet                   log sessions and protocol violations, not every message
-      """
+    struct Settings: Sendable {
+        var host = "127.0.0.1"
+        var port = 0
+        var senderID = "123456789012"
+        var serverKey = "sim-" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "")
+        var out: String?
+        var upstreamCount = 0
+        var interval = 100
+        var dropAfter: Double?
+        var keepalive: Double?
+        var ackDelay = 0
+        var rate = -1
+        var exitWhenAcked = false
+        var niceness: Int32?
+        var quiet = false
+    }
 
-    static func run(_ arguments: [String]) async -> Int32 {
-        var options: [String: String] = [:]
-        var arguments = arguments
-        let exitWhenAcked = arguments.contains("--exit-when-acked")
-        let quiet = arguments.contains("--quiet")
-        arguments.removeAll { $0 == "--exit-when-acked" || $0 == "--quiet" }
-        var index = 0
-        let known: Set<String> = ["--host", "--port", "--sender-id", "--server-key", "--out", "--upstream",
-                                  "--upstream-interval", "--drop-after", "--keepalive", "--ack-delay", "--upstream-rate", "--niceness"]
-        while index < arguments.count {
-            let flag = arguments[index]
-            guard known.contains(flag), index + 1 < arguments.count else {
-                return fail("simulate: unknown option or missing value: \(flag)")
-            }
-            options[flag] = arguments[index + 1]
-            index += 2
+    private static func whole(_ flag: String, default value: String, help: String, minimum: Int = 0,
+                              _ apply: @escaping @Sendable (inout Settings, Int) -> Void) -> CommandOption<Settings> {
+        CommandOption(flag, placeholder: "N", default: value, help: help) { settings, text throws(ConfigurationError) in
+            guard let number = Int(text), number >= minimum else { throw ConfigurationError("simulate: \(flag) takes a whole number of at least \(minimum)") }
+            apply(&settings, number)
         }
-        let senderID = options["--sender-id"] ?? "123456789012"
-        let serverKey = options["--server-key"] ?? "sim-" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "")
-        guard let port = Int(options["--port"] ?? "0"), (0...65535).contains(port),
-              let upstreamCount = Int(options["--upstream"] ?? "0"), upstreamCount >= 0,
-              let interval = Int(options["--upstream-interval"] ?? "100"), interval >= 0,
-              let ackDelay = Int(options["--ack-delay"] ?? "0"), ackDelay >= 0,
-              let rate = options["--upstream-rate"].map({ Int($0) }) ?? -1,
-              let niceness = options["--niceness"].map({ Int32($0).flatMap { (-20...19).contains($0) ? $0 : nil } }) ?? .some(nil) else {
-            return fail("simulate: --port, --upstream, --upstream-interval, --ack-delay and --niceness take whole numbers")
-        }
-        let dropAfter = options["--drop-after"].flatMap(Double.init)
-        let keepalive = options["--keepalive"].flatMap(Double.init)
-        let host = options["--host"] ?? "127.0.0.1"
+    }
 
+    private static func seconds(_ flag: String, help: String, _ apply: @escaping @Sendable (inout Settings, Double) -> Void) -> CommandOption<Settings> {
+        CommandOption(flag, placeholder: "SECONDS", default: "off", help: help) { settings, text throws(ConfigurationError) in
+            guard let value = Double(text), value > 0 else { throw ConfigurationError("simulate: \(flag) takes seconds, more than 0") }
+            apply(&settings, value)
+        }
+    }
+
+    static let options = OptionTable<Settings>([
+        CommandOption("--host", placeholder: "ADDRESS", default: "127.0.0.1", help: "listen address") { settings, text throws(ConfigurationError) in
+            settings.host = text
+        },
+        whole("--port", default: "a free one", help: "listen port") { $0.port = $1 },
+        CommandOption("--sender-id", placeholder: "ID", default: "123456789012", help: "the accepted sender ID") { settings, text throws(ConfigurationError) in
+            settings.senderID = text
+        },
+        CommandOption("--server-key", placeholder: "KEY", default: "generated", help: "the accepted server key") { settings, text throws(ConfigurationError) in
+            settings.serverKey = text
+        },
+        CommandOption("--out", placeholder: "DIR", default: "a new temporary folder",
+                      help: "where to write ca.pem and simulator.env (the FCM_* settings a worker needs)") { settings, text throws(ConfigurationError) in
+            settings.out = text
+        },
+        whole("--upstream", default: "0", help: "inject this many upstream messages once a worker has bound") { $0.upstreamCount = $1 },
+        whole("--upstream-interval", default: "100", help: "milliseconds between injected messages") { $0.interval = $1 },
+        whole("--upstream-rate", default: "off",
+              help: "with --upstream: inject at this many msgs/s (0: as fast as CCS flow control lets them) instead of --upstream-interval") { $0.rate = $1 },
+        .toggle("--exit-when-acked", help: "with --upstream-rate: exit once every injected message is acked, printing `stats acked=… p50_us=… p99_us=… p999_us=… max_us=…`") { $0.exitWhenAcked = $1 },
+        seconds("--drop-after", help: "drop the first session this long after it bound (once)") { $0.dropAfter = $1 },
+        seconds("--keepalive", help: "send whitespace keepalives this often") { $0.keepalive = $1 },
+        whole("--ack-delay", default: "0", help: "answer downstream messages after this many milliseconds") { $0.ackDelay = $1 },
+        CommandOption("--niceness", placeholder: "N", default: "unchanged",
+                      help: "nice value of the session threads, -20 to 19 (below 0 needs root or CAP_SYS_NICE; the benchmarks pass -10)") { settings, text throws(ConfigurationError) in
+            guard let value = Int32(text), (-20...19).contains(value) else { throw ConfigurationError("simulate: --niceness takes -20 to 19") }
+            settings.niceness = value
+        },
+        .toggle("--quiet", help: "log sessions and protocol violations, not every message") { $0.quiet = $1 },
+    ])
+
+    static let command = WorkerCommand(
+        name: "simulate",
+        summary: "run a simulated FCM connection server (CCS) over TLS, and FCM's legacy HTTP API beside it "
+            + "(tokens named unregistered-… or invalid-… fail, old-… get a canonical new-…)",
+        options: options.help) { arguments, context in
+            var status: Int32 = 0
+            guard let (settings, positional) = context.parse(arguments, with: options, into: Settings(), status: &status) else { return status }
+            if let extra = positional.first { return context.fail("simulate: unexpected argument \(extra)") }
+            return await run(settings)
+        }
+
+    static func run(_ settings: Settings) async -> Int32 {
+        let (senderID, serverKey, host, port) = (settings.senderID, settings.serverKey, settings.host, settings.port)
+        let (upstreamCount, interval, ackDelay, rate) = (settings.upstreamCount, settings.interval, settings.ackDelay, settings.rate)
+        let (dropAfter, keepalive, niceness, quiet, exitWhenAcked) = (settings.dropAfter, settings.keepalive, settings.niceness,
+                                                                      settings.quiet, settings.exitWhenAcked)
+        let options = ["--out": settings.out].compactMapValues { $0 }
         let outDirectory: String
         do {
             outDirectory = try options["--out"] ?? FileManager.default.url(

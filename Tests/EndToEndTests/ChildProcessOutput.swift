@@ -4,7 +4,11 @@ import Foundation
 /// seconds, and blocking a cooperative-pool thread that long stalls every other test.
 func readToEnd(_ handle: FileHandle) async -> Data {
     await withCheckedContinuation { continuation in
-        let reader = Thread { continuation.resume(returning: handle.readDataToEndOfFile()) }
+        let reader = Thread {
+            let data = handle.readDataToEndOfFile()
+            TestLog.record(String(decoding: data, as: UTF8.self))
+            continuation.resume(returning: data)
+        }
         reader.name = "test pipe reader"
         reader.start()
     }

@@ -96,4 +96,42 @@ import Testing
         #expect(simulator.violations.isEmpty)
         #expect(try await database.count("upstream_messages", where: "message_id IN ('cli-1', 'cli-2')") == 2)
     }
+
+    @Test func everyCommandExplainsItselfAndREADMEShowsTheRunOptions() async throws {
+        for command in ["run", "migrate", "groups", "simulate", "bench"] {
+            let outcome = try await Self.runCapturingOutput([command, "--help"])
+            #expect(outcome.status == 0, "\(command) --help")
+            #expect(outcome.standardOutput.hasPrefix("usage: fcm-worker \(command)"), "\(outcome.standardOutput)")
+        }
+        let version = try await Self.runCapturingOutput(["--version"])
+        #expect(version.status == 0 && version.standardOutput.hasPrefix("fcm-worker "))
+        let help = try await Self.runCapturingOutput(["help", "migrate"])
+        #expect(help.standardOutput.contains("--database-url URL") && help.standardOutput.contains("[DATABASE_URL]"))
+        // README's table of settings is the one `run` parses with.
+        let table = try await Self.runCapturingOutput(["help", "run", "--markdown"])
+        let readme = try String(contentsOfFile: URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("README.md").path, encoding: .utf8)
+        #expect(readme.contains(table.standardOutput.trimmingCharacters(in: .newlines)),
+                "README's table differs from `fcm-worker help run --markdown`: paste that in")
+    }
+
+    @Test func theEqualsFormWorksForEveryCommand() async throws {
+        let outcome = try await Self.run(["migrate", "--database-url=postgresql://u:s3cret@h:notaport/db"])
+        #expect(outcome.status == 2)
+        #expect(outcome.standardError == "fcm-worker: migrate: the database URL's port is not a number from 1 to 65535\n")
+    }
+
+    /// Runs `fcm-worker` and returns its status and standard output.
+    static func runCapturingOutput(_ arguments: [String]) async throws -> (status: Int32, standardOutput: String) {
+        let process = Process()
+        process.executableURL = try executable
+        process.arguments = arguments
+        process.environment = ["PATH": "/usr/bin:/bin"]
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let data = await readToEnd(output.fileHandleForReading)
+        return (await exitStatus(of: process), String(decoding: data, as: UTF8.self))
+    }
 }

@@ -18,15 +18,17 @@ import Testing
         #expect(built == 0, "\(log.suffix(3000))")
         guard built == 0 else { return }
 
-        // Without settings it behaves like `fcm-worker run`: status 2 and one clear line.
+        // Without settings its `run` behaves like `fcm-worker run`: status 2 and one clear
+        // line, under its own name.
         let run = Process()
         run.executableURL = URL(fileURLWithPath: example + "/.build/debug/device-registry")
+        run.arguments = ["run"]
         run.environment = ["PATH": "/usr/bin:/bin"]
         let errors = Pipe()
         run.standardError = errors
         try run.run()
         let message = String(decoding: await readToEnd(errors.fileHandleForReading), as: UTF8.self)
         #expect(await exitStatus(of: run) == 2)
-        #expect(message == "fcm-worker: missing sender ID: pass --sender-id or set FCM_SENDER_ID\n")
+        #expect(message == "device-registry: missing sender ID: pass --sender-id or set FCM_SENDER_ID\n")
     }
 }

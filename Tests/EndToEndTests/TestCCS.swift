@@ -69,7 +69,7 @@ func startWorker(_ configuration: WorkerConfiguration, handlers: UpstreamHandler
     var chosen = UpstreamHandlers()
     if let handlers { chosen = handlers } else { chosen.register("store", StoreHandler()) }
     let worker = FCMWorker(configuration: configuration, handlers: chosen,
-                           logger: Logger(label: "test", minimumLevel: .error) { _ in }, observer: { events.record($0) })
+                           logger: Logger(label: "test", minimumLevel: .debug) { TestLog.record($0) }, observer: { events.record($0) })
     return (Task { try await worker.run() }, events)
 }
 

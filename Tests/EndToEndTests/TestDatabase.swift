@@ -29,7 +29,7 @@ struct TestDatabase {
         let admin = try await PostgresConnection.connect(base)
         try await admin.execute("CREATE SCHEMA \(schema)")
         await admin.close()
-        let url = base + (base.contains("?") ? "&" : "?") + "options=-csearch_path%3D\(schema)"
+        let url = withPassword(base) + (base.contains("?") ? "&" : "?") + "options=-csearch_path%3D\(schema)"
         let database = TestDatabase(schema: String(schema), url: url)
         if migrated {
             let connection = try await database.connect()
@@ -37,6 +37,11 @@ struct TestDatabase {
             await connection.close()
         }
         return database
+    }
+
+    /// `url` with the test password added to its user: every URL a worker gets carries one.
+    static func withPassword(_ url: String) -> String {
+        url.replacingOccurrences(of: "://postgres@", with: "://postgres:\(TestSecrets.databasePassword)@")
     }
 
     func connect() async throws -> PostgresConnection {
@@ -74,7 +79,7 @@ extension TestDatabase {
         try await admin.execute("CREATE DATABASE \(name)")
         await admin.close()
         guard let slash = base.range(of: "/", options: .backwards) else { throw PostgresError(kind: .configuration, message: "odd DATABASE_URL") }
-        let url = String(base[..<slash.upperBound]) + name
+        let url = withPassword(String(base[..<slash.upperBound]) + name)
         let database = TestDatabase(schema: "public", url: url)
         let connection = try await database.connect()
         try await Migrator(directory: migrationsDirectory).migrate(connection)

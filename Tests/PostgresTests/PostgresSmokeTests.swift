@@ -1,5 +1,5 @@
 import Foundation
-import Postgres
+@testable import Postgres
 import Testing
 
 /// The database `scripts/test` starts, from `DATABASE_URL`.
@@ -38,5 +38,43 @@ func testDatabaseURL() throws -> String {
         } catch let error as PostgresError {
             #expect(error.kind == .connection)
         }
+    }
+}
+
+@Suite struct PostgresConnectionStringTests {
+    @Test func passwordsAreLeftOutWhateverTheirForm() throws {
+        let keyword = try PostgresConnectionString("host=db user=fcm password='two words' dbname=fcm")
+        #expect(keyword.description == "user=fcm password=*** dbname=fcm host=db", "in libpq's order of keywords")
+        #expect(keyword["password"] == "two words")
+        let spaced = try PostgresConnectionString("host=db password = s3cret dbname=fcm")
+        #expect(!spaced.description.contains("s3cret"))
+        let url = try PostgresConnectionString("postgresql://:s3cret@db.internal:6432/fcm?sslmode=require")
+        #expect(!url.description.contains("s3cret"))
+        #expect(url.description.contains("host=db.internal") && url.description.contains("port=6432"))
+        // Any text that carries the password, such as a server's message, is redacted too.
+        #expect(url.redact("failed for postgresql://:s3cret@db.internal/fcm, password s3cret") == "failed for postgresql://:***@db.internal/fcm, password ***")
+        #expect(PostgresConnectionString.redactPatterns("password='two words' host=x") == "password=*** host=x")
+        #expect(PostgresConnectionString.redactPatterns("password = s3cret\n\tline two") == "password = *** line two")
+        #expect(PostgresConnectionString.redactPatterns("postgres://u:p%40ss@h/d") == "postgres://u:***@h/d")
+    }
+
+    @Test func anUnparsableStringFailsWithoutQuotingIt() {
+        for text in ["postgresql://u:s3cret@h/db?x=%zz", "host=h password=s3cret =", "postgresql://u:s3cret@[::1/db"] {
+            #expect(throws: PostgresError.self) { try PostgresConnectionString(text) }
+            do { _ = try PostgresConnectionString(text) } catch {
+                #expect(error.kind == .configuration)
+                #expect(!error.message.contains("s3cret"), "\(error.message)")
+            }
+        }
+    }
+
+    @Test func keepalivesAndATCPUserTimeoutAreOnUnlessTheStringSaysOtherwise() throws {
+        let plain = try PostgresConnectionString("postgresql://u@h/d").adding(ConnectionHandle.networkDefaults)
+        #expect(plain.contains { $0 == ("keepalives", "1") })
+        #expect(plain.contains { $0 == ("keepalives_idle", "30") })
+        #expect(plain.contains { $0 == ("tcp_user_timeout", "30000") })
+        let tuned = try PostgresConnectionString("postgresql://u@h/d?keepalives_idle=7&tcp_user_timeout=0").adding(ConnectionHandle.networkDefaults)
+        #expect(tuned.filter { $0.keyword == "keepalives_idle" }.map(\.value) == ["7"])
+        #expect(tuned.filter { $0.keyword == "tcp_user_timeout" }.map(\.value) == ["0"])
     }
 }

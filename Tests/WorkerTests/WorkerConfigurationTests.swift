@@ -13,7 +13,7 @@ import XMPP
         #expect(configuration.xmppDomain == "gcm.googleapis.com")
         #expect(configuration.caFile == nil)
         #expect(configuration.connections == 1)
-        #expect(configuration.handlers == ["store"])
+        #expect(configuration.handlers == nil, "the executable's default (the stock one: store)")
         #expect(configuration.xmppClient.credentials.authenticationIdentity == "123@gcm.googleapis.com")
         #expect(configuration.xmppClient.trust == .systemDefault)
         #expect(configuration.ioNiceness == -10 && configuration.xmppClient.threadNiceness == -10)
@@ -128,5 +128,40 @@ import XMPP
         #expect(!configuration.description.contains("SECRET-KEY-VALUE"))
         #expect(!configuration.description.contains("db-PASSWORD"))
         #expect(configuration.description.contains("user=fcm password=*** dbname=fcm host=db.internal"))
+    }
+
+    @Test func aKeyFileOfSeveralLinesIsRefusedAndOneOthersCanReadIsWarnedAbout() throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("key-\(UUID())").path
+        try "first-line\nsecond-line\n".write(toFile: path, atomically: true, encoding: .utf8)
+        #expect(throws: ConfigurationError("the server key file \(path) holds more than one line: a server key is one line")) {
+            try WorkerConfiguration.parse(arguments: ["--server-key-file", path], environment: ["FCM_SENDER_ID": "1"])
+        }
+        try "the-key\r\n".write(toFile: path, atomically: true, encoding: .utf8)
+        try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: path)
+        let readable = try WorkerConfiguration.parse(arguments: ["--server-key-file", path], environment: ["FCM_SENDER_ID": "1"])
+        #expect(readable.serverKey == "the-key")
+        #expect(readable.warnings.count == 1 && readable.warnings[0].contains("can be read by group or others"))
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: path)
+        #expect(try WorkerConfiguration.parse(arguments: ["--server-key-file", path], environment: ["FCM_SENDER_ID": "1"]).warnings.isEmpty)
+    }
+
+    @Test func whatCodeSetsIsWhatRuns() {
+        var configuration = WorkerConfiguration(senderID: "1", serverKey: "k")
+        configuration.maxAttempts = 1
+        configuration.concurrency = 7
+        #expect(configuration.pipeline.maxAttempts == 1)
+        #expect(configuration.pipeline.partitions == 7)
+    }
+
+    @Test func anUnparsableDatabaseURLIsAConfigurationErrorThatShowsNoSecret() {
+        for url in ["postgresql://user:s3cret@host:notaport/db", "postgresql://user:s3cret@host/db?bogus=%zz", "host=x password=s3cret = broken"] {
+            do {
+                _ = try WorkerConfiguration.parse(arguments: ["--database-url", url], environment: base)
+                Issue.record("\(url) was accepted")
+            } catch {
+                #expect(!error.description.contains("s3cret"), "\(error.description)")
+                #expect(!error.description.contains("\n"))
+            }
+        }
     }
 }
