@@ -40,7 +40,7 @@ extension DownstreamMessage {
             case "dry_run": dryRun = try Self.bool(value, key)
             case "delivery_receipt_requested": deliveryReceiptRequested = try Self.bool(value, key)
             case "time_to_live":
-                guard case .number(let seconds) = value, seconds.rounded() == seconds, abs(seconds) < 1e12 else {
+                guard case .number(let number) = value, let seconds = number.int64Value, abs(seconds) < 1_000_000_000_000 else {
                     throw .init("time_to_live", "must be a whole number of seconds")
                 }
                 timeToLive = Int(seconds)

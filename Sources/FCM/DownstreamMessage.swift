@@ -166,7 +166,7 @@ public struct DownstreamMessage: Sendable, Equatable {
         if let priority { members["priority"] = .string(priority.rawValue) }
         if let contentAvailable { members["content_available"] = .bool(contentAvailable) }
         if let mutableContent { members["mutable_content"] = .bool(mutableContent) }
-        if let timeToLive { members["time_to_live"] = .number(Double(timeToLive)) }
+        if let timeToLive { members["time_to_live"] = .number(JSONNumber(timeToLive)) }
         if let dryRun { members["dry_run"] = .bool(dryRun) }
         if let deliveryReceiptRequested { members["delivery_receipt_requested"] = .bool(deliveryReceiptRequested) }
         if let data { members["data"] = .object(data) }

@@ -87,6 +87,10 @@ public final class FCMHTTPClient: Sendable {
     public let settings: Settings
     private let client: HTTPSClient
 
+    /// Requests whose connection broke after they were sent and before the answer: FCM
+    /// may have taken them. They are not sent again here (the caller's retry decides).
+    public var outcomeUnknownCount: Int { client.outcomeUnknownCount }
+
     public init(settings: Settings) throws(TransportError) {
         self.settings = settings
         self.client = try HTTPSClient(host: settings.host, port: settings.port, trust: settings.trust,

@@ -352,12 +352,10 @@ struct JSONParser {
         return value
     }
 
-    private mutating func number() throws(Failure) -> Double {
+    private mutating func number() throws(Failure) -> JSONNumber {
         let start = index
         try scanNumber()
-        let text = String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<index]), as: UTF8.self)
-        guard let value = Double(text) else { throw fail("invalid number") }
-        return value
+        return JSONNumber(validated: String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<index]), as: UTF8.self))
     }
 
     /// Moves past a number, checking its syntax.

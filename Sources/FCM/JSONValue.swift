@@ -4,7 +4,8 @@ import Foundation
 /// (`data`, `notification`, unknown fields).
 public enum JSONValue: Sendable, Equatable, Codable, CustomStringConvertible {
     case string(String)
-    case number(Double)
+    /// A number, kept as its text (see `JSONNumber`).
+    case number(JSONNumber)
     case bool(Bool)
     case null
     case array([JSONValue])
@@ -14,7 +15,7 @@ public enum JSONValue: Sendable, Equatable, Codable, CustomStringConvertible {
         let container = try decoder.singleValueContainer()
         if container.decodeNil() { self = .null }
         else if let value = try? container.decode(Bool.self) { self = .bool(value) }
-        else if let value = try? container.decode(Double.self) { self = .number(value) }
+        else if let value = try? container.decode(Double.self) { self = .number(JSONNumber(value)) }
         else if let value = try? container.decode(String.self) { self = .string(value) }
         else if let value = try? container.decode([JSONValue].self) { self = .array(value) }
         else { self = .object(try container.decode([String: JSONValue].self)) }
@@ -24,7 +25,7 @@ public enum JSONValue: Sendable, Equatable, Codable, CustomStringConvertible {
         var container = encoder.singleValueContainer()
         switch self {
         case .string(let value): try container.encode(value)
-        case .number(let value): try container.encode(value)
+        case .number(let value): try container.encode(value.doubleValue)
         case .bool(let value): try container.encode(value)
         case .null: try container.encodeNil()
         case .array(let value): try container.encode(value)
@@ -49,6 +50,11 @@ public enum JSONValue: Sendable, Equatable, Codable, CustomStringConvertible {
         return nil
     }
 
+    public var arrayValue: [JSONValue]? {
+        if case .array(let value) = self { return value }
+        return nil
+    }
+
     public var objectValue: [String: JSONValue]? {
         if case .object(let value) = self { return value }
         return nil
@@ -66,12 +72,7 @@ public enum JSONValue: Sendable, Equatable, Codable, CustomStringConvertible {
     func write(to output: inout String) {
         switch self {
         case .string(let value): JSONValue.appendQuoted(value, to: &output)
-        case .number(let value):
-            if value.rounded() == value && abs(value) < 1e15 {
-                output += String(Int64(value))
-            } else {
-                output += "\(value)"
-            }
+        case .number(let value): output += value.text
         case .bool(let value): output += value ? "true" : "false"
         case .null: output += "null"
         case .array(let values):

@@ -26,6 +26,9 @@ public enum LegacyHTTPResponse: Sendable, Equatable {
     case tokens(multicastID: Int64?, success: Int, failure: Int, canonicalIDs: Int, results: [Result])
     /// The JSON answer to a topic or condition request.
     case topic(messageID: Int64?, error: String?)
+    /// The JSON answer to a send to a device group's notification key: how many of its
+    /// members got the message, and the tokens of those that did not.
+    case group(success: Int, failure: Int, failedRegistrationIDs: [String])
     /// The plain-text answer (`id=…` and maybe `registration_id=…`, or `Error=…`).
     case plainText(Result)
 
@@ -68,6 +71,12 @@ public enum LegacyHTTPResponse: Sendable, Equatable {
             throw .unexpected(status: status, detail: "the body is not a JSON object: \(body.prefix(120))")
         }
         guard let resultsValue = members["results"] else {
+            // A device group's answer counts its members; a topic's carries a message id or an error.
+            if members["message_id"] == nil, members["error"] == nil,
+               let success = members["success"].flatMap(integer), let failure = members["failure"].flatMap(integer) {
+                let failed = members["failed_registration_ids"]?.arrayValue?.compactMap(\.stringValue) ?? []
+                return .group(success: Int(success), failure: Int(failure), failedRegistrationIDs: failed)
+            }
             return .topic(messageID: members["message_id"].flatMap(integer), error: members["error"]?.stringValue)
         }
         guard case .array(let items) = resultsValue else { throw .unexpected(status: status, detail: "results is not an array") }
@@ -117,7 +126,7 @@ public enum LegacyHTTPResponse: Sendable, Equatable {
     }
 
     private static func integer(_ value: JSONValue) -> Int64? {
-        if case .number(let number) = value, number.rounded() == number, abs(number) < 9e18 { return Int64(number) }
+        if case .number(let number) = value { return number.int64Value }
         if case .string(let text) = value { return Int64(text) }
         return nil
     }

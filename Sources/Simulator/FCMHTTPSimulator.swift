@@ -14,8 +14,10 @@ import Transport
 /// It checks `Authorization: key=…` (401 otherwise) and `project_id` for groups, validates
 /// like FCM (400 with a reason for unparseable JSON, a missing target, more than 1,000
 /// tokens, JSON-only features in plain text), and answers each token with `tokenAnswer`.
-/// Tests queue whole-request outcomes first (`scriptNext`): a status with `Retry-After`,
-/// or no answer at all (a timeout).
+/// A send to a device group's notification key is answered as FCM answered one, with
+/// `success`, `failure` and `failed_registration_ids`. Tests queue whole-request outcomes
+/// first (`scriptNext`): a status with `Retry-After`, no answer at all (a timeout), a
+/// connection closed after the request was read or after the answer, a late answer.
 public final class FCMHTTPSimulator: Sendable {
     /// How one token of a send is answered.
     public enum TokenAnswer: Sendable, Equatable {
@@ -29,6 +31,14 @@ public final class FCMHTTPSimulator: Sendable {
         case status(Int, retryAfter: String? = nil)
         /// Read the request and never answer (the client times out).
         case noAnswer
+        /// Read the request and close the connection without an answer: whether it was
+        /// processed is unknown to the client.
+        case closeAfterReading
+        /// Answer normally, then close the kept-alive connection (as a server does to an
+        /// idle one): the client's next request must go on a new connection.
+        case answerThenClose
+        /// Answer normally after this delay.
+        case delay(Duration)
     }
 
     /// A request the simulator received.
@@ -122,39 +132,46 @@ public final class FCMHTTPSimulator: Sendable {
                 _ = try? channel.write(Self.response(400, body: "malformed HTTP request").serialized(), until: .now + .seconds(5))
                 return
             }
-            let response = answer(request)
+            let (response, then) = answer(request)
             if let onAnswer {
                 onAnswer(Request(path: request.startLine.count > 1 ? request.startLine[1] : "", headers: request.headers,
                                  body: request.bodyText), response?.status ?? 0)
             }
+            if case .closeAfterReading? = then { return }
             guard let response else {
                 // A scripted timeout: hold the connection without answering.
                 Thread.sleep(forTimeInterval: 30)
                 return
             }
+            if case .delay(let delay)? = then { Thread.sleep(forTimeInterval: delay.seconds) }
             do {
                 try channel.write(response.serialized(), until: .now + .seconds(10))
             } catch {
                 return
             }
             if !request.keepsAlive { channel.close(); return }
+            if case .answerThenClose? = then { return }
         }
     }
 
-    private func answer(_ request: HTTPMessage) -> HTTPMessage? {
+    /// The answer to `request` (nil: none), and what the connection does after it.
+    private func answer(_ request: HTTPMessage) -> (HTTPMessage?, Scripted?) {
         let path = request.startLine.count > 1 ? request.startLine[1] : ""
         let scripted = state.withLock { state -> Scripted? in
             state.requests.append(Request(path: path, headers: request.headers, body: request.bodyText))
             return state.scripted.isEmpty ? nil : state.scripted.removeFirst()
         }
         switch scripted {
-        case .noAnswer?: return nil
+        case .noAnswer?, .closeAfterReading?: return (nil, scripted)
         case .status(let status, let retryAfter)?:
             var response = Self.response(status, body: "")
             if let retryAfter { response.headers["retry-after"] = retryAfter }
-            return response
-        case nil: break
+            return (response, nil)
+        case .answerThenClose?, .delay?, nil: return (normalAnswer(request, path: path), scripted)
         }
+    }
+
+    private func normalAnswer(_ request: HTTPMessage, path: String) -> HTTPMessage {
         guard request.startLine.first == "POST" else { return Self.response(405, body: "only POST is served") }
         guard request.headers["authorization"] == "key=\(serverKey)" else { return Self.response(401, body: "Unauthorized") }
         switch path {
@@ -191,7 +208,24 @@ public final class FCMHTTPSimulator: Sendable {
             return Self.response(400, body: "Missing \"to\" or \"registration_ids\" field")
         }
         if to.hasPrefix("/topics/") { return topicResult() }
+        if let members = state.withLock({ state in state.groups.values.first { $0.key == to }?.tokens }) {
+            return groupResult(members)
+        }
         return tokenResults([to])
+    }
+
+    /// FCM's answer to a send to a device group's notification key: how many members got
+    /// it, and which did not (`failed_registration_ids`, only when some failed); no
+    /// per-token `results`.
+    private func groupResult(_ members: [String]) -> HTTPMessage {
+        var failed: [String] = []
+        for member in members {
+            if case .error = tokenAnswer(member) { failed.append(member) }
+        }
+        var answer: [String: JSONValue] = ["success": .number(JSONNumber(Int(members.count - failed.count))),
+                                           "failure": .number(JSONNumber(Int(failed.count)))]
+        if !failed.isEmpty { answer["failed_registration_ids"] = .array(failed.map(JSONValue.string)) }
+        return Self.json(200, answer)
     }
 
     private func tokenResults(_ tokens: [String]) -> HTTPMessage {
@@ -212,13 +246,13 @@ public final class FCMHTTPSimulator: Sendable {
                 results.append(.object(["error": .string(code)]))
             }
         }
-        return Self.json(200, ["multicast_id": .number(Double(nextMessageID())), "success": .number(Double(success)),
-                               "failure": .number(Double(failure)), "canonical_ids": .number(Double(canonical)),
+        return Self.json(200, ["multicast_id": .number(JSONNumber(Int(nextMessageID()))), "success": .number(JSONNumber(Int(success))),
+                               "failure": .number(JSONNumber(Int(failure))), "canonical_ids": .number(JSONNumber(Int(canonical))),
                                "results": .array(results)])
     }
 
     private func topicResult() -> HTTPMessage {
-        Self.json(200, ["message_id": .number(Double(nextMessageID()))])
+        Self.json(200, ["message_id": .number(JSONNumber(Int(nextMessageID())))])
     }
 
     private func plainTextSend(_ body: String) -> HTTPMessage {

@@ -122,6 +122,15 @@ final class HTTPOutboxSender: Sendable {
                 // Tokens of a request that got no answer are retried alone: the others were sent.
                 outcome = multicast.results + multicast.unsent.map { ($0, LegacyHTTPResponse.Result(error: "HTTP_UNAVAILABLE")) }
             }
+        } else if let target = message.to, let members = Self.groupMembersToRetry(earlier, target: target) {
+            // A device group reached some of its members: only the others get it again.
+            request.target = .registrationIDs(members)
+            let multicast = await client.sendMulticast(request, to: members, retrying: false)
+            if multicast.results.isEmpty, let first = multicast.failure {
+                failure = first
+            } else {
+                outcome = multicast.results + multicast.unsent.map { ($0, LegacyHTTPResponse.Result(error: "HTTP_UNAVAILABLE")) }
+            }
         } else {
             let target = message.to ?? message.condition ?? ""
             request.target = message.to.map { .to($0) } ?? .condition(target)
@@ -130,6 +139,13 @@ final class HTTPOutboxSender: Sendable {
                 case .tokens(_, _, _, _, let list): outcome = Array(zip([target], list))
                 case .topic(let id, let error): outcome = [(target, .init(messageID: id.map(String.init), error: error))]
                 case .plainText(let result): outcome = [(target, result)]
+                case .group(let success, let failureCount, let failed):
+                    // The group's own entry says how many got it; each member FCM could not
+                    // reach is retried alone (FCM asks app servers to retry those with backoff).
+                    let summary = success > 0 ? LegacyHTTPResponse.Result(messageID: "group:\(success)/\(success + failureCount)")
+                                              : LegacyHTTPResponse.Result(error: "GroupSendFailed")
+                    outcome = [(target, summary)]
+                    if success > 0 { outcome += failed.map { ($0, LegacyHTTPResponse.Result(error: "GroupMemberFailed")) } }
                 }
             } catch {
                 failure = error
@@ -208,6 +224,14 @@ final class HTTPOutboxSender: Sendable {
     private static func tokenResults(_ text: String?) -> [String: JSONValue] {
         guard let text, case .object(let members)? = try? JSONValue.parse(text) else { return [:] }
         return members
+    }
+
+    /// The members of a device group still to be sent to: those a previous attempt could
+    /// not reach while it reached others (nil when there are none).
+    private static func groupMembersToRetry(_ earlier: [String: JSONValue], target: String) -> [String]? {
+        guard earlier[target]?["message_id"] != nil else { return nil }
+        let members = earlier.filter { $0.key != target && !isFinal($0.value) }.keys.sorted()
+        return members.isEmpty ? nil : members
     }
 
     /// A token's outcome is final unless it is marked for retry.
