@@ -13,8 +13,10 @@ public enum CCSInbound: Sendable {
     case ack(messageID: String, canonicalToken: String?)
     /// CCS refused a downstream message with `code`.
     case nack(messageID: String, code: String, description: String?)
-    /// A `<message type="error">`: the stanza `stanzaID` (nil when CCS gave none) was refused.
-    case stanzaError(stanzaID: String?, condition: String, text: String?)
+    /// A `<message type="error">`: the stanza `stanzaID` was refused. Without an id, the
+    /// `message_id` of the payload CCS echoed back, if it did (nil for both: it names no
+    /// message).
+    case stanzaError(stanzaID: String?, messageID: String?, condition: String, text: String?)
     /// A control message (`CONNECTION_DRAINING`).
     case control(type: String)
     /// A message that cannot reach a handler but must be kept (dead-lettered).

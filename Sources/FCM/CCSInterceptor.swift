@@ -19,7 +19,9 @@ struct CCSInterceptor: StanzaInterceptor {
         if stanza.attribute("type") == "error" {
             let error = stanza.child("error")
             let condition = error?.elements.first { $0.name != "text" }?.name ?? "undefined-condition"
-            return Interception(inbound: .stanzaError(stanzaID: stanza.attribute("id"), condition: condition,
+            // Without an id, the echoed payload (RFC 6120 §8.3.1) still names the message.
+            let echoed = stanza.attribute("id") == nil ? CCSStanza.payload(of: stanza).flatMap(CCSMessage.identity(of:))?.messageID : nil
+            return Interception(inbound: .stanzaError(stanzaID: stanza.attribute("id"), messageID: echoed, condition: condition,
                                                       text: error?.child("text")?.text))
         }
         guard let payload = CCSStanza.payload(of: stanza) else { return Interception(inbound: .ignored(stanza)) }

@@ -180,6 +180,21 @@ public struct DownstreamScheduler: Sendable {
         return orphans.count
     }
 
+    /// Messages pending since before `cutoff` with no answer: their slots are freed and
+    /// they are queued again at the front (at-least-once). Returns how many.
+    public mutating func expireUnanswered(sentBefore cutoff: ContinuousClock.Instant) -> Int {
+        var expired: [OutgoingDownstream] = []
+        for link in links.keys {
+            for pending in links[link]!.window.expire(sentBefore: cutoff) {
+                guard var message = links[link]!.messages.removeValue(forKey: pending.messageID) else { continue }
+                message.attempt += 1
+                expired.append(message)
+            }
+        }
+        ready.prepend(contentsOf: expired)
+        return expired.count
+    }
+
     /// Holds back messages to `target` until `until` (a rate limit).
     public mutating func slowDown(target: String, until: ContinuousClock.Instant) {
         slowedUntil[target] = max(until, slowedUntil[target] ?? until)

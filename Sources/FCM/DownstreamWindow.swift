@@ -57,6 +57,17 @@ public struct DownstreamWindow: Sendable {
         return answered(messageID: messageID)
     }
 
+    /// Frees the slots of messages sent before `cutoff` and never answered (an answer was
+    /// lost, or a stanza error named no stanza), oldest first.
+    public mutating func expire(sentBefore cutoff: ContinuousClock.Instant) -> [Pending] {
+        let stale = pendingByMessage.values.filter { $0.sentAt < cutoff }.sorted { ($0.sentAt, $0.sequence) < ($1.sentAt, $1.sequence) }
+        for pending in stale {
+            pendingByMessage[pending.messageID] = nil
+            messageByStanza[pending.stanzaID] = nil
+        }
+        return stale
+    }
+
     /// The connection is gone: everything pending must be sent again elsewhere. Empties
     /// the window and returns those messages, oldest first.
     public mutating func connectionLost() -> [Pending] {

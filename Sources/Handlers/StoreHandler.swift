@@ -20,6 +20,13 @@ public struct StoreHandler: RecordsUpstreamMessages {
 
     public var deduplicationRecord: DeduplicationRecord { DeduplicationRecord(table: "upstream_messages", keyColumn: "message_id") }
 
+    /// Refuses data that `jsonb` cannot hold (`\u0000`, numbers beyond `numeric`).
+    public func check(_ message: UpstreamMessage) throws {
+        if let refusal = PostgresJSONB.refusal(of: message.dataJSON) {
+            throw PermanentFailure("data cannot be stored as jsonb: it holds \(refusal)")
+        }
+    }
+
     public func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws {
         context.execute("""
             INSERT INTO upstream_messages (message_id, from_token, category, data, received_at)

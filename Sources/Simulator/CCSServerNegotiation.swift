@@ -31,7 +31,9 @@ struct CCSServerNegotiation {
     let senderID: String
     let serverKey: String
     let domain: String
-    /// Domains accepted after the `@` of the SASL identity.
+    /// Domains CCS answered to, as the stream's `to` and after the `@` of the SASL
+    /// identity: both `gcm.googleapis.com` and `fcm.googleapis.com` (published clients use
+    /// either), and the configured one.
     let acceptedDomains: Set<String>
     private let streamID = UUID().uuidString.prefix(16)
 
@@ -55,7 +57,7 @@ struct CCSServerNegotiation {
             guard case .awaitingHeader(let authenticated) = state else {
                 return violate("invalid-xml", "a second stream header")
             }
-            if let to = root.attribute("to"), to != domain {
+            if let to = root.attribute("to"), !acceptedDomains.contains(to) {
                 return [.send(header), .violation(condition: "host-unknown", detail: "stream addressed to \(to), not \(domain)")]
             }
             if authenticated {
@@ -86,8 +88,10 @@ struct CCSServerNegotiation {
             let parts = decoded.split(separator: 0, omittingEmptySubsequences: false).map { String(decoding: $0, as: UTF8.self) }
             guard parts.count == 3 else { return refuse("malformed-request", "the PLAIN token is not authzid\\0authcid\\0password") }
             let identity = parts[1], password = parts[2]
+            // `SENDER_ID@domain`, or the bare sender ID (aioxmpp-based clients send the
+            // JID's localpart as the authentication identity).
             let pieces = identity.split(separator: "@", maxSplits: 1).map(String.init)
-            guard pieces.count == 2, pieces[0] == senderID, acceptedDomains.contains(pieces[1]), password == serverKey else {
+            guard pieces.first == senderID, pieces.count == 1 || acceptedDomains.contains(pieces[1]), password == serverKey else {
                 return refuse("not-authorized", "wrong sender ID, domain or server key for \(identity)")
             }
             state = .awaitingHeader(authenticated: true)

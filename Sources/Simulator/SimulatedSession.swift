@@ -283,6 +283,12 @@ final class SimulatedSession: StreamDriver {
             ])
             receipt = (body.serialized, receiptID)
         }
+        if case .stanzaErrorWithoutID(let condition, let text, let echoing) = response {
+            pendingDownstream.remove(messageID)
+            loop.write(stanzaError(id: nil, condition: condition, text: text, echoing: echoing ? json.serialized : nil))
+            simulator.record(.downstreamAnswered(session: id, messageID: messageID, response: response))
+            return
+        }
         answer(messageID, stanzaID: stanzaID, to: json["to"]?.stringValue, response, receipt: receipt, loop)
     }
 
@@ -298,7 +304,7 @@ final class SimulatedSession: StreamDriver {
         if let to { members["from"] = .string(to) }
         let delay: Duration
         switch response {
-        case .noAnswer:
+        case .noAnswer, .stanzaErrorWithoutID:
             return
         case .ack(let ackDelay, let canonical):
             members["message_type"] = .string("ack")
@@ -332,14 +338,20 @@ final class SimulatedSession: StreamDriver {
         }
     }
 
-    private func stanzaError(id stanzaID: String?, condition: String, text: String) -> String {
+    private func stanzaError(id stanzaID: String?, condition: String, text: String, echoing payload: String? = nil) -> String {
         var stanza = "<message type=\"error\""
         if let stanzaID {
             stanza += " id=\""
             XMLEscaping.appendAttribute(stanzaID, to: &stanza)
             stanza += "\""
         }
-        stanza += "><error code=\"400\" type=\"modify\"><\(condition) xmlns=\"\(XMPPNamespace.stanzas)\"/>"
+        stanza += ">"
+        if let payload {
+            stanza += "<gcm xmlns=\"google:mobile:data\">"
+            XMLEscaping.appendText(payload, to: &stanza)
+            stanza += "</gcm>"
+        }
+        stanza += "<error code=\"400\" type=\"modify\"><\(condition) xmlns=\"\(XMPPNamespace.stanzas)\"/>"
         stanza += "<text xmlns=\"\(XMPPNamespace.stanzas)\">\(XMLEscaping.escapeText(text))</text></error></message>"
         return stanza
     }

@@ -63,6 +63,9 @@ public enum DownstreamResponse: Sendable, Equatable {
     case nack(error: String, description: String? = nil, delay: Duration = .zero)
     /// A `<message type="error">` stanza error echoing the stanza id.
     case stanzaError(condition: String, text: String)
+    /// A stanza error without the stanza id; with `echoingPayload`, it carries the
+    /// original `<gcm>` payload (RFC 6120 §8.3.1), which names the message.
+    case stanzaErrorWithoutID(condition: String, text: String, echoingPayload: Bool)
     /// No answer at all: the slot stays taken (until the connection is lost).
     case noAnswer
 }

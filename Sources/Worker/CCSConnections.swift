@@ -233,9 +233,16 @@ final class CCSConnections: Sendable {
             case .nack(let messageID, let code, let description):
                 logger.info("CCS nacked \(messageID): \(code) \(description ?? "")")
                 sender.received(.nack(messageID: messageID, code: code, description: description), on: link)
-            case .stanzaError(let stanzaID, let condition, let text):
-                logger.warning("stanza error for id \(stanzaID ?? "?"): \(condition) \(text ?? "")")
-                if let stanzaID { sender.received(.stanzaError(stanzaID: stanzaID, condition: condition, text: text), on: link) }
+            case .stanzaError(let stanzaID, let messageID, let condition, let text):
+                logger.warning("stanza error for id \(stanzaID ?? messageID ?? "?"): \(condition) \(text ?? "")")
+                if let stanzaID {
+                    sender.received(.stanzaError(stanzaID: stanzaID, condition: condition, text: text), on: link)
+                } else if let messageID {
+                    sender.received(.stanzaErrorForMessage(messageID: messageID, condition: condition, text: text), on: link)
+                } else {
+                    logger.warning("a stanza error names no stanza: the message it refused is sent again once its answer is "
+                                   + "\(sender.settings.answerTimeout.formattedSeconds) late")
+                }
             case .control(let type):
                 if type == "CONNECTION_DRAINING" {
                     sender.drain(link)

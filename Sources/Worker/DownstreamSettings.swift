@@ -13,6 +13,10 @@ public struct DownstreamSettings: Sendable {
     public var retry = DownstreamRetryPolicy()
     /// Written to `claimed_by`; unique per process by default.
     public var workerID = DownstreamSettings.defaultWorkerID()
+    /// A message CCS has not answered this long after it was sent is presumed lost (its
+    /// answer went missing, or a stanza error named no stanza): its slot is freed and it
+    /// is sent again (at-least-once).
+    public var answerTimeout: Duration = .seconds(60)
     /// Rows claimed ahead of the free window slots, per connection.
     public var readAheadPerConnection = 100
 

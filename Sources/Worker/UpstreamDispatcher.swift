@@ -7,6 +7,28 @@ struct UpstreamDispatcher: Sendable {
     let handlers: UpstreamHandlers
     let logger: Logger
 
+    /// Runs every matching handler's `check` on each message of `batch`: the messages a
+    /// handler refused come back as dead letters in their place (with the refusal).
+    func check(_ batch: [UpstreamWork]) -> [UpstreamWork] {
+        batch.map { work in
+            guard case .message(let message) = work.kind else { return work }
+            for route in handlers.routes where route.match.matches(message) {
+                do {
+                    try route.handler.check(message)
+                } catch {
+                    logger.warning("message \(message.messageID) refused by handler \(route.name), dead-lettered: \(error)")
+                    var letter = work
+                    letter.attempts = 1
+                    letter.kind = .deadLetter(.init(messageID: message.messageID, from: message.from, category: message.category,
+                                                    rawPayload: message.rawPayload, reason: "handler_failed",
+                                                    error: "\(route.name): \(error)", attempts: 1, receivedAt: message.receivedAt))
+                    return letter
+                }
+            }
+            return work
+        }
+    }
+
     /// Runs every matching handler on `messages`. With `batchingSingles`, a batch handler
     /// gets even a single message as a batch (a recording handler's batch statement is the
     /// one that fails on a message handled before).

@@ -7,6 +7,16 @@
 /// Messages from one device reach a handler in arrival order.
 public protocol UpstreamHandler: Sendable {
     func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws
+
+    /// Looks at a message before its batch, outside any transaction: throw
+    /// `PermanentFailure` for one this handler can never take (the `store` handler refuses
+    /// data `jsonb` cannot hold), and it is dead-lettered at once, alone, instead of failing
+    /// its batch. The default accepts every message.
+    func check(_ message: UpstreamMessage) throws
+}
+
+extension UpstreamHandler {
+    public func check(_ message: UpstreamMessage) throws {}
 }
 
 /// A handler that can take many messages in one call, for bulk writes (the built-in

@@ -116,6 +116,7 @@ final class UpstreamPipeline: Sendable {
     /// Commits `batch`; on a handler or statement failure isolates each piece. Returns the
     /// batch back only when cancelled before it could commit.
     private func process(_ batch: [UpstreamWork], in lane: Lane) async -> [UpstreamWork]? {
+        let batch = dispatcher.check(batch)
         var outage = scheduler.outageBackoff
         while true {
             if Task.isCancelled { return batch }

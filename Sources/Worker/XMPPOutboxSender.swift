@@ -25,6 +25,8 @@ final class XMPPOutboxSender: Sendable {
         case ack(messageID: String, canonicalToken: String?)
         case nack(messageID: String, code: String, description: String?)
         case stanzaError(stanzaID: String, condition: String, text: String?)
+        /// A stanza error without a stanza id, whose echoed payload named the message.
+        case stanzaErrorForMessage(messageID: String, condition: String, text: String?)
     }
 
     /// Counters, logged at shutdown.
@@ -184,6 +186,8 @@ final class XMPPOutboxSender: Sendable {
                 found = state.scheduler.answered(link: link, messageID: messageID)
             case .stanzaError(let stanzaID, _, _):
                 found = state.scheduler.stanzaError(link: link, stanzaID: stanzaID)
+            case .stanzaErrorForMessage(let messageID, _, _):
+                found = state.scheduler.answered(link: link, messageID: messageID)
             }
             guard let (message, _) = found else { return [] }
             let age = Duration.seconds(max(0, date.timeIntervalSince(message.createdAt)))
@@ -196,7 +200,7 @@ final class XMPPOutboxSender: Sendable {
                 if code == "BAD_ACK" { badAck = description ?? "" }
                 verdict = .nack(code: code, description: description, attempt: message.attempt, age: age,
                                 timeToLive: message.timeToLive, policy: settings.retry, using: &generator)
-            case .stanzaError(_, let condition, let text):
+            case .stanzaError(_, let condition, let text), .stanzaErrorForMessage(_, let condition, let text):
                 verdict = .stanzaError(condition: condition, text: text, attempt: message.attempt, age: age,
                                        timeToLive: message.timeToLive, policy: settings.retry, using: &generator)
             }
@@ -361,6 +365,7 @@ final class XMPPOutboxSender: Sendable {
     func claimLoop() async {
         var outage = Backoff.outage(base: .milliseconds(100), cap: .seconds(10))
         while state.withLock({ $0.claiming }) && !Task.isCancelled {
+            expireUnanswered()
             let wanted = state.withLock { self.wanted($0) }
             guard wanted >= claimThreshold, writeBack.backlog < 50_000 else {
                 await doorbell.wait(timeout: sweepWait())
@@ -388,6 +393,19 @@ final class XMPPOutboxSender: Sendable {
             resume(wake)
             if rows.count < limit { await doorbell.wait(timeout: sweepWait()) }
         }
+    }
+
+    /// Frees the slots of messages whose answer is `answerTimeout` late (lost, or refused
+    /// by a stanza error that named no stanza) and sends them again.
+    private func expireUnanswered() {
+        let (expired, wake) = state.withLock { state -> (Int, [(CheckedContinuation<Batch?, Never>, Batch?)]) in
+            let expired = state.scheduler.expireUnanswered(sentBefore: .now - settings.answerTimeout)
+            state.statistics.resent += expired
+            return (expired, expired > 0 ? takeForWaiters(&state) : [])
+        }
+        guard expired > 0 else { return }
+        logger.warning("\(expired) downstream message(s) got no answer within \(settings.answerTimeout.formattedSeconds): sent again")
+        resume(wake)
     }
 
     /// Until the next sweep, or until the next scheduled retry falls due if sooner.

@@ -426,25 +426,6 @@ extension TestCCS {
         #expect(try await database.count("downstream_messages", where: "attempts = 2") == 100)
     }
 
-    @Test func aLongWaitForAnAnswerKeepsTheClaimSoNoOtherWorkerSendsIt() async throws {
-        let log = DownstreamLog { _, _ in .ack(delay: .milliseconds(2500)) }
-        let ccs = try TestCCS(log: log)
-        defer { ccs.simulator.stop() }
-        let database = try await TestDatabase.make()
-        var configuration = try ccs.downstreamWorker(database: database)
-        configuration.downstream.lease = .seconds(1)
-        let (first, _) = startWorker(configuration)
-        defer { first.cancel() }
-        try await ccs.simulator.waitForBoundSessions(1)
-        try await database.insertOutbox((0..<10).map { ("token-\($0)", #"{"data":{"k":"v"}}"#) })
-        try await ccs.simulator.wait(for: "10 sent") { $0.count { if case .downstreamReceived = $0 { true } else { false } } >= 10 }
-        // A second worker polls the outbox while the answers take 2.5 leases to come.
-        let (second, _) = startWorker(configuration)
-        defer { second.cancel() }
-        try await database.waitForOutbox("status = 'acked'", count: 10, within: .seconds(10))
-        #expect(ccs.simulator.counters.downstreamReceived == 10, "a renewed claim was taken over")
-    }
-
     @Test func handlersRepliesAreSentAndEchoRepliesToTheSender() async throws {
         let log = DownstreamLog()
         let ccs = try TestCCS(log: log)
@@ -468,6 +449,25 @@ extension TestCCS {
 /// Downstream behaviour with timing bounds. `scripts/test` runs this suite on its own after
 /// the others, so that the bounds measure the worker and not a saturated test process.
 @Suite struct DownstreamTimingTests {
+    @Test func aLongWaitForAnAnswerKeepsTheClaimSoNoOtherWorkerSendsIt() async throws {
+        let log = DownstreamLog { _, _ in .ack(delay: .milliseconds(2500)) }
+        let ccs = try TestCCS(log: log)
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        var configuration = try ccs.downstreamWorker(database: database)
+        configuration.downstream.lease = .seconds(1)
+        let (first, _) = startWorker(configuration)
+        defer { first.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        try await database.insertOutbox((0..<10).map { ("token-\($0)", #"{"data":{"k":"v"}}"#) })
+        try await ccs.simulator.wait(for: "10 sent") { $0.count { if case .downstreamReceived = $0 { true } else { false } } >= 10 }
+        // A second worker polls the outbox while the answers take 2.5 leases to come.
+        let (second, _) = startWorker(configuration)
+        defer { second.cancel() }
+        try await database.waitForOutbox("status = 'acked'", count: 10, within: .seconds(10))
+        #expect(ccs.simulator.counters.downstreamReceived == 10, "a renewed claim was taken over")
+    }
+
     @Test func aRowInsertedWithPlainSQLIsSentWithinASecondWithTimeToLiveZeroOnTheWire() async throws {
         let log = DownstreamLog()
         let ccs = try TestCCS(log: log)

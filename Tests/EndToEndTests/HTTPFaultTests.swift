@@ -9,7 +9,7 @@ import Worker
 /// device groups, multicasts failing part-way, requests whose outcome is unknown,
 /// `Retry-After` across a shutdown, and claims kept while a request is under way.
 @Suite struct HTTPFaultTests {
-    private struct Setup {
+    struct Setup {
         let ccs: TestCCS
         let http: FCMHTTPSimulator
         let database: TestDatabase
@@ -22,7 +22,7 @@ import Worker
         }
     }
 
-    private func setUp(tokenAnswer: @escaping @Sendable (String) -> FCMHTTPSimulator.TokenAnswer = { _ in .success() },
+    func setUp(tokenAnswer: @escaping @Sendable (String) -> FCMHTTPSimulator.TokenAnswer = { _ in .success() },
                        configure: (inout WorkerConfiguration) -> Void = { _ in }) async throws -> Setup {
         let ccs = try TestCCS(log: DownstreamLog())
         let http = try FCMHTTPSimulator(senderID: TestCCS.senderID, serverKey: TestCCS.serverKey,
@@ -36,7 +36,7 @@ import Worker
         return Setup(ccs: ccs, http: http, database: database, client: try FCMHTTPClient(settings: settings), configuration: configuration)
     }
 
-    private func insert(_ database: TestDatabase, target: String) async throws -> Int64 {
+    func insert(_ database: TestDatabase, target: String) async throws -> Int64 {
         try await database.query("""
             INSERT INTO downstream_messages (target, transport, payload) VALUES ($1, 'http', '{"data":{"k":"v"}}') RETURNING id
             """, [.text(target)])[0].int(0)!
@@ -129,6 +129,18 @@ import Worker
         _ = try await setup.client.send(LegacyHTTPMessage(target: .to("token")))
         #expect(setup.http.requests.count == 3)
         #expect(setup.client.outcomeUnknownCount == 1)
+    }
+}
+
+/// The timing-sensitive HTTP faults, run on their own after the suite (`scripts/test`).
+@Suite struct HTTPTimingTests {
+    private let faults = HTTPFaultTests()
+    private func setUp(tokenAnswer: @escaping @Sendable (String) -> FCMHTTPSimulator.TokenAnswer = { _ in .success() },
+                       configure: (inout WorkerConfiguration) -> Void = { _ in }) async throws -> HTTPFaultTests.Setup {
+        try await faults.setUp(tokenAnswer: tokenAnswer, configure: configure)
+    }
+    private func insert(_ database: TestDatabase, target: String) async throws -> Int64 {
+        try await faults.insert(database, target: target)
     }
 
     @Test func retryAfterHoldsTheRowAcrossAShutdownAndARestart() async throws {

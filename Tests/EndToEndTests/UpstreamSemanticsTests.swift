@@ -165,7 +165,8 @@ final class FlakyHandler: UpstreamHandler {
         func retries() -> Int {
             events.all.count { if case .retryScheduled("unstorable", _, _) = $0 { true } else { false } }
         }
-        #expect(retries() == 1)
+        // Refused before its batch (jsonb cannot hold \u0000): dead-lettered at once, never retried.
+        #expect(retries() == 0)
         #expect(try await database.query("SELECT outcome FROM processed_upstream WHERE message_id = 'unstorable'")
             .first?.string(0) == "dead_lettered")
         // The redelivery is acked and recognised; the next message is stored as usual.
@@ -175,7 +176,7 @@ final class FlakyHandler: UpstreamHandler {
             events.contains { if case .committed(let handled, _, _) = $0 { handled.contains { $0.0 == "after" } } else { false } }
         }
         try await ccs.simulator.wait(for: "the redelivery's ack") { $0.acked.filter { $0 == "unstorable" }.count == 2 }
-        #expect(retries() == 1, "the redelivery was not handled again")
+        #expect(retries() == 0, "the redelivery was not handled again")
         #expect(try await database.count("dead_letters", where: "message_id = 'unstorable'") == 1)
         #expect(try await database.count("upstream_messages") == 1)
     }

@@ -72,6 +72,36 @@ import XMPP
         #expect(refusals == 1)
     }
 
+    @Test func anUnknownXMPPDomainIsAConfigurationErrorNotAReasonToReconnect() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        var configuration = try ccs.worker(database: await TestDatabase.make())
+        configuration.xmppDomain = "wrong.example.com"
+        let (task, _) = startWorker(configuration)
+        let started = ContinuousClock.now
+        do {
+            try await task.value
+            Issue.record("the worker ran with a domain CCS does not serve")
+        } catch let error as XMPPError {
+            #expect(error.isConfigurationError, "\(error)")
+            guard case .streamError("host-unknown", _) = error else { Issue.record("\(error)"); return }
+        }
+        #expect(ContinuousClock.now - started < .seconds(60), "a hang detector, not a speed assertion")
+        #expect(ccs.simulator.events.count { if case .connected = $0 { true } else { false } } == 1, "no reconnect")
+    }
+
+    @Test(arguments: ["gcm.googleapis.com", "fcm.googleapis.com"])
+    func publishedClientsDomainsAndBareSenderIDsAreAccepted(domain: String) async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        for identity in ["\(TestCCS.senderID)@\(domain)", TestCCS.senderID] {
+            var client = ccs.client()
+            client.credentials = .init(domain: domain, authenticationIdentity: identity, password: TestCCS.serverKey)
+            let (connection, _) = try await ccs.connect(client)
+            await connection.close()
+        }
+    }
+
     @Test func drainingIsFollowedByAnImmediateNewConnection() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }

@@ -29,4 +29,29 @@ import Testing
             #expect(throws: (any Error).self, "\(text.prefix(20))") { try JSONValue.parse(text) }
         }
     }
+
+    @Test func numbersKeepTheirTextWhenWrittenBack() throws {
+        let text = #"{"big":9007199254740993,"huge":1e400,"tiny":-1.50e-400,"plain":1.0}"#
+        let parsed = try JSONValue.parse(text)
+        #expect(parsed["big"] == .number(JSONNumber(text: "9007199254740993")!))
+        #expect(parsed["big"] != .number(JSONNumber(text: "9007199254740992")!), "digits past 2^53 are kept apart")
+        #expect(parsed["plain"] == .number(1), "1.0 and 1 are the same value")
+        let written = parsed.serialized
+        #expect(written == #"{"big":9007199254740993,"huge":1e400,"plain":1.0,"tiny":-1.50e-400}"#)
+        #expect(try JSONValue.parse(written) == parsed)
+        #expect(JSONNumber(Double.infinity).text == "1e999")
+        #expect(JSONNumber(text: "01") == nil && JSONNumber(text: "1.") == nil && JSONNumber(text: "-") == nil)
+        #expect(JSONNumber(text: "3e2")?.int64Value == 300 && JSONNumber(text: "3.5")?.int64Value == nil)
+    }
+
+    @Test func aNumberCountsAsItsTextInThePayloadSize() throws {
+        let long = String(repeating: "9", count: 4000)
+        let payload = try JSONValue.parse(#"{"data":{"n":\#(long)}}"#)
+        let message = try DownstreamMessage(target: "token", condition: nil, payload: payload, messageID: "m")
+        #expect(message.payloadBytes == 4001)
+        #expect(throws: DownstreamValidationError.self) {
+            try DownstreamMessage(target: "token", condition: nil,
+                                  payload: try JSONValue.parse(#"{"data":{"n":\#(long)\#(long)}}"#), messageID: "m").validate()
+        }
+    }
 }

@@ -78,3 +78,20 @@ func testDatabaseURL() throws -> String {
         #expect(tuned.filter { $0.keyword == "tcp_user_timeout" }.map(\.value) == ["0"])
     }
 }
+
+@Suite struct PostgresJSONBTests {
+    @Test func whatJSONBRefusesIsFoundAndWhatItTakesIsNot() async throws {
+        let connection = try await PostgresConnection.connect(try testDatabaseURL())
+        defer { Task { await connection.close() } }
+        let texts = [#"{"a":"x\u0000y"}"#, #"{"\u0000":1}"#, #"["\ud800"]"#, #"["\udc00"]"#, #"["\ud800\u0041"]"#,
+                     #"{"n":1e131072}"#, #"{"n":1e1000000}"#, #"{"n":1e-16384}"#, #"{"n":0.1e-16383}"#,
+                     #"{"a":"\\u0000 is text here"}"#, #"["\ud83d\ude00"]"#, #"{"n":1e131071}"#, #"{"n":1e-16383}"#,
+                     #"{"n":123456789012345678901234567890}"#, #"{"n":-0.0e5,"b":[true,null]}"#, #"{"n":0e999999}"#]
+        for text in texts {
+            // PostgreSQL itself is the judge.
+            var accepted = true
+            do { _ = try await connection.query("SELECT $1::jsonb", [.text(text)]) } catch { accepted = false }
+            #expect((PostgresJSONB.refusal(of: text) == nil) == accepted, "\(text): jsonb \(accepted ? "takes" : "refuses") it")
+        }
+    }
+}
