@@ -1,4 +1,5 @@
 import Runtime
+
 extension DownstreamMessage {
     /// The option names an outbox payload may carry beside `data` and `notification`.
     static let payloadOptions: Set<String> = [

@@ -1,4 +1,5 @@
 import Runtime
+
 /// A downstream message (app server → FCM) with every field of PROTOCOL.md section 3.
 ///
 /// `validate()` refuses what FCM would refuse (and what it would silently rewrite), naming

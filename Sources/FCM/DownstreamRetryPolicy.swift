@@ -1,4 +1,5 @@
 import Runtime
+
 /// When a downstream message that FCM could not take is tried again.
 ///
 /// Attempt n (from 1) waits `base × 2ⁿ⁻¹`, capped at `cap`, times a random factor in
@@ -11,6 +12,9 @@ public struct DownstreamRetryPolicy: Sendable {
 
     public init() {}
 
+    /// `base` doubling to `cap`, × [0.5, 1.5).
+    public var backoff: Backoff { Backoff(base: base, cap: cap, jitter: .scaled(0.5..<1.5)) }
+
     public enum Decision: Sendable, Equatable {
         case retry(after: Duration)
         /// Too old (`maximumAge`) or its time to live has passed: mark it expired.
@@ -21,8 +25,7 @@ public struct DownstreamRetryPolicy: Sendable {
     /// first queued `age` ago, with `timeToLive` seconds (nil: FCM's 4-week default).
     public func decide<G: RandomNumberGenerator>(attempt: Int, age: Duration, timeToLive: Int?,
                                                  using generator: inout G) -> Decision {
-        let ceiling = min(cap, base * (1 << min(max(attempt - 1, 0), 30)))
-        let delay = ceiling * Double.random(in: 0.5..<1.5, using: &generator)
+        let delay = backoff.delay(attempt: max(attempt - 1, 0), using: &generator)
         let lifetime = Duration.seconds(timeToLive ?? DownstreamMessage.maximumTimeToLive)
         if age + delay > maximumAge || age + delay > lifetime { return .giveUp }
         return .retry(after: delay)

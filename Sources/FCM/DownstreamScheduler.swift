@@ -1,6 +1,6 @@
 import Foundation
-import XMPP
 import Runtime
+import XMPP
 
 /// A downstream message claimed from the outbox and ready to be placed on a connection.
 public struct OutgoingDownstream: Sendable, Equatable {
@@ -64,7 +64,7 @@ public struct DownstreamScheduler: Sendable {
 
     private var links: [Int: Link] = [:]
     private var ready = FIFO<OutgoingDownstream>()
-    private var slowedUntil: [String: ContinuousClock.Instant] = [:]
+    private var slowDowns = SlowDowns()
     private var stanzaSequence = 0
 
     public init() {}
@@ -124,12 +124,9 @@ public struct DownstreamScheduler: Sendable {
         var deferred: [Deferral] = []
         placed.reserveCapacity(min(ready.count, state.window.capacity - state.window.count))
         while links[link]!.window.hasRoom, let message = ready.popFirst() {
-            if let until = slowedUntil[message.target] {
-                if until > now {
-                    deferred.append(Deferral(message: message, until: until))
-                    continue
-                }
-                slowedUntil[message.target] = nil
+            if let until = slowDowns.heldUntil(message.target, now: now) {
+                deferred.append(Deferral(message: message, until: until))
+                continue
             }
             stanzaSequence += 1
             let stanzaID = "s\(stanzaSequence)"
@@ -197,7 +194,7 @@ public struct DownstreamScheduler: Sendable {
 
     /// Holds back messages to `target` until `until` (a rate limit).
     public mutating func slowDown(target: String, until: ContinuousClock.Instant) {
-        slowedUntil[target] = max(until, slowedUntil[target] ?? until)
+        slowDowns.slowDown(target, until: until)
     }
 
     /// Empties the queue (messages never sent), for handing them back at shutdown.

@@ -3,11 +3,18 @@ import Runtime
 import XMPP
 
 /// The ack of an upstream message that waits for the message's commit (durable mode),
-/// bound to the connection the message came in on, as CCS requires.
-public struct DurableAck: Sendable {
+/// bound to the connection the message came in on, as CCS requires. A class: the work
+/// that carries it is copied along the pipeline, and a reference is cheap to copy.
+public final class DurableAck: Sendable {
     public let messageID: String
     let stanza: String
     let route: CCSAckRoute
+
+    init(messageID: String, stanza: String, route: CCSAckRoute) {
+        self.messageID = messageID
+        self.stanza = stanza
+        self.route = route
+    }
 
     /// Writes `acks` after their commit: one write per connection, however many acks.
     /// Returns, per connection label, the ids whose ack could not be written (the

@@ -1,7 +1,7 @@
 import Foundation
-import XMPP
 import Runtime
 import Transport
+import XMPP
 
 /// FCM's legacy HTTP protocol (PROTOCOL.md section 8): sends, multicasts split into
 /// batches of 1,000 tokens, and device-group operations, over kept-alive HTTPS connections

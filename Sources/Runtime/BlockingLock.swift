@@ -6,13 +6,16 @@ import Foundation
 /// sleeps at once. With more busy threads than cores (the simulator's sessions and the
 /// worker on a 2-core machine), spinning only burns the CPU the lock holder needs.
 package final class BlockingLock<State>: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value: State
+    @usableFromInline let lock = NSLock()
+    @usableFromInline var value: State
 
     package init(_ value: State) {
         self.value = value
     }
 
+    /// Runs `body` with the state, under the lock. Inlinable, so that callers in other
+    /// modules get it specialized for their state.
+    @inlinable
     package func withLock<Result>(_ body: (inout State) throws -> Result) rethrows -> Result {
         lock.lock()
         defer { lock.unlock() }

@@ -6,34 +6,38 @@
 /// (the queue then holds more than `capacity` for a moment) rather than lose them, and a
 /// consumer cancelled while it waits gets nothing.
 package final class BoundedQueue<Element: Sendable>: Sendable {
-    private struct State {
-        var items = FIFO<Element>()
-        /// Producers waiting for room, each with the item it holds.
-        var held = FIFO<(id: UInt64, item: Element)>()
-        var producers = Waiters<Bool>()
-        var consumer = Waiters<Bool>()
-        var nextHold: UInt64 = 0
-        var closed = false
+    @usableFromInline struct State {
+        @usableFromInline var items = FIFO<Element>()
+        /// Items producers hold while they wait for room, and their numbers (two queues
+        /// rather than one of tuples, whose metadata costs a lookup per operation).
+        @usableFromInline var held = FIFO<Element>()
+        @usableFromInline var heldIDs = FIFO<UInt64>()
+        @usableFromInline var producers = Waiters<Bool>()
+        @usableFromInline var consumer = Waiters<Bool>()
+        @usableFromInline var nextHold: UInt64 = 0
+        @usableFromInline var closed = false
         /// Set by `takeAll`: nothing waits for room any more.
-        var drained = false
+        @usableFromInline var drained = false
+
+        @inlinable init() {}
     }
 
     package let capacity: Int
-    private let state = BlockingLock(State())
+    @usableFromInline let state = BlockingLock(State())
 
-    package init(capacity: Int) {
+    @inlinable package init(capacity: Int) {
         self.capacity = capacity
     }
 
     /// Adds `item`, waiting while the queue is full.
-    package func push(_ item: Element) async {
+    @inlinable package func push(_ item: Element) async {
         await push(contentsOf: CollectionOfOne(item))
     }
 
     /// Adds `items` in order, with one lock and at most one consumer wakeup for what fits;
     /// the rest waits for room (in order, behind producers already waiting). After
     /// `close()` items are still accepted: nothing a producer holds is lost.
-    package func push<S: Sequence>(contentsOf items: S) async where S.Element == Element {
+    @inlinable package func push<S: Sequence>(contentsOf items: S) async where S.Element == Element {
         var iterator = items.makeIterator()
         var next = iterator.next()
         while let item = next {
@@ -48,7 +52,8 @@ package final class BoundedQueue<Element: Sendable>: Sendable {
                         pending = iterator.next()
                     } else {
                         state.nextHold += 1
-                        state.held.append((state.nextHold, current))
+                        state.held.append(current)
+                        state.heldIDs.append(state.nextHold)
                         hold = state.nextHold
                         pending = nil
                     }
@@ -64,15 +69,16 @@ package final class BoundedQueue<Element: Sendable>: Sendable {
 
     /// Waits until the held item `hold` is in the queue. On cancellation it is moved in at
     /// once, over capacity.
-    private func waitUntilAdmitted(_ hold: UInt64) async {
+    @inlinable func waitUntilAdmitted(_ hold: UInt64) async {
         let admitted = await state.suspend(in: \.producers, cancelled: false) { state in
-            state.held.contains { $0.id == hold } ? nil : true
+            state.heldIDs.contains { $0 == hold } ? nil : true
         }
         guard !admitted else { return }
         let consumer = state.withLock { state -> CheckedContinuation<Bool, Never>? in
             // Admit every item held up to and including this one, in order.
-            while let first = state.held.first, first.id <= hold {
-                state.items.append(state.held.popFirst()!.item)
+            while let first = state.heldIDs.first, first <= hold {
+                _ = state.heldIDs.popFirst()
+                state.items.append(state.held.popFirst()!)
             }
             return state.consumer.removeFirst()
         }
@@ -82,7 +88,7 @@ package final class BoundedQueue<Element: Sendable>: Sendable {
     /// Takes up to `maximum` items, waiting until at least one is there, the queue is closed
     /// (returns what is left, possibly nothing), `deadline` passes, or the task is
     /// cancelled (both return an empty array when nothing was there).
-    package func take(maximum: Int, deadline: ContinuousClock.Instant? = nil) async -> [Element] {
+    @inlinable package func take(maximum: Int, deadline: ContinuousClock.Instant? = nil) async -> [Element] {
         var lastLook = false
         while true {
             let (items, admitted, closed) = state.withLock { state -> ([Element], [CheckedContinuation<Bool, Never>], Bool) in
@@ -103,23 +109,24 @@ package final class BoundedQueue<Element: Sendable>: Sendable {
     }
 
     /// Moves held items into the room the consumer made; returns their producers to resume.
-    private func admitProducers(_ state: inout State) -> [CheckedContinuation<Bool, Never>] {
+    @inlinable func admitProducers(_ state: inout State) -> [CheckedContinuation<Bool, Never>] {
         guard !state.held.isEmpty, state.items.count < capacity else { return [] }
         while state.items.count < capacity, let held = state.held.popFirst() {
-            state.items.append(held.item)
+            _ = state.heldIDs.popFirst()
+            state.items.append(held)
         }
         // Each producer checks whether its own item got in.
         return state.producers.removeAll()
     }
 
     /// True once `close()` was called.
-    package var isClosed: Bool { state.withLock { $0.closed } }
+    @inlinable package var isClosed: Bool { state.withLock { $0.closed } }
 
     /// Number of queued items (including those producers hold while waiting for room).
-    package var count: Int { state.withLock { $0.items.count + $0.held.count } }
+    @inlinable package var count: Int { state.withLock { $0.items.count + $0.held.count } }
 
     /// Tells the consumer to finish: `take` no longer waits once the queue is empty.
-    package func close() {
+    @inlinable package func close() {
         let consumer = state.withLock { state -> [CheckedContinuation<Bool, Never>] in
             state.closed = true
             return state.consumer.removeAll()
@@ -130,12 +137,13 @@ package final class BoundedQueue<Element: Sendable>: Sendable {
     /// Closes the queue and takes everything in it, including the items producers hold
     /// while waiting for room; those producers return (their items are the caller's now),
     /// and later pushes are accepted without waiting. For a consumer giving up (shutdown).
-    package func takeAll() -> [Element] {
+    @inlinable package func takeAll() -> [Element] {
         let (items, producers, consumer) = state.withLock { state -> ([Element], [CheckedContinuation<Bool, Never>], [CheckedContinuation<Bool, Never>]) in
             state.closed = true
             state.drained = true
             var items = state.items.popFirst(Int.max)
-            while let held = state.held.popFirst() { items.append(held.item) }
+            while let held = state.held.popFirst() { items.append(held) }
+            state.heldIDs = FIFO()
             return (items, state.producers.removeAll(), state.consumer.removeAll())
         }
         for producer in producers { producer.resume(returning: true) }
@@ -144,7 +152,7 @@ package final class BoundedQueue<Element: Sendable>: Sendable {
     }
 
     /// Wakes a waiting consumer without adding anything (a retry became due).
-    package func poke() {
+    @inlinable package func poke() {
         state.withLock { $0.consumer.removeFirst() }?.resume(returning: true)
     }
 }

@@ -4,37 +4,37 @@
 /// Taken elements are moved out (their slot left nil), not copied: a copy would cost a
 /// retain now and a release at compaction for every element that holds a reference.
 package struct FIFO<Element> {
-    private var items: [Element?] = []
-    private var head = 0
+    @usableFromInline var items: [Element?] = []
+    @usableFromInline var head = 0
 
-    package init() {}
+    @inlinable package init() {}
 
-    package var count: Int { items.count - head }
-    package var isEmpty: Bool { head == items.count }
+    @inlinable package var count: Int { items.count - head }
+    @inlinable package var isEmpty: Bool { head == items.count }
     /// What is queued, oldest first.
-    package var elements: [Element] { items[head...].map { $0! } }
+    @inlinable package var elements: [Element] { items[head...].map { $0! } }
 
-    package mutating func append(_ element: Element) { items.append(element) }
-    package mutating func append<S: Sequence>(contentsOf elements: S) where S.Element == Element {
+    @inlinable package mutating func append(_ element: Element) { items.append(element) }
+    @inlinable package mutating func append<S: Sequence>(contentsOf elements: S) where S.Element == Element {
         items.append(contentsOf: elements.lazy.map { Optional($0) })
     }
 
     /// Puts `elements` in front of what is queued, in their order.
-    package mutating func prepend<S: Sequence>(contentsOf elements: S) where S.Element == Element {
+    @inlinable package mutating func prepend<S: Sequence>(contentsOf elements: S) where S.Element == Element {
         items = elements.map { Optional($0) } + items[head...]
         head = 0
     }
 
     /// The oldest element, left in place.
-    package var first: Element? { head < items.count ? items[head] : nil }
+    @inlinable package var first: Element? { head < items.count ? items[head] : nil }
 
     /// True when an element satisfies `predicate`.
-    package func contains(where predicate: (Element) -> Bool) -> Bool {
+    @inlinable package func contains(where predicate: (Element) -> Bool) -> Bool {
         items[head...].contains { predicate($0!) }
     }
 
     /// Takes the oldest element.
-    package mutating func popFirst() -> Element? {
+    @inlinable package mutating func popFirst() -> Element? {
         guard head < items.count else { return nil }
         defer {
             head += 1
@@ -44,7 +44,7 @@ package struct FIFO<Element> {
     }
 
     /// Takes up to `maximum` of the oldest elements, oldest first.
-    package mutating func popFirst(_ maximum: Int) -> [Element] {
+    @inlinable package mutating func popFirst(_ maximum: Int) -> [Element] {
         let end = head + min(maximum, count)
         var taken: [Element] = []
         taken.reserveCapacity(end - head)
@@ -54,7 +54,7 @@ package struct FIFO<Element> {
         return taken
     }
 
-    private mutating func compact() {
+    @inlinable mutating func compact() {
         if head == items.count {
             items.removeAll(keepingCapacity: true)
             head = 0

@@ -6,38 +6,46 @@ import Synchronization
 /// `BlockingLock.suspend` adds the calling task and takes it out again if the task is
 /// cancelled, so that every wait built on it ends on cancellation as well as on its event.
 package struct Waiters<Value: Sendable> {
-    private var entries: [(id: UInt64, continuation: CheckedContinuation<Value, Never>)] = []
+    // Two arrays rather than one of (id, continuation) tuples: a tuple element type makes
+    // every array operation look its metadata up at run time.
+    @usableFromInline var ids: [UInt64] = []
+    @usableFromInline var continuations: [CheckedContinuation<Value, Never>] = []
 
-    package init() {}
+    @inlinable package init() {}
 
-    package var isEmpty: Bool { entries.isEmpty }
-    package var count: Int { entries.count }
+    @inlinable package var isEmpty: Bool { ids.isEmpty }
+    @inlinable package var count: Int { ids.count }
 
-    mutating func append(_ id: UInt64, _ continuation: CheckedContinuation<Value, Never>) {
-        entries.append((id, continuation))
+    @inlinable mutating func append(_ id: UInt64, _ continuation: CheckedContinuation<Value, Never>) {
+        ids.append(id)
+        continuations.append(continuation)
     }
 
     /// Takes out the waiter `id`, if it still waits.
-    mutating func remove(_ id: UInt64) -> CheckedContinuation<Value, Never>? {
-        guard let index = entries.firstIndex(where: { $0.id == id }) else { return nil }
-        return entries.remove(at: index).continuation
+    @inlinable mutating func remove(_ id: UInt64) -> CheckedContinuation<Value, Never>? {
+        guard let index = ids.firstIndex(of: id) else { return nil }
+        ids.remove(at: index)
+        return continuations.remove(at: index)
     }
 
     /// Takes out the longest-waiting task.
-    package mutating func removeFirst() -> CheckedContinuation<Value, Never>? {
-        entries.isEmpty ? nil : entries.removeFirst().continuation
+    @inlinable package mutating func removeFirst() -> CheckedContinuation<Value, Never>? {
+        guard !ids.isEmpty else { return nil }
+        ids.removeFirst()
+        return continuations.removeFirst()
     }
 
     /// Takes out every waiting task.
-    package mutating func removeAll() -> [CheckedContinuation<Value, Never>] {
-        defer { entries.removeAll() }
-        return entries.map(\.continuation)
+    @inlinable package mutating func removeAll() -> [CheckedContinuation<Value, Never>] {
+        guard !ids.isEmpty else { return [] }
+        ids.removeAll()
+        defer { continuations.removeAll() }
+        return continuations
     }
-
 }
 
 /// Numbers the waits of every `Waiters`, so that a cancelled or timed-out task finds its own.
-private let waitIDs = Atomic<UInt64>(0)
+@usableFromInline let waitIDs = Atomic<UInt64>(0)
 
 extension BlockingLock {
     /// Suspends the calling task until another task resumes it through the `Waiters` that
@@ -46,6 +54,7 @@ extension BlockingLock {
     ///
     /// `ready` runs under the lock first: a non-nil result is returned at once without
     /// waiting.
+    @inlinable
     package func suspend<Value: Sendable>(
         in waiters: any WritableKeyPath<State, Waiters<Value>> & Sendable, cancelled: Value,
         deadline: ContinuousClock.Instant? = nil, timedOut: Value? = nil,

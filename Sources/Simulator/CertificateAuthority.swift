@@ -1,7 +1,7 @@
-import COpenSSL
+internal import COpenSSL
 import Foundation
-import XMPP
 import Transport
+import XMPP
 
 /// A throwaway certificate authority made in memory at run time (EC P-256, SHA-256), for
 /// the simulator's TLS: tests and the demo trust its root and nothing else.

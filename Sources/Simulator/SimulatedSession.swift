@@ -1,8 +1,8 @@
 import FCM
 import Foundation
 import Synchronization
-import XMPP
 import Transport
+import XMPP
 
 /// What the scripting API asks a session to do.
 enum SessionCommand: Sendable {

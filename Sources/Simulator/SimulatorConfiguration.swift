@@ -1,6 +1,6 @@
 import FCM
-import XMPP
 import Transport
+import XMPP
 
 /// How the simulated FCM behaves.
 public struct SimulatorConfiguration: Sendable {

@@ -1,5 +1,5 @@
-import Synchronization
 import Runtime
+import Synchronization
 
 /// Bytes waiting to be written by a stream's thread, bounded in size.
 ///

@@ -39,6 +39,47 @@ public struct CommandOption<Settings>: Sendable {
         }
     }
 
+    /// A duration in seconds (more than 0, at most a day), stored at `keyPath`; `name`
+    /// says what it is in errors.
+    public static func seconds(_ flag: String, environment: String?, default defaultDescription: String, help: String, name: String,
+                               _ keyPath: any WritableKeyPath<Settings, Duration> & Sendable) -> CommandOption {
+        CommandOption(flag, environment: environment, placeholder: "SECONDS", default: defaultDescription, help: help) { settings, text throws(ConfigurationError) in
+            settings[keyPath: keyPath] = try parseSeconds(text, name: name)
+        }
+    }
+
+    /// A whole number in `range`, stored at `keyPath`.
+    public static func integer(_ flag: String, environment: String?, default defaultDescription: String, help: String, name: String,
+                               range: ClosedRange<Int>, _ keyPath: any WritableKeyPath<Settings, Int> & Sendable) -> CommandOption {
+        CommandOption(flag, environment: environment, placeholder: "N", default: defaultDescription, help: help) { settings, text throws(ConfigurationError) in
+            settings[keyPath: keyPath] = try parseInteger(text, name: name, range: range)
+        }
+    }
+
+    /// A text stored as it is at `keyPath` (a path, a name).
+    public static func text(_ flag: String, environment: String?, placeholder: String, default defaultDescription: String, help: String,
+                            _ keyPath: any WritableKeyPath<Settings, String> & Sendable) -> CommandOption {
+        CommandOption(flag, environment: environment, placeholder: placeholder, default: defaultDescription, help: help) { settings, text throws(ConfigurationError) in
+            settings[keyPath: keyPath] = text
+        }
+    }
+
+    /// Seconds, more than 0 and at most a day.
+    public static func parseSeconds(_ text: String, name: String) throws(ConfigurationError) -> Duration {
+        guard let seconds = Double(text), seconds > 0, seconds <= 86_400 else {
+            throw ConfigurationError("invalid \(name) \(text): expected seconds, more than 0")
+        }
+        return .milliseconds(Int64((seconds * 1000).rounded()))
+    }
+
+    /// A whole number in `range`.
+    public static func parseInteger(_ text: String, name: String, range: ClosedRange<Int>, expecting: String? = nil) throws(ConfigurationError) -> Int {
+        guard let value = Int(text), range.contains(value) else {
+            throw ConfigurationError("invalid \(name) \(text): expected \(expecting ?? "\(range.lowerBound) to \(range.upperBound)")")
+        }
+        return value
+    }
+
     /// The same option for other settings that hold these ones at `keyPath`.
     public func lifted<Outer>(to keyPath: any WritableKeyPath<Outer, Settings> & Sendable) -> CommandOption<Outer> {
         let apply = self.apply

@@ -34,7 +34,7 @@ final class HTTPOutboxSender: Sendable {
         /// Rows claimed and not yet settled (their claim is renewed).
         var inFlight: Set<Int64> = []
         /// Devices and topics that hit a rate limit, and until when their rows wait.
-        var slowedUntil: [String: Date] = [:]
+        var slowDowns = SlowDowns()
     }
 
     init(store: OutboxStore, client: FCMHTTPClient, writeBack: OutboxWriteBack, doorbell: Doorbell,
@@ -96,9 +96,11 @@ final class HTTPOutboxSender: Sendable {
                                            errorDescription: refusal.description)])
             return
         }
-        if let target = message.to ?? message.condition, let until = state.withLock({ $0.slowedUntil[target] }), until > now {
+        if let target = message.to ?? message.condition,
+           let until = state.withLock({ $0.slowDowns.heldUntil(target, now: .now) }) {
             // Held back like XMPP's rate-limit slowdown: not sent, not counted as an attempt.
-            writeBack.record([OutboxUpdate(rowID: row.id, status: row.attempts > 0 ? .retry : .pending, availableAt: until)])
+            writeBack.record([OutboxUpdate(rowID: row.id, status: row.attempts > 0 ? .retry : .pending,
+                                           availableAt: now.addingTimeInterval((until - .now).seconds))])
             return
         }
         var request = LegacyHTTPMessage(target: .to(""))
@@ -160,10 +162,9 @@ final class HTTPOutboxSender: Sendable {
                                                age: .seconds(now.timeIntervalSince(row.createdAt)), timeToLive: message.timeToLive,
                                                policy: settings.retry, now: Date(), using: &generator)
         if let slowDown = settlement.slowDown {
-            let until = Date().addingTimeInterval(slowDown.duration.seconds)
+            let until = ContinuousClock.now + slowDown.duration
             state.withLock { state in
-                state.slowedUntil = state.slowedUntil.filter { $0.value > now }
-                for target in slowDown.targets { state.slowedUntil[target] = max(state.slowedUntil[target] ?? until, until) }
+                for target in slowDown.targets { state.slowDowns.slowDown(target, until: until) }
             }
         }
         if let update = settlement.update { writeBack.record([update], tokens: settlement.tokens) }

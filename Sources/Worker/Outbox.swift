@@ -31,11 +31,10 @@ final class Outbox: Sendable {
         let xmppStore = OutboxStore(pool: pool, workerID: settings.workerID, lease: settings.lease, transport: "xmpp")
         let httpStore = OutboxStore(pool: pool, workerID: settings.workerID, lease: settings.lease, transport: "http")
         let xmppDoorbell = Doorbell(), httpDoorbell = Doorbell()
-        // A written retry may be due already: let the claim loops look.
-        let writeBack = OutboxWriteBack(store: xmppStore, logger: logger, onCommit: {
-            xmppDoorbell.ring()
-            httpDoorbell.ring()
-        })
+        // A written XMPP retry may be due already: let its claim loop look. (The HTTP sender
+        // finds its retries with its sweep: waking it on every write would cost PostgreSQL
+        // a claim query per batch of answers.)
+        let writeBack = OutboxWriteBack(store: xmppStore, logger: logger, onCommit: { xmppDoorbell.ring() })
         self.writeBack = writeBack
         self.stores = [xmppStore, httpStore]
         self.settings = settings

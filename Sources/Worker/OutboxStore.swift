@@ -1,8 +1,8 @@
 import FCM
 import Foundation
 import Postgres
-import XMPP
 import Runtime
+import XMPP
 
 /// The outbox table as the sender uses it: claiming rows under a lease, writing their
 /// delivery state back, renewing and handing back claims, and marking tokens.

@@ -62,6 +62,8 @@ final class OutboxWriteBack: Sendable {
         let now = ContinuousClock.now
         let (worker, number) = state.withLock { state -> (CheckedContinuation<Void, Never>?, UInt64) in
             state.recorded += 1
+            // News that only rows were sent waits for its hold anyway: no need to wake the writer.
+            var writable = !tokens.isEmpty
             for update in updates {
                 let merged: OutboxUpdate
                 if let earlier = state.updates[update.rowID] {
@@ -74,13 +76,14 @@ final class OutboxWriteBack: Sendable {
                 if merged.status == .sent {
                     if state.heldSince[update.rowID] == nil { state.heldSince[update.rowID] = now }
                 } else {
-                    state.heldSince[update.rowID] = nil
+                    state.heldSince.removeValue(forKey: update.rowID)
+                    writable = true
                 }
             }
             for mark in tokens {
                 if state.tokens.updateValue(mark, forKey: mark.token) == nil { state.tokenOrder.append(mark.token) }
             }
-            return (state.worker.removeFirst(), state.recorded)
+            return (writable ? state.worker.removeFirst() : nil, state.recorded)
         }
         worker?.resume()
         return number

@@ -155,14 +155,11 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             }
             settings.databaseURL = text
         },
-        CommandOption("--database-timeout", environment: "FCM_DATABASE_TIMEOUT", placeholder: "SECONDS", default: "15",
-                      help: "a database call that waits this long has its connection dropped and replaced, and is retried") { settings, text throws(ConfigurationError) in
-            settings.databaseTimeout = try parseSeconds(text, name: "database timeout")
-        },
-        CommandOption("--connections", environment: "FCM_CONNECTIONS", placeholder: "N", default: "1",
-                      help: "CCS connections to keep open (1 to 1000)") { settings, text throws(ConfigurationError) in
-            settings.connections = try parseInteger(text, name: "connection count", range: 1...1000)
-        },
+        .seconds("--database-timeout", environment: "FCM_DATABASE_TIMEOUT", default: "15",
+                 help: "a database call that waits this long has its connection dropped and replaced, and is retried",
+                 name: "database timeout", \.databaseTimeout),
+        .integer("--connections", environment: "FCM_CONNECTIONS", default: "1", help: "CCS connections to keep open (1 to 1000)",
+                 name: "connection count", range: 1...1000, \.connections),
         CommandOption("--handlers", environment: "FCM_HANDLERS", placeholder: "a,b", default: "every registered handler",
                       help: "handlers to run, by name") { settings, text throws(ConfigurationError) in
             let names = text.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
@@ -176,52 +173,34 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             }
             settings.ackMode = mode
         },
-        CommandOption("--concurrency", environment: "FCM_CONCURRENCY", placeholder: "N", default: "4",
-                      help: "handling lanes (a device's messages keep one lane; 1 to 64)") { settings, text throws(ConfigurationError) in
-            settings.concurrency = try parseInteger(text, name: "concurrency", range: 1...64)
-        },
-        CommandOption("--max-attempts", environment: "FCM_MAX_ATTEMPTS", placeholder: "N", default: "5",
-                      help: "handling attempts before a message is dead-lettered (1 to 100)") { settings, text throws(ConfigurationError) in
-            settings.maxAttempts = try parseInteger(text, name: "max attempts", range: 1...100)
-        },
-        CommandOption("--spool-file", environment: "FCM_SPOOL_FILE", placeholder: "PATH", default: "./fcm-worker.spool",
-                      help: "where acked messages that could not be committed at shutdown wait for the next start") { settings, path throws(ConfigurationError) in
-            settings.spoolFile = path
-        },
-        CommandOption("--shutdown-timeout", environment: "FCM_SHUTDOWN_TIMEOUT", placeholder: "SECONDS", default: "10",
-                      help: "how long a shutdown lets queued messages commit before spooling them") { settings, text throws(ConfigurationError) in
-            settings.shutdownTimeout = try parseSeconds(text, name: "shutdown timeout")
-        },
-        CommandOption("--migrations-dir", environment: "FCM_MIGRATIONS_DIR", placeholder: "PATH", default: "./migrations",
-                      help: "the folder of NNNN_name.sql migrations") { settings, path throws(ConfigurationError) in
-            settings.migrationsDirectory = path
-        },
+        .integer("--concurrency", environment: "FCM_CONCURRENCY", default: "4",
+                 help: "handling lanes (a device's messages keep one lane; 1 to 64)", name: "concurrency", range: 1...64, \.concurrency),
+        .integer("--max-attempts", environment: "FCM_MAX_ATTEMPTS", default: "5",
+                 help: "handling attempts before a message is dead-lettered (1 to 100)", name: "max attempts", range: 1...100, \.maxAttempts),
+        .text("--spool-file", environment: "FCM_SPOOL_FILE", placeholder: "PATH", default: "./fcm-worker.spool",
+              help: "where acked messages that could not be committed at shutdown wait for the next start", \.spoolFile),
+        .seconds("--shutdown-timeout", environment: "FCM_SHUTDOWN_TIMEOUT", default: "10",
+                 help: "how long a shutdown lets queued messages commit before spooling them", name: "shutdown timeout", \.shutdownTimeout),
+        .text("--migrations-dir", environment: "FCM_MIGRATIONS_DIR", placeholder: "PATH", default: "./migrations",
+              help: "the folder of NNNN_name.sql migrations", \.migrationsDirectory),
         .toggle("--migrate", environment: "FCM_MIGRATE", help: "apply pending migrations at start instead of refusing to start") { settings, on in
             settings.migrate = on
         },
-        CommandOption("--ping-interval", environment: "FCM_PING_INTERVAL", placeholder: "SECONDS", default: "60",
-                      help: "ping CCS after this much silence") { settings, text throws(ConfigurationError) in
-            settings.pingInterval = try parseSeconds(text, name: "ping interval")
-        },
-        CommandOption("--ping-timeout", environment: "FCM_PING_TIMEOUT", placeholder: "SECONDS", default: "15",
-                      help: "a connection silent this long after a ping is dropped and replaced") { settings, text throws(ConfigurationError) in
-            settings.pingTimeout = try parseSeconds(text, name: "ping timeout")
-        },
+        .seconds("--ping-interval", environment: "FCM_PING_INTERVAL", default: "60", help: "ping CCS after this much silence",
+                 name: "ping interval", \.pingInterval),
+        .seconds("--ping-timeout", environment: "FCM_PING_TIMEOUT", default: "15",
+                 help: "a connection silent this long after a ping is dropped and replaced", name: "ping timeout", \.pingTimeout),
         CommandOption("--outbox-lease", environment: "FCM_OUTBOX_LEASE", placeholder: "SECONDS", default: "60",
                       help: "claim on an outbox row before another worker may take it over") { settings, text throws(ConfigurationError) in
-            settings.downstream.lease = try parseSeconds(text, name: "outbox lease")
+            settings.downstream.lease = try CommandOption<WorkerConfiguration>.parseSeconds(text, name: "outbox lease")
             guard settings.downstream.lease >= .seconds(1) else {
                 throw ConfigurationError("invalid outbox lease \(text): expected at least 1 second")
             }
         },
-        CommandOption("--retry-base", environment: "FCM_RETRY_BASE", placeholder: "SECONDS", default: "1",
-                      help: "first wait before a downstream message is sent again") { settings, text throws(ConfigurationError) in
-            settings.downstream.retry.base = try parseSeconds(text, name: "retry base")
-        },
-        CommandOption("--retry-max-age", environment: "FCM_RETRY_MAX_AGE", placeholder: "SECONDS", default: "86400",
-                      help: "no downstream retry after this age") { settings, text throws(ConfigurationError) in
-            settings.downstream.retry.maximumAge = try parseSeconds(text, name: "retry maximum age")
-        },
+        .seconds("--retry-base", environment: "FCM_RETRY_BASE", default: "1", help: "first wait before a downstream message is sent again",
+                 name: "retry base", \.downstream.retry.base),
+        .seconds("--retry-max-age", environment: "FCM_RETRY_MAX_AGE", default: "86400", help: "no downstream retry after this age",
+                 name: "retry maximum age", \.downstream.retry.maximumAge),
         CommandOption("--worker-id", environment: "FCM_WORKER_ID", placeholder: "ID", default: "host:pid:random",
                       help: "written to claimed_by on outbox rows") { settings, text throws(ConfigurationError) in
             guard text.count <= 200, !text.contains(where: { $0.isNewline }) else {
@@ -244,7 +223,8 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             if text == "off" {
                 settings.ioNiceness = nil
             } else {
-                settings.ioNiceness = Int32(try parseInteger(text, name: "I/O niceness", range: -20...19, expecting: "-20 to 19, or off"))
+                settings.ioNiceness = Int32(try CommandOption<WorkerConfiguration>.parseInteger(text, name: "I/O niceness", range: -20...19,
+                                                                                               expecting: "-20 to 19, or off"))
             }
         },
         CommandOption("--prepared-statements", environment: "FCM_PREPARED_STATEMENTS", placeholder: "on|off", default: "on",
@@ -296,20 +276,6 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             throw ConfigurationError("invalid endpoint port in \(text): expected 1 to 65535")
         }
         return (host, port)
-    }
-
-    static func parseSeconds(_ text: String, name: String) throws(ConfigurationError) -> Duration {
-        guard let seconds = Double(text), seconds > 0, seconds <= 86_400 else {
-            throw ConfigurationError("invalid \(name) \(text): expected seconds, more than 0")
-        }
-        return .milliseconds(Int64((seconds * 1000).rounded()))
-    }
-
-    static func parseInteger(_ text: String, name: String, range: ClosedRange<Int>, expecting: String? = nil) throws(ConfigurationError) -> Int {
-        guard let value = Int(text), range.contains(value) else {
-            throw ConfigurationError("invalid \(name) \(text): expected \(expecting ?? "\(range.lowerBound) to \(range.upperBound)")")
-        }
-        return value
     }
 
     /// The settings of the legacy HTTP client (same credentials and trust as XMPP).

@@ -1,8 +1,8 @@
 import FCM
 import Foundation
 import Postgres
-import XMPP
 import Runtime
+import XMPP
 
 /// Sends the outbox rows of transport `xmpp` over the worker's CCS connections with FCM's
 /// rules: the XMPP shell of the `Outbox`.
@@ -58,6 +58,8 @@ final class XMPPOutboxSender: Sendable {
         var finished = false
         /// Tasks waiting until nothing sent is unanswered (shutdown).
         var answerWaiters = Waiters<Bool>()
+        /// When unanswered messages were last looked for.
+        var lastExpiryCheck = ContinuousClock.now
         var statistics = Statistics()
         /// When scheduled retries fall due: the claim loop wakes for each.
         var retryTimes = DueTimes()
@@ -179,7 +181,12 @@ final class XMPPOutboxSender: Sendable {
         var badAck: String?
         var retryDue: [ContinuousClock.Instant] = []
         var claimNow = false
+        var drained: [CheckedContinuation<Bool, Never>] = []
         let wake = state.withLock { state -> [(CheckedContinuation<Batch?, Never>, Batch?)] in
+            defer {
+                // A shutdown waiting for the last answers is told when they are all in.
+                if !state.answerWaiters.isEmpty && state.scheduler.pendingCount == 0 { drained = state.answerWaiters.removeAll() }
+            }
             let found: (OutgoingDownstream, sentAt: ContinuousClock.Instant)?
             switch answer {
             case .ack(let messageID, _), .nack(let messageID, _, _):
@@ -216,7 +223,7 @@ final class XMPPOutboxSender: Sendable {
         if let badAck { logger.error("CCS answered BAD_ACK (\(badAck)): an ack we sent was malformed; this is a bug in fcm-worker") }
         resume(wake)
         if claimNow { doorbell.ring() }
-        wakeAnswerWaitersIfDone()
+        for waiter in drained { waiter.resume(returning: true) }
     }
 
     /// Wakes `finish` once nothing sent is unanswered.
@@ -398,8 +405,12 @@ final class XMPPOutboxSender: Sendable {
     /// Frees the slots of messages whose answer is `answerTimeout` late (lost, or refused
     /// by a stanza error that named no stanza) and sends them again.
     private func expireUnanswered() {
+        let now = ContinuousClock.now
         let (expired, wake) = state.withLock { state -> (Int, [(CheckedContinuation<Batch?, Never>, Batch?)]) in
-            let expired = state.scheduler.expireUnanswered(sentBefore: .now - settings.answerTimeout)
+            // Looked for once a second at most: it visits every pending message.
+            guard now - state.lastExpiryCheck >= .seconds(1) else { return (0, []) }
+            state.lastExpiryCheck = now
+            let expired = state.scheduler.expireUnanswered(sentBefore: now - settings.answerTimeout)
             state.statistics.resent += expired
             return (expired, expired > 0 ? takeForWaiters(&state) : [])
         }
@@ -471,40 +482,5 @@ final class XMPPOutboxSender: Sendable {
         if rest.first != "}" { json += "," }
         json += rest
         return json
-    }
-}
-
-/// Instants at which outbox rows fall due again, each with the number of the write-back
-/// `record` call that schedules it: an instant is forgotten only once it has passed and
-/// that write is committed (before then, a claim could not see the row as due). Kept
-/// sorted, at a 5 ms granularity, so a burst of retries scheduled together is one entry.
-struct DueTimes {
-    private var entries: [(at: ContinuousClock.Instant, written: UInt64)] = []
-
-    mutating func insert(_ instant: ContinuousClock.Instant, written: UInt64) {
-        var low = 0, high = entries.count
-        while low < high {
-            let middle = (low + high) / 2
-            if entries[middle].at < instant { low = middle + 1 } else { high = middle }
-        }
-        for neighbour in [low - 1, low] where entries.indices.contains(neighbour) {
-            let gap = entries[neighbour].at - instant
-            if gap < .milliseconds(5) && gap > .milliseconds(-5) {
-                entries[neighbour].written = max(entries[neighbour].written, written)
-                return
-            }
-        }
-        entries.insert((instant, written), at: low)
-    }
-
-    /// Forgets the instants that have passed by `now` and whose write is committed
-    /// (`written` or lower): whether there were any, and the next instant still kept.
-    mutating func popPassed(before now: ContinuousClock.Instant, written committed: UInt64) -> (passed: Bool, next: ContinuousClock.Instant?) {
-        var passed = false
-        while let first = entries.first, first.at <= now, first.written <= committed {
-            entries.removeFirst()
-            passed = true
-        }
-        return (passed, entries.first?.at)
     }
 }

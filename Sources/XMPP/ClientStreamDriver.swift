@@ -1,10 +1,10 @@
-import Transport
 import Runtime
+import Transport
 
 /// Runs a client session on its stream's thread: negotiation, liveness, and handing
 /// stanzas to the consuming task.
-final class ClientStreamDriver<Inbound: Sendable>: StreamDriver {
-    let inbox: StanzaInbox<Inbound>
+final class ClientStreamDriver: StreamDriver {
+    let inbox: StanzaInbox
     private let reader: XMLStreamReader
     /// Fulfilled with the bound JID, or failed with why the session never came up.
     let establishment = OneShot<String>()
@@ -16,11 +16,15 @@ final class ClientStreamDriver<Inbound: Sendable>: StreamDriver {
     private var negotiationDeadline: ContinuousClock.Instant?
     private var established = false
 
-    private let intercept: (XMLElement) -> Interception<Inbound>
+    /// The interceptor, its result type-erased for the inbox.
+    private let intercept: (XMLElement) -> (reply: String?, inbound: any Sendable)
 
-    init(configuration: XMPPClientConfiguration, interceptor: some StanzaInterceptor<Inbound>, inbox: StanzaInbox<Inbound>) {
+    init<Inbound>(configuration: XMPPClientConfiguration, interceptor: some StanzaInterceptor<Inbound>, inbox: StanzaInbox) {
         self.inbox = inbox
-        self.intercept = interceptor.intercept
+        self.intercept = { stanza in
+            let interception = interceptor.intercept(stanza)
+            return (interception.reply, interception.inbound)
+        }
         self.reader = XMLStreamReader(maxStanzaBytes: configuration.maxStanzaBytes, maxDepth: configuration.maxDepth)
         self.negotiation = SessionNegotiation(credentials: configuration.credentials)
         self.liveness = LivenessMonitor(idleInterval: configuration.pingInterval, timeout: configuration.pingTimeout)

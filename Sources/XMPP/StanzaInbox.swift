@@ -2,12 +2,18 @@ import Runtime
 
 /// What a stream's thread made of its stanzas, handed to one consuming task, bounded.
 ///
+/// The items are type-erased here (`XMPPConnection` hands them out typed again): the
+/// stream's thread and this inbox then run code compiled for one type, instead of generic
+/// code that looks its types up at run time for every stanza.
+///
 /// The thread pushes without blocking and learns from the result whether to keep reading;
 /// when the inbox is full it stops reading the socket (TCP backpressure reaches the server)
 /// until the consumer has taken one out, which wakes the thread through `onSpace`. One read
 /// can complete several stanzas, so the inbox may hold up to one read's worth past its
 /// capacity, never more.
-final class StanzaInbox<Item: Sendable>: Sendable {
+final class StanzaInbox: Sendable {
+    typealias Item = any Sendable
+
     private struct State {
         var items = FIFO<Item>()
         var consumer = Waiters<[Item]?>()

@@ -1,5 +1,6 @@
 import Runtime
 import Transport
+
 /// Everything needed to open one client session.
 public struct XMPPClientConfiguration: Sendable {
     /// TCP host, also the TLS server name (SNI and certificate check).

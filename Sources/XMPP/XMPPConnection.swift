@@ -14,10 +14,10 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
     /// A label for logs (`host:port#n`).
     public let label: String
     private let loop: StreamLoop
-    private let inbox: StanzaInbox<Inbound>
+    private let inbox: StanzaInbox
     private let ending: OneShot<XMPPError>
 
-    private init(boundJID: String, label: String, loop: StreamLoop, inbox: StanzaInbox<Inbound>, ending: OneShot<XMPPError>) {
+    private init(boundJID: String, label: String, loop: StreamLoop, inbox: StanzaInbox, ending: OneShot<XMPPError>) {
         self.boundJID = boundJID
         self.label = label
         self.loop = loop
@@ -29,12 +29,12 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
     /// authenticates and binds; `interceptor` then runs on the connection's thread for
     /// every stanza received.
     /// - Throws: `XMPPError`, for instance `.authenticationRefused` for bad credentials or
-    ///   `.certificateRejected` for an untrusted or mismatched certificate.
+    ///   `.transport(.certificateRejected)` for an untrusted or mismatched certificate.
     public static func connect(_ configuration: XMPPClientConfiguration, interceptor: some StanzaInterceptor<Inbound>,
                                tls: TLSContext, label: String? = nil) async throws -> XMPPConnection {
         let name = label ?? "\(configuration.host):\(configuration.port)"
         let wake = WakeRelay()
-        let inbox = StanzaInbox<Inbound>(capacity: configuration.inboundCapacity) { wake.fire() }
+        let inbox = StanzaInbox(capacity: configuration.inboundCapacity) { wake.fire() }
         let driver = ClientStreamDriver(configuration: configuration, interceptor: interceptor, inbox: inbox)
         let loop = StreamLoop(
             name: "xmpp \(name)",
@@ -55,14 +55,15 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
     /// What the next received stanza became, or nil once the stream has ended (see
     /// `closed()`) or the task is cancelled while nothing is waiting.
     public func next() async -> Inbound? {
-        await inbox.next()
+        // Only this connection's interceptor fills the inbox: every item is an `Inbound`.
+        await inbox.next().map { $0 as! Inbound }
     }
 
     /// Everything received and waiting (at most `maximum`, at least one), in arrival
     /// order; nil once the stream has ended and all was taken (or on cancellation while
     /// nothing is waiting).
     public func next(maximum: Int) async -> [Inbound]? {
-        await inbox.next(maximum: maximum)
+        await inbox.next(maximum: maximum)?.map { $0 as! Inbound }
     }
 
     /// Queues `stanza` for sending, waiting while the write buffer is full.

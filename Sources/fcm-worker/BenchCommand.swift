@@ -2,11 +2,11 @@ import FCM
 import Foundation
 import Handlers
 import Postgres
+import Runtime
 import Simulator
 import Synchronization
 import Worker
 import XMPP
-import Runtime
 
 /// `fcm-worker bench upstream|downstream`: measured figures, printed.
 enum BenchCommand {

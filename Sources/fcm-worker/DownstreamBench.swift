@@ -1,9 +1,9 @@
 import Foundation
 import Postgres
+import Runtime
 import Simulator
 import Synchronization
 import Worker
-import Runtime
 
 /// The downstream benchmark of issue 4: rows inserted into the outbox, sent by an
 /// in-process worker to a simulator process that acks each after a set delay.

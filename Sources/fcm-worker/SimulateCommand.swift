@@ -1,9 +1,9 @@
 import FCM
 import Foundation
+import Runtime
 import Simulator
 import Worker
 import XMPP
-import Runtime
 
 /// `fcm-worker simulate`: a simulated CCS on loopback with a generated certificate.
 enum SimulateCommand {

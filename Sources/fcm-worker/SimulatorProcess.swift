@@ -1,7 +1,7 @@
 import Foundation
+import Runtime
 import Simulator
 import Synchronization
-import Runtime
 
 /// `fcm-worker simulate` as a child process, with the settings it wrote for workers.
 final class SimulatorProcess: Sendable {

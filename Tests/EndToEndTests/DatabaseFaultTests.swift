@@ -40,6 +40,7 @@ import Worker
         await database.waitForRows(in: "upstream_messages", count: 2500, within: .seconds(30))
         #expect(try await database.count("upstream_messages") == 2500)
         let recovered = ContinuousClock.now - stalledAt
+        print("after the database connections stalled (--database-timeout 2), all 2,000 acked were stored \(recovered) later")
         // The deadline (2 s) plus a reconnect, with room for a busy test machine.
         #expect(recovered < .seconds(15), "stored \(recovered) after the stall")
         #expect(events.all.contains { if case .databaseUnavailable(let reason) = $0 { reason.contains("timeout") } else { false } })
@@ -90,47 +91,28 @@ import Worker
 /// within the shutdown timeout plus a few seconds, and a restart loses nothing acked.
 @Suite struct ShutdownDuringDatabaseFaultTests {
     private func run(_ ccs: TestCCS, databaseURL: String, spool: String, shutdownTimeout: Int = 2) throws -> (Process, Pipe) {
-        let caPath = FileManager.default.temporaryDirectory.appendingPathComponent("ca-\(UUID()).pem").path
-        try ccs.authority.rootCertificatePEM.write(toFile: caPath, atomically: true, encoding: .utf8)
-        let process = Process()
-        process.executableURL = try CommandLineTests.executable
-        process.arguments = ["run", "--sender-id", TestCCS.senderID, "--server-key", TestCCS.serverKey,
-                             "--endpoint", "127.0.0.1:\(ccs.simulator.port)", "--ca-file", caPath,
-                             "--database-url", databaseURL, "--migrations-dir", TestDatabase.migrationsDirectory,
-                             "--spool-file", spool, "--shutdown-timeout", "\(shutdownTimeout)", "--database-timeout", "2",
-                             // One lane: its queue (2,048) fills with fewer messages.
-                             "--concurrency", "1"]
-        process.environment = ["PATH": "/usr/bin:/bin"]
-        let errors = Pipe()
-        process.standardError = errors
-        process.standardOutput = FileHandle.nullDevice
-        try process.run()
-        return (process, errors)
+        // One lane: its queue (2,048) fills with fewer messages.
+        try WorkerProcess.start(ccs, databaseURL: databaseURL, spool: spool,
+                                ["--shutdown-timeout", "\(shutdownTimeout)", "--database-timeout", "2", "--concurrency", "1"])
     }
 
-    /// Sends SIGTERM and waits for the exit; returns how long it took.
     private func terminate(_ process: Process, limit: Duration) async throws -> Duration {
-        let started = ContinuousClock.now
-        kill(process.processIdentifier, SIGTERM)
-        while process.isRunning {
-            guard ContinuousClock.now - started < limit else {
-                kill(process.processIdentifier, SIGKILL)
-                throw ProxyError("the worker did not exit within \(limit) of SIGTERM")
-            }
-            try await Task.sleep(for: .milliseconds(20))
-        }
-        return ContinuousClock.now - started
+        try await WorkerProcess.terminate(process, limit: limit)
+    }
+
+    /// A database behind a fault proxy, for a worker process.
+    private func proxiedDatabase() async throws -> (TestDatabase, FaultProxy, url: String, spool: String) {
+        let database = try await TestDatabase.make()
+        let proxy = try FaultProxy(targetPort: URLComponents(string: try TestDatabase.baseURL)!.port!)
+        let spool = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID())").path
+        return (database, proxy, proxy.url(replacingPortIn: database.url), spool)
     }
 
     @Test func aSecondSIGTERMSkipsTheWaitingAndStillSpoolsEverythingAcked() async throws {
         let ccs = try TestCCS(configure: { $0.recordsEvents = true })
         defer { ccs.simulator.stop() }
-        let database = try await TestDatabase.make()
-        let base = try TestDatabase.baseURL
-        let proxy = try FaultProxy(targetPort: URLComponents(string: base)!.port!)
+        let (database, proxy, url, spool) = try await proxiedDatabase()
         defer { proxy.stop() }
-        let url = proxy.url(replacingPortIn: database.url)
-        let spool = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID())").path
         let (worker, errors) = try run(ccs, databaseURL: url, spool: spool, shutdownTimeout: 60)
         try await ccs.simulator.waitForBoundSessions(1)
         proxy.set(.stall(newConnectionsWork: false))
@@ -164,12 +146,8 @@ import Worker
     func sigtermWithTheDatabaseDownAndFullQueuesExitsInTimeAndARestartLosesNothing(fault: String) async throws {
         let ccs = try TestCCS(configure: { $0.recordsEvents = true })
         defer { ccs.simulator.stop() }
-        let database = try await TestDatabase.make()
-        let base = try TestDatabase.baseURL
-        let proxy = try FaultProxy(targetPort: URLComponents(string: base)!.port!)
+        let (database, proxy, url, spool) = try await proxiedDatabase()
         defer { proxy.stop() }
-        let url = proxy.url(replacingPortIn: database.url)
-        let spool = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID())").path
         let (first, firstErrors) = try run(ccs, databaseURL: url, spool: spool)
         try await ccs.simulator.waitForBoundSessions(1)
         for index in 0..<200 { ccs.simulator.injectUpstream(from: "d\(index % 50)", messageID: "x\(index)") }

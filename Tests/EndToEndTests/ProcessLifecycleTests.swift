@@ -7,30 +7,11 @@ import Testing
 @Suite struct ProcessLifecycleTests {
     /// Starts `fcm-worker run` against `ccs` and `database` with extra flags.
     private func startWorkerProcess(_ ccs: TestCCS, _ database: TestDatabase, spool: String, _ extra: [String]) throws -> (Process, Pipe) {
-        let configuration = try ccs.worker(database: database)
-        let process = Process()
-        process.executableURL = try CommandLineTests.executable
-        process.arguments = ["run", "--sender-id", TestCCS.senderID, "--server-key", TestCCS.serverKey,
-                             "--endpoint", "127.0.0.1:\(ccs.simulator.port)", "--ca-file", configuration.caFile!,
-                             "--database-url", database.url, "--migrations-dir", TestDatabase.migrationsDirectory,
-                             "--spool-file", spool] + extra
-        process.environment = ["PATH": "/usr/bin:/bin"]
-        let errors = Pipe()
-        process.standardError = errors
-        process.standardOutput = FileHandle.nullDevice
-        try process.run()
-        return (process, errors)
+        try WorkerProcess.start(ccs, databaseURL: database.url, spool: spool, extra)
     }
 
     private func waitForExit(_ process: Process, limit: Duration = .seconds(30)) async throws {
-        let deadline = ContinuousClock.now + limit
-        while process.isRunning {
-            guard ContinuousClock.now < deadline else {
-                process.terminate()
-                throw SimulatorError("the worker did not exit within \(limit)")
-            }
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        try await WorkerProcess.waitForExit(process, limit: limit)
     }
 
     private func storedIDs(_ database: TestDatabase) async throws -> Set<String> {

@@ -1,12 +1,12 @@
 import FCM
 import Foundation
 import Handlers
+import Runtime
 import Simulator
 import Testing
+import Transport
 import Worker
 import XMPP
-import Runtime
-import Transport
 
 /// A simulator with a fresh CA, and client settings that trust it.
 struct TestCCS {

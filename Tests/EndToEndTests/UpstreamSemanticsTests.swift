@@ -2,12 +2,12 @@ import FCM
 import Foundation
 import Handlers
 import Postgres
+import Runtime
 import Simulator
 import Synchronization
 import Testing
 import Worker
 import XMPP
-import Runtime
 
 /// Records the order in which it handles messages (a sequence number per handling).
 struct OrderRecorder: UpstreamHandler {

@@ -39,7 +39,7 @@ import XMPP
             _ = try await XMPPConnection<XMLElement>.connect(ccs.client(trust: .caPEM(stranger.rootCertificatePEM)))
             Issue.record("connected to an untrusted server")
         } catch let error as XMPPError {
-            guard case .certificateRejected(let reason) = error else {
+            guard case .transport(.certificateRejected(let reason)) = error else {
                 Issue.record("wrong error: \(error)")
                 return
             }
@@ -58,7 +58,7 @@ import XMPP
                 _ = try await XMPPConnection<XMLElement>.connect(ccs.client(host: host))
                 Issue.record("accepted a certificate for other.invalid at \(host)")
             } catch let error as XMPPError {
-                guard case .certificateRejected(let reason) = error else {
+                guard case .transport(.certificateRejected(let reason)) = error else {
                     Issue.record("wrong error at \(host): \(error)")
                     continue
                 }
@@ -216,7 +216,7 @@ import XMPP
         defer { ccs.simulator.stop() }
         let (connection, session) = try await ccs.connect()
         ccs.simulator.drop(session: session)
-        guard case .connectionLost = await connection.closed() else {
+        guard case .transport(.connectionLost) = await connection.closed() else {
             Issue.record("a drop did not end as connection lost")
             return
         }
@@ -240,7 +240,7 @@ import XMPP
             _ = try await XMPPConnection<XMLElement>.connect(configuration)
             Issue.record("connected to port 1")
         } catch let error as XMPPError {
-            guard case .connectFailed(_, 1, let reason) = error else { Issue.record("wrong error \(error)"); return }
+            guard case .transport(.connectFailed(_, 1, let reason)) = error else { Issue.record("wrong error \(error)"); return }
             #expect(reason.contains("refused"))
             #expect(!error.isConfigurationError)
         }
@@ -276,7 +276,7 @@ import XMPP
             _ = try await XMPPConnection<XMLElement>.connect(configuration)
             Issue.record("connected to a silent server")
         } catch let error as XMPPError {
-            #expect(error == .tlsFailed("the TLS handshake timed out"))
+            #expect(error == .transport(.tlsFailed("the TLS handshake timed out")))
         }
         #expect(ContinuousClock.now - started < .seconds(5))
     }

@@ -1,5 +1,5 @@
-import Testing
 @testable import Runtime
+import Testing
 
 @Suite struct BackoffTests {
     @Test func delaysGrowExponentiallyWithFullJitterUpToTheCap() {

@@ -1,6 +1,6 @@
+@testable import Runtime
 import Synchronization
 import Testing
-@testable import Runtime
 
 @Suite struct BoundedQueueTests {
     @Test func pushingManyFillsToCapacityThenWaitsKeepingOrder() async {

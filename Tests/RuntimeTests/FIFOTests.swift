@@ -1,5 +1,5 @@
-import Testing
 @testable import Runtime
+import Testing
 
 @Suite struct FIFOTests {
     @Test func keepsOrderAcrossCompactionAndPrepend() {

@@ -1,6 +1,6 @@
+@testable import Runtime
 import Synchronization
 import Testing
-@testable import Runtime
 
 /// Records when it started and stopped, and takes `windDown` to stop once cancelled.
 private struct RecordingService: Service {

@@ -1,6 +1,6 @@
 import Foundation
-import Testing
 @testable import Runtime
+import Testing
 
 @Suite struct ThreadPriorityTests {
     @Test func aThreadCanLowerItsOwnPriorityWithoutTouchingOtherThreads() async {
