@@ -29,6 +29,7 @@ let package = Package(
         .library(name: "FCM", targets: ["FCM"]),
         .library(name: "Postgres", targets: ["Postgres"]),
         .library(name: "Simulator", targets: ["Simulator"]),
+        .library(name: "WorkerTesting", targets: ["WorkerTesting"]),
         .executable(name: "fcm-worker", targets: ["fcm-worker"]),
     ],
     targets: [
@@ -50,6 +51,8 @@ let package = Package(
         .target(name: "Worker", dependencies: ["Runtime", "Transport", "XMPP", "FCM", "Postgres"], swiftSettings: swiftSettings),
         .target(name: "Handlers", dependencies: ["Worker", "FCM", "Postgres"], swiftSettings: swiftSettings),
         .target(name: "Simulator", dependencies: ["Runtime", "Transport", "XMPP", "FCM", "COpenSSL"], swiftSettings: swiftSettings),
+        .target(name: "WorkerTesting", dependencies: ["Worker", "Simulator", "FCM", "Postgres", "Runtime", "Transport"],
+                swiftSettings: swiftSettings),
         .executableTarget(name: "fcm-worker", dependencies: ["Worker", "Handlers", "Simulator"], swiftSettings: swiftSettings),
         .testTarget(name: "RuntimeTests", dependencies: ["Runtime"]),
         .testTarget(name: "TransportTests", dependencies: ["Transport", "Runtime"]),
@@ -57,7 +60,7 @@ let package = Package(
         .testTarget(name: "FCMTests", dependencies: ["FCM", "XMPP", "Transport", "Runtime"]),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "Runtime"]),
         .testTarget(name: "WorkerTests", dependencies: ["Worker", "FCM", "Runtime"]),
-        .testTarget(name: "EndToEndTests", dependencies: ["Worker", "Handlers", "Simulator", "Runtime", "Transport", "XMPP", "FCM", "Postgres"]),
+        .testTarget(name: "EndToEndTests", dependencies: ["Worker", "Handlers", "Simulator", "WorkerTesting", "Runtime", "Transport", "XMPP", "FCM", "Postgres"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -15,6 +15,7 @@ public enum JSONValue: Sendable, Equatable, Codable, CustomStringConvertible {
         let container = try decoder.singleValueContainer()
         if container.decodeNil() { self = .null }
         else if let value = try? container.decode(Bool.self) { self = .bool(value) }
+        else if let value = try? container.decode(Int.self) { self = .number(JSONNumber(value)) }
         else if let value = try? container.decode(Double.self) { self = .number(JSONNumber(value)) }
         else if let value = try? container.decode(String.self) { self = .string(value) }
         else if let value = try? container.decode([JSONValue].self) { self = .array(value) }
@@ -25,7 +26,8 @@ public enum JSONValue: Sendable, Equatable, Codable, CustomStringConvertible {
         var container = encoder.singleValueContainer()
         switch self {
         case .string(let value): try container.encode(value)
-        case .number(let value): try container.encode(value.doubleValue)
+        case .number(let value):
+            if let whole = value.int64Value { try container.encode(whole) } else { try container.encode(value.doubleValue) }
         case .bool(let value): try container.encode(value)
         case .null: try container.encodeNil()
         case .array(let value): try container.encode(value)

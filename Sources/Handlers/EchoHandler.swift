@@ -6,6 +6,6 @@ public struct EchoHandler: UpstreamHandler {
     public init() {}
 
     public func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws {
-        context.reply(data: message.rawData)
+        try context.reply(data: message.rawData)
     }
 }

@@ -30,8 +30,11 @@ public struct PostgresRow: Sendable, Equatable {
     public func bool(_ name: String) -> Bool? { index(of: name).flatMap(bool) }
 
     /// A `bytea` value (hex output format).
-    public func bytes(_ index: Int) -> [UInt8]? {
-        guard let text = values[index], text.hasPrefix("\\x") else { return nil }
+    public func bytes(_ index: Int) -> [UInt8]? { values[index].flatMap(Self.parseBytea) }
+
+    /// Parses `bytea` hex output: `\x0a1b…`.
+    static func parseBytea(_ text: String) -> [UInt8]? {
+        guard text.hasPrefix("\\x") else { return nil }
         var result: [UInt8] = []
         result.reserveCapacity((text.utf8.count - 2) / 2)
         var high: UInt8?
@@ -45,7 +48,7 @@ public struct PostgresRow: Sendable, Equatable {
             }
             if let h = high { result.append(h << 4 | nibble); high = nil } else { high = nibble }
         }
-        return result
+        return high == nil ? result : nil
     }
 
     /// A `json`/`jsonb` value as JSON text.
@@ -60,17 +63,22 @@ public struct PostgresRow: Sendable, Equatable {
     /// value that is not an array literal.
     public func strings(_ index: Int) -> [String]? { values[index].flatMap(Self.parseTextArray) }
 
-    /// Parses PostgreSQL's array output: `{a,"b c","d\"e",NULL}`.
+    /// Parses PostgreSQL's array output: `{a,"b c","d\"e",NULL}`; NULL elements dropped.
     static func parseTextArray(_ literal: String) -> [String]? {
+        parseArrayElements(literal)?.compactMap { $0 }
+    }
+
+    /// Parses a one-dimensional array's output, NULL elements as nil.
+    static func parseArrayElements(_ literal: String) -> [String?]? {
         var scalars = literal.unicodeScalars[...]
         guard scalars.first == "{", scalars.last == "}" else { return nil }
         scalars = scalars.dropFirst().dropLast()
-        var items: [String] = []
+        var items: [String?] = []
         var current = String.UnicodeScalarView()
         var quoted = false, wasQuoted = false, escaped = false
         func finish() {
             let text = String(current)
-            if wasQuoted || text != "NULL" { items.append(text) }
+            items.append(wasQuoted || text != "NULL" ? text : nil)
             current = String.UnicodeScalarView()
             wasQuoted = false
         }

@@ -140,6 +140,35 @@ public final class CCSSimulator: Sendable {
         return id
     }
 
+    /// Queues the upstream messages of JSON Lines text (`simulate --upstream-file`): one
+    /// JSON object per line, as a device's upstream message, with `data` (an object),
+    /// `from` (default `device-token-1`), `category` (default `com.example.app`),
+    /// `message_id` (default: the simulator's next `up-N`), and any other member sent as
+    /// given. Blank lines and lines starting with `#` are skipped. Returns the message ids,
+    /// in order.
+    /// - Throws: `SimulatorError` naming the first line that is not such an object (nothing
+    ///   is queued then).
+    @discardableResult
+    public func injectUpstream(jsonLines text: String) throws -> [String] {
+        var messages: [(from: String, category: String, data: [String: JSONValue], id: String?, extra: [String: JSONValue])] = []
+        for (number, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+            let trimmed = line.trimmingCharacters(in: .whitespaces)
+            guard !trimmed.isEmpty, !trimmed.hasPrefix("#") else { continue }
+            func refuse(_ reason: String) -> SimulatorError { SimulatorError("upstream line \(number + 1): \(reason)") }
+            guard case .object(var members)? = try? JSONValue.parse(trimmed) else { throw refuse("not a JSON object") }
+            let from = members.removeValue(forKey: "from") ?? .string("device-token-1")
+            let category = members.removeValue(forKey: "category") ?? .string("com.example.app")
+            let data = members.removeValue(forKey: "data") ?? .object([:])
+            let id = members.removeValue(forKey: "message_id")
+            guard case .string(let fromText) = from, !fromText.isEmpty else { throw refuse("from must be a non-empty string") }
+            guard case .string(let categoryText) = category else { throw refuse("category must be a string") }
+            guard case .object(let dataMembers) = data else { throw refuse("data must be a JSON object") }
+            if let id, id.stringValue?.isEmpty != false { throw refuse("message_id must be a non-empty string") }
+            messages.append((fromText, categoryText, dataMembers, id?.stringValue, members))
+        }
+        return messages.map { injectUpstream(from: $0.from, category: $0.category, data: $0.data, messageID: $0.id, extraFields: $0.extra) }
+    }
+
     /// Queues prepared upstream messages, delivered like `injectUpstream`'s.
     public func injectUpstream<Records: Sequence>(_ records: Records) where Records.Element == UpstreamRecord {
         let handles = state.withLock { state -> [SessionHandle] in

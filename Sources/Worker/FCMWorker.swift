@@ -106,7 +106,7 @@ public struct FCMWorker: Sendable {
     /// Refuses to start on pending migrations unless `migrate` is set; waits (with
     /// backoff) while the database is unreachable, until shutdown.
     private func prepareSchema(_ pool: PostgresPool) async throws {
-        let migrator = try Migrator(directory: configuration.migrationsDirectory)
+        let migrator = try configuration.migrator()
         var outage = Backoff.outage()
         while !shutdown.isRequested {
             do {

@@ -1,3 +1,4 @@
+import FCM
 import Postgres
 import Runtime
 
@@ -6,6 +7,29 @@ import Runtime
 struct UpstreamDispatcher: Sendable {
     let handlers: UpstreamHandlers
     let logger: Logger
+
+    /// A handler refused one message for good (`PermanentFailure`, or a reply FCM would
+    /// refuse) during a batch: the batch rolls back and commits again without handling it.
+    struct Refusal: Error, CustomStringConvertible {
+        let messageID: String
+        let route: String
+        let error: any Error
+
+        var description: String { "\(route): \(error)" }
+    }
+
+    /// A handler ran past its `timeout`.
+    struct Timeout: Error, CustomStringConvertible {
+        let route: String
+        let limit: Duration
+
+        var description: String { "handler \(route) ran longer than its timeout of \(limit.formattedSeconds) and was cancelled" }
+    }
+
+    /// True for an error retrying cannot fix.
+    static func isPermanent(_ error: any Error) -> Bool {
+        error is PermanentFailure || error is DownstreamValidationError || error is Refusal
+    }
 
     /// Runs every matching handler's `check` on each message of `batch`: the messages a
     /// handler refused come back as dead letters in their place (with the refusal).
@@ -17,33 +41,79 @@ struct UpstreamDispatcher: Sendable {
                     try route.handler.check(message)
                 } catch {
                     logger.warning("message \(message.messageID) refused by handler \(route.name), dead-lettered: \(error)")
-                    var letter = work
-                    letter.attempts = 1
-                    letter.kind = .deadLetter(.init(messageID: message.messageID, from: message.from, category: message.category,
-                                                    rawPayload: message.rawPayload, reason: "handler_failed",
-                                                    error: "\(route.name): \(error)", attempts: 1, receivedAt: message.receivedAt))
-                    return letter
+                    return Self.deadLetter(work, message, error: "\(route.name): \(error)")
                 }
             }
             return work
         }
     }
 
+    /// `work` as the dead letter of a message a handler refused.
+    static func deadLetter(_ work: UpstreamWork, _ message: UpstreamMessage, error: String) -> UpstreamWork {
+        var letter = work
+        letter.attempts = 1
+        letter.kind = .deadLetter(.init(messageID: message.messageID, from: message.from, category: message.category,
+                                        rawPayload: message.rawPayload, reason: "handler_failed", error: error,
+                                        attempts: 1, receivedAt: message.receivedAt))
+        return letter
+    }
+
     /// Runs every matching handler on `messages`. With `batchingSingles`, a batch handler
     /// gets even a single message as a batch (a recording handler's batch statement is the
     /// one that fails on a message handled before).
+    /// - Throws: `Refusal` when a handler refused one message for good (a per-message call
+    ///   threw `PermanentFailure` or `DownstreamValidationError`), otherwise what a handler threw.
     func handle(_ messages: [UpstreamMessage], in transaction: UpstreamTransaction, batchingSingles: Bool) async throws {
         for route in handlers.routes {
             let matching = messages.filter { route.match.matches($0) }
             guard !matching.isEmpty else { continue }
             let handlerLogger = logger.labeled("handler \(route.name)")
             if let batchHandler = route.handler as? any BatchUpstreamHandler, matching.count > 1 || batchingSingles {
-                try await batchHandler.handle(batch: matching, in: BatchContext(logger: handlerLogger, transaction: transaction))
+                let context = BatchContext(logger: handlerLogger, transaction: transaction)
+                try await call(route) { try await batchHandler.handle(batch: matching, in: context) }
             } else {
                 for message in matching {
-                    try await route.handler.handle(message, in: HandlerContext(message: message, logger: handlerLogger, transaction: transaction))
+                    let context = HandlerContext(message: message, logger: handlerLogger, transaction: transaction)
+                    do {
+                        try await call(route) { try await route.handler.handle(message, in: context) }
+                    } catch where error is PermanentFailure || error is DownstreamValidationError {
+                        throw Refusal(messageID: message.messageID, route: route.name, error: error)
+                    }
                 }
             }
         }
     }
+
+    /// Runs `body`, cancelled after the route's timeout. The caller waits for `body` to
+    /// return either way (it shares the caller's transaction).
+    private func call(_ route: UpstreamHandlers.Route, _ body: () async throws -> Void) async throws {
+        guard let limit = route.timeout else { return try await body() }
+        try await withoutActuallyEscaping(body) { body in
+            let work = UncheckedSendable(body)
+            try await withThrowingTaskGroup(of: Bool.self) { group in
+                group.addTask {
+                    try await work.value()
+                    return true
+                }
+                group.addTask {
+                    try await Task.sleep(for: limit)
+                    return false
+                }
+                let finished = try await group.next() ?? false
+                group.cancelAll()
+                guard finished else {
+                    // Wait for the handler to give up: it holds the transaction.
+                    while (try? await group.next()) != nil {}
+                    throw Timeout(route: route.name, limit: limit)
+                }
+            }
+        }
+    }
+}
+
+/// A value handed to a child task that the parent waits for, so that it is never used by
+/// two tasks at once (the dispatcher's handler call and its transaction).
+private struct UncheckedSendable<Value>: @unchecked Sendable {
+    let value: Value
+    init(_ value: Value) { self.value = value }
 }

@@ -1,10 +1,21 @@
 /// Your code for upstream messages. Implement it in your own module and register it.
 ///
-/// `handle` runs inside a database transaction that also records the message as
-/// processed: if it returns, its writes (through `context`) commit together with that
-/// record, exactly once per `message_id` even when CCS redelivers; if it throws, its
-/// writes roll back and the message is retried with backoff, then dead-lettered.
-/// Messages from one device reach a handler in arrival order.
+/// The contract:
+/// - `handle` runs inside a database transaction that also records the message as
+///   processed. If it returns, its effects through `context` (`execute`, `reply`, `send`)
+///   commit together with that record: **exactly once** per `message_id`, even when CCS
+///   redelivers or the worker restarts.
+/// - The handler's **code may run more than once** for a message: when it throws, when
+///   another message of its batch fails (the batch rolls back and its messages are handled
+///   again one by one), and after a crash before the commit. Keep side effects outside
+///   the database in `context.afterCommit`, which runs at most once, after the commit.
+/// - If it throws, its effects roll back and the message is retried with backoff
+///   (`--max-attempts`, 5 by default), then dead-lettered. `PermanentFailure` (and a
+///   `DownstreamValidationError` from `reply`/`send`) dead-letters it at once: no retries,
+///   and the rest of its batch commits without being handled one by one.
+/// - Messages from one device reach a handler in arrival order, one at a time.
+/// - A handler registered with a `timeout` is cancelled when it runs longer; the attempt
+///   counts as failed (and is retried) once it returns.
 public protocol UpstreamHandler: Sendable {
     func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws
 
@@ -77,15 +88,20 @@ public struct UpstreamHandlers: Sendable {
         let name: String
         let match: HandlerMatch
         let handler: any UpstreamHandler
+        let timeout: Duration?
     }
 
     private(set) var routes: [Route] = []
 
     public init() {}
 
-    /// Adds `handler` under `name` (for logs and dead letters) for the messages `match` selects.
-    public mutating func register(_ name: String, _ handler: any UpstreamHandler, for match: HandlerMatch = .all) {
-        routes.append(Route(name: name, match: match, handler: handler))
+    /// Adds `handler` under `name` (for logs, dead letters and `--handlers`) for the
+    /// messages `match` selects. With a `timeout`, a call that runs longer is cancelled and
+    /// fails (see `UpstreamHandler`); the database calls of `context` end at once when
+    /// cancelled, code that ignores cancellation is waited for.
+    public mutating func register(_ name: String, _ handler: any UpstreamHandler, for match: HandlerMatch = .all,
+                                  timeout: Duration? = nil) {
+        routes.append(Route(name: name, match: match, handler: handler, timeout: timeout))
     }
 
     /// The record every message gets from its handlers when the only handlers are

@@ -90,6 +90,18 @@ public struct UpstreamMessage: Sendable {
                           rawPayload: rawPayload, connection: connection, receivedAt: receivedAt)
     }
 
+    /// A message as a device would send it, for tests and replays: its CCS payload is made
+    /// from these fields (`message_id` generated when nil).
+    public init(from: String, data: [String: JSONValue] = [:], category: String? = "com.example.app",
+                messageID: String? = nil, connection: String = "test", receivedAt: Date = Date()) {
+        let id = messageID ?? "test-" + UUID().uuidString.lowercased()
+        var members: [String: JSONValue] = ["from": .string(from), "message_id": .string(id), "data": .object(data)]
+        if let category { members["category"] = .string(category) }
+        let raw = JSONValue.object(members)
+        self.init(messageID: id, from: from, category: category, rawData: data, raw: raw, rawPayload: raw.serialized,
+                  connection: connection, receivedAt: receivedAt)
+    }
+
     /// A message as CCS sent it: `rawData` and `raw` are parsed from `upstream`'s text when
     /// first asked for. `upstream` has a `message_id` and a `from`.
     init(_ upstream: CCSMessage.Upstream, messageID: String, from: String, connection: String, receivedAt: Date) {

@@ -116,14 +116,21 @@ final class UpstreamPipeline: Sendable {
     /// Commits `batch`; on a handler or statement failure isolates each piece. Returns the
     /// batch back only when cancelled before it could commit.
     private func process(_ batch: [UpstreamWork], in lane: Lane) async -> [UpstreamWork]? {
-        let batch = dispatcher.check(batch)
+        var batch = dispatcher.check(batch)
         var outage = scheduler.outageBackoff
         while true {
             if Task.isCancelled { return batch }
             do {
-                try await pool.withConnection { connection in try await self.commit(batch, on: connection) }
+                let afterCommit = try await pool.withConnection { connection in try await self.commit(batch, on: connection) }
                 await acknowledge(batch)
+                for action in afterCommit { await action() }
                 return nil
+            } catch let refusal as UpstreamDispatcher.Refusal {
+                // Refused for good: dead-lettered in its place, and the rest commits as a batch.
+                guard let index = batch.firstIndex(where: { $0.messageID == refusal.messageID }),
+                      case .message(let message) = batch[index].kind else { return await failed(batch[0], error: refusal, in: lane) }
+                logger.error("message \(refusal.messageID) refused by handler \(refusal.route), dead-lettered: \(refusal.error)")
+                batch[index] = UpstreamDispatcher.deadLetter(batch[index], message, error: refusal.description)
             } catch let error as PostgresError where error.kind == .connection {
                 if Task.isCancelled { return batch }
                 let delay = outage.next()
@@ -148,7 +155,7 @@ final class UpstreamPipeline: Sendable {
     private func failed(_ work: UpstreamWork, error: any Error, in lane: Lane) async -> [UpstreamWork]? {
         let description = String(describing: error)
         var generator = SystemRandomNumberGenerator()
-        switch scheduler.failure(of: work, description: description, permanent: error is PermanentFailure, now: .now, using: &generator) {
+        switch scheduler.failure(of: work, description: description, permanent: UpstreamDispatcher.isPermanent(error), now: .now, using: &generator) {
         case .deadLetter(let letter):
             logger.error("message \(work.messageID ?? "?") failed \(letter.attempts) time(s), dead-lettered: \(description)")
             return await process([letter], in: lane)
@@ -170,8 +177,9 @@ final class UpstreamPipeline: Sendable {
     /// One transaction: de-duplication records, dead letters, then the handlers of the
     /// messages not seen before, then COMMIT. When the handlers' rows are the records,
     /// the whole batch goes in one round trip; otherwise the ids are recorded in
-    /// `processed_upstream` before any handler runs.
-    private func commit(_ batch: [UpstreamWork], on connection: PostgresConnection) async throws {
+    /// `processed_upstream` before any handler runs. Returns the handlers' `afterCommit`
+    /// actions.
+    private func commit(_ batch: [UpstreamWork], on connection: PostgresConnection) async throws -> [@Sendable () async -> Void] {
         var messages: [UpstreamMessage] = []
         var letters: [UpstreamWork.DeadLetter] = []
         var seen = Set<String>()
@@ -207,7 +215,7 @@ final class UpstreamPipeline: Sendable {
                     try await transaction.flush()
                     observer?(.committed(handled: messages.map { ($0.messageID, $0.receivedAt) },
                                          duplicates: arrivals - messages.count, deadLettered: letters.map { $0.messageID ?? "" }))
-                    return
+                    return transaction.afterCommitActions
                 } catch let error as PostgresError where error.isUniqueViolation {
                     _ = try await connection.execute("ROLLBACK")
                     transaction.discard()
@@ -225,6 +233,7 @@ final class UpstreamPipeline: Sendable {
             try await transaction.flush()
             observer?(.committed(handled: newMessages.map { ($0.messageID, $0.receivedAt) },
                                  duplicates: arrivals - newMessages.count, deadLettered: written.map { $0.messageID ?? "" }))
+            return transaction.afterCommitActions
         } catch {
             _ = try? await connection.execute("ROLLBACK")
             throw error

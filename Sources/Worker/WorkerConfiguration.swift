@@ -42,8 +42,13 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     public var spoolFile = "fcm-worker.spool"
     /// Apply pending migrations at start instead of refusing to start.
     public var migrate = false
-    /// The folder of `NNNN_name.sql` migration files.
-    public var migrationsDirectory = Migrator.defaultDirectory()
+    /// A folder of the application's own `NNNN_name.sql` migrations (`--migrations-dir`),
+    /// applied after the worker's and recorded as the set `app`; nil for none. Its absence
+    /// is a configuration error, never a reason to start without it.
+    public var migrationsDirectory: String?
+    /// The application's migration sets registered in code (`WorkerMain.run(migrations:)`),
+    /// applied after the worker's own, in this order.
+    public var migrationSets: [MigrationSet] = []
     /// How long shutdown waits for queued messages to commit before spooling them.
     public var shutdownTimeout: Duration = .seconds(10)
     /// Batching and retry tuning of the upstream pipeline.
@@ -181,8 +186,10 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
               help: "where acked messages that could not be committed at shutdown wait for the next start", \.spoolFile),
         .seconds("--shutdown-timeout", environment: "FCM_SHUTDOWN_TIMEOUT", default: "10",
                  help: "how long a shutdown lets queued messages commit before spooling them", name: "shutdown timeout", \.shutdownTimeout),
-        .text("--migrations-dir", environment: "FCM_MIGRATIONS_DIR", placeholder: "PATH", default: "./migrations",
-              help: "the folder of NNNN_name.sql migrations", \.migrationsDirectory),
+        CommandOption("--migrations-dir", environment: "FCM_MIGRATIONS_DIR", placeholder: "PATH", default: "none",
+                      help: "a folder of the application's NNNN_name.sql migrations, applied after the worker's own (compiled in) as the set app") { settings, path throws(ConfigurationError) in
+            settings.migrationsDirectory = path
+        },
         .toggle("--migrate", environment: "FCM_MIGRATE", help: "apply pending migrations at start instead of refusing to start") { settings, on in
             settings.migrate = on
         },
@@ -276,6 +283,26 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             throw ConfigurationError("invalid endpoint port in \(text): expected 1 to 65535")
         }
         return (host, port)
+    }
+
+    /// The migrations this configuration runs with: the worker's own, then the sets
+    /// registered in code, then the `--migrations-dir` folder as the set `app`.
+    /// - Throws: `ConfigurationError` for a folder that does not exist or holds a badly
+    ///   named file, or two sets with one name.
+    public func migrator() throws(ConfigurationError) -> Migrator {
+        var sets = [MigrationSet.worker] + migrationSets
+        if let migrationsDirectory {
+            do throws(MigrationError) {
+                sets.append(try MigrationSet.directory(migrationsDirectory, name: "app"))
+            } catch {
+                throw ConfigurationError(error.description)
+            }
+        }
+        var names = Set<String>()
+        if let twice = sets.first(where: { !names.insert($0.name).inserted }) {
+            throw ConfigurationError("two migration sets are named \(twice.name)")
+        }
+        return Migrator(sets: sets)
     }
 
     /// The settings of the legacy HTTP client (same credentials and trust as XMPP).

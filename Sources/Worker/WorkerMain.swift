@@ -4,8 +4,8 @@ import Runtime
 import Synchronization
 import XMPP
 
-/// The entry point of a worker executable: the subcommands (`run`, `migrate`, `help`,
-/// plus the executable's own), their `--help`, `--version`, and exit statuses. A team's
+/// The entry point of a worker executable: the subcommands (`run`, `migrate`,
+/// `migrate status`, `help`, plus the executable's own), their `--help`, `--version`, and exit statuses. A team's
 /// own executable is:
 ///
 /// ```swift
@@ -28,19 +28,61 @@ public enum WorkerMain {
     /// Exit statuses: 0 after SIGTERM/SIGINT (graceful shutdown) and for `help`, 2 for a
     /// missing or invalid setting or pending migrations, 3 when FCM refuses the credentials
     /// or certificate (or the XMPP domain), 1 otherwise.
-    public static func run(handlers: UpstreamHandlers, defaultHandlers: [String]? = nil, commands: [WorkerCommand] = [],
-                           program: String? = nil,
+    ///
+    /// - Parameters:
+    ///   - handlers: every handler the executable offers; `--handlers` selects among them.
+    ///   - defaultHandlers: the ones run when `--handlers` is not given (nil: all).
+    ///   - migrations: the application's migration sets, applied after the worker's own by
+    ///     `migrate` and `run --migrate` (`MigrationSet.embedded` or `.directory`).
+    ///   - commands: the executable's own subcommands, next to `run` and `migrate`.
+    public static func run(handlers: UpstreamHandlers, defaultHandlers: [String]? = nil, migrations: [MigrationSet] = [],
+                           commands: [WorkerCommand] = [], program: String? = nil,
                            arguments: [String] = Array(CommandLine.arguments.dropFirst()),
                            environment: [String: String] = ProcessInfo.processInfo.environment) async -> Int32 {
+        await run(settings: NoSettings(), options: [], defaultHandlers: defaultHandlers, migrations: migrations, commands: commands,
+                  program: program, arguments: arguments, environment: environment) { _ in handlers }
+    }
+
+    /// Settings for an executable that adds none.
+    public struct NoSettings: Sendable {
+        public init() {}
+    }
+
+    /// `run(handlers:…)` for handlers that take settings of their own: `options` join the
+    /// option table of `run` (their flags, environment variables, defaults and help appear
+    /// in `help run`), are parsed into `settings`, and `makeHandlers` builds the handlers
+    /// from the result. `makeHandlers` is also called with the defaults, for the names
+    /// `help` lists: it must not fail on them.
+    ///
+    /// ```swift
+    /// struct ChatSettings: Sendable { var historyLimit = 50 }
+    /// exit(await WorkerMain.run(settings: ChatSettings(), options: [
+    ///     .integer("--chat-history", environment: "CHAT_HISTORY", default: "50", help: "messages kept per chat",
+    ///              name: "chat history", range: 1...10_000, \.historyLimit),
+    /// ]) { settings in
+    ///     var handlers = UpstreamHandlers()
+    ///     handlers.register("chat", ChatHandler(historyLimit: settings.historyLimit), for: .category("chat"))
+    ///     return handlers
+    /// })
+    /// ```
+    public static func run<Settings: Sendable>(settings: Settings, options: [CommandOption<Settings>],
+                                               defaultHandlers: [String]? = nil, migrations: [MigrationSet] = [],
+                                               commands: [WorkerCommand] = [], program: String? = nil,
+                                               arguments: [String] = Array(CommandLine.arguments.dropFirst()),
+                                               environment: [String: String] = ProcessInfo.processInfo.environment,
+                                               handlers makeHandlers: @escaping @Sendable (Settings) -> UpstreamHandlers) async -> Int32 {
         let program = program ?? URL(fileURLWithPath: CommandLine.arguments.first ?? "fcm-worker").lastPathComponent
         let context = WorkerCommandContext(program: program, environment: environment)
-        let all = [runCommand(handlers: handlers, defaultHandlers: defaultHandlers), migrateCommand] + commands
+        let names = makeHandlers(settings).names
+        let all = [runCommand(settings: settings, options: options, handlerNames: names, defaultHandlers: defaultHandlers,
+                              migrations: migrations, makeHandlers: makeHandlers),
+                   migrateCommand(migrations: migrations)] + commands
         var arguments = arguments
         if let first = arguments.first, first.hasPrefix("--"), !["--help", "--version"].contains(first) {
             arguments.insert("run", at: 0)
         }
         guard let name = arguments.first else {
-            print(overview(program: program, commands: all, handlers: handlers), terminator: "")
+            print(overview(program: program, commands: all, handlerNames: names), terminator: "")
             return 0
         }
         switch name {
@@ -58,7 +100,7 @@ public enum WorkerMain {
                     print(command.help(program: program), terminator: "")
                 }
             } else {
-                print(overview(program: program, commands: all, handlers: handlers), terminator: "")
+                print(overview(program: program, commands: all, handlerNames: names), terminator: "")
             }
             return 0
         default:
@@ -72,14 +114,14 @@ public enum WorkerMain {
     }
 
     /// `PROGRAM help`: the commands and where to read more.
-    static func overview(program: String, commands: [WorkerCommand], handlers: UpstreamHandlers) -> String {
+    static func overview(program: String, commands: [WorkerCommand], handlerNames: [String]) -> String {
         let width = (commands.map { $0.name.count }.max() ?? 0) + 4
         var text = "usage: \(program) COMMAND [options]   (\(program) \(version))\n\ncommands:\n"
         for command in commands {
             text += "  " + command.name.padding(toLength: width, withPad: " ", startingAt: 0) + command.summary + "\n"
         }
         text += "  " + "help COMMAND".padding(toLength: width, withPad: " ", startingAt: 0) + "a command's options, environment variables and defaults\n"
-        text += "\nhandlers: \(handlers.names.joined(separator: ", "))\n"
+        text += "\nhandlers: \(handlerNames.joined(separator: ", "))\n"
         text += """
 
             Flags win over environment variables. Exit status: 0 after SIGTERM/SIGINT, 2 for a
@@ -90,26 +132,43 @@ public enum WorkerMain {
         return text
     }
 
+    /// The settings of `run`: the worker's and the executable's own.
+    struct RunSettings<Settings: Sendable>: Sendable {
+        var worker: WorkerConfiguration
+        var application: Settings
+    }
+
     /// `run`: connect to CCS, ack upstream messages, run the handlers, send the outbox.
-    static func runCommand(handlers available: UpstreamHandlers, defaultHandlers: [String]?) -> WorkerCommand {
-        var table = WorkerConfiguration.options
-        if let index = table.options.firstIndex(where: { $0.flag == "--handlers" }) {
-            let chosen = defaultHandlers ?? available.names
-            table.options[index] = CommandOption("--handlers", environment: "FCM_HANDLERS", placeholder: "a,b",
-                                                 default: chosen.joined(separator: ","),
-                                                 help: "handlers to run, of: \(available.names.joined(separator: ", "))",
-                                                 apply: table.options[index].apply)
+    static func runCommand<Settings: Sendable>(settings: Settings, options applicationOptions: [CommandOption<Settings>],
+                                               handlerNames: [String], defaultHandlers: [String]?, migrations: [MigrationSet],
+                                               makeHandlers: @escaping @Sendable (Settings) -> UpstreamHandlers) -> WorkerCommand {
+        var workerTable = WorkerConfiguration.options
+        if let index = workerTable.options.firstIndex(where: { $0.flag == "--handlers" }) {
+            let chosen = defaultHandlers ?? handlerNames
+            workerTable.options[index] = CommandOption("--handlers", environment: "FCM_HANDLERS", placeholder: "a,b",
+                                                       default: chosen.joined(separator: ","),
+                                                       help: "handlers to run, of: \(handlerNames.joined(separator: ", "))",
+                                                       apply: workerTable.options[index].apply)
         }
-        let options = table
+        let finishWorker = workerTable.finish
+        let options = OptionTable<RunSettings<Settings>>(
+            workerTable.options.map { $0.lifted(to: \RunSettings<Settings>.worker) }
+                + applicationOptions.map { $0.lifted(to: \RunSettings<Settings>.application) }
+        ) { settings throws(ConfigurationError) in
+            try finishWorker(&settings.worker)
+        }
+        var initial = WorkerConfiguration(senderID: "", serverKey: "")
+        initial.migrationSets = migrations
+        let start = RunSettings(worker: initial, application: settings)
         return WorkerCommand(name: "run", summary: "connect to CCS, ack upstream messages, run the handlers, send the outbox",
                              options: options.help, optionsMarkdown: options.markdownTable) { arguments, context in
             var status: Int32 = 0
-            guard let (parsed, positional) = context.parse(arguments, with: options, into: WorkerConfiguration(senderID: "", serverKey: ""),
-                                                           status: &status) else { return status }
+            guard let (parsed, positional) = context.parse(arguments, with: options, into: start, status: &status) else { return status }
             if let extra = positional.first { return context.fail("unexpected argument \(extra) (see \(context.program) help run)") }
-            var configuration = parsed
+            var configuration = parsed.worker
             let handlers: UpstreamHandlers
             do throws(ConfigurationError) {
+                let available = makeHandlers(parsed.application)
                 let names = configuration.handlers ?? defaultHandlers ?? available.names
                 configuration.handlers = names
                 handlers = try available.selecting(names)
@@ -145,7 +204,7 @@ public enum WorkerMain {
             return context.fail("\(error)", status: 3)
         case .failure(let error as ConfigurationError):
             return context.fail(error.description)
-        case .failure(let error as Migrator.MigrationError):
+        case .failure(let error as MigrationError):
             return context.fail(error.description)
         case .failure(let error as PostgresError) where error.kind == .configuration:
             return context.fail(error.description)
@@ -154,30 +213,48 @@ public enum WorkerMain {
         }
     }
 
-    /// `migrate`: apply the pending migrations.
-    static let migrateCommand: WorkerCommand = {
+    /// `migrate`: apply the pending migrations; `migrate status`: list every migration
+    /// of every set with when it was applied.
+    static func migrateCommand(migrations: [MigrationSet]) -> WorkerCommand {
         let options = OptionTable<WorkerConfiguration>(WorkerConfiguration.options.options.filter { ["--database-url", "--migrations-dir"].contains($0.flag) }) { settings throws(ConfigurationError) in
             guard settings.databaseURL != nil else {
                 throw ConfigurationError("missing database URL: pass --database-url or set DATABASE_URL")
             }
         }
-        return WorkerCommand(name: "migrate", summary: "apply pending database migrations, each in its own transaction",
-                             options: options.help, optionsMarkdown: options.markdownTable) { arguments, context in
+        var initial = WorkerConfiguration(senderID: "", serverKey: "")
+        initial.migrationSets = migrations
+        return WorkerCommand(name: "migrate", synopsis: "[status] [options]",
+                             summary: "apply pending database migrations (the worker's, then the application's), each in its own transaction; status lists them",
+                             options: options.help, optionsMarkdown: options.markdownTable) { [initial] arguments, context in
             var status: Int32 = 0
-            guard let (configuration, positional) = context.parse(arguments, with: options, into: WorkerConfiguration(senderID: "", serverKey: ""),
-                                                                  status: &status) else { return status }
-            if let extra = positional.first { return context.fail("migrate: unexpected argument \(extra)") }
+            guard let (configuration, positional) = context.parse(arguments, with: options, into: initial, status: &status) else { return status }
+            let listing = positional.first == "status"
+            if let extra = positional.dropFirst(listing ? 1 : 0).first { return context.fail("migrate: unexpected argument \(extra)") }
             do {
-                let migrator = try Migrator(directory: configuration.migrationsDirectory)
+                let migrator = try configuration.migrator()
                 // A one-off command gains nothing from prepared statements, and then works
                 // behind any pooler; a migration may take long (no call deadline).
                 let connection = try await PostgresConnection.connect(configuration.databaseURL!, callTimeout: nil, preparesStatements: false)
-                let applied = try await migrator.migrate(connection)
+                let output: String
+                do {
+                    if listing {
+                        output = statusTable(try await migrator.status(connection))
+                    } else {
+                        let applied = try await migrator.migrate(connection)
+                        let sets = migrator.sets.map { "\($0.name) \($0.migrations.count)" }.joined(separator: ", ")
+                        output = (applied.isEmpty ? "the database is up to date (\(sets) migration(s))"
+                                                  : "applied: \(applied.joined(separator: ", "))") + "\n"
+                    }
+                } catch {
+                    await connection.close()
+                    throw error
+                }
                 await connection.close()
-                print(applied.isEmpty ? "the database is up to date (\(migrator.migrations.count) migration(s))"
-                                      : "applied: \(applied.joined(separator: ", "))")
+                print(output, terminator: "")
                 return 0
-            } catch let error as Migrator.MigrationError {
+            } catch let error as ConfigurationError {
+                return context.fail("migrate: \(error.description)")
+            } catch let error as MigrationError {
                 return context.fail("migrate: \(error.description)")
             } catch let error as PostgresError where error.kind == .configuration {
                 return context.fail("migrate: \(error.description)")
@@ -185,7 +262,22 @@ public enum WorkerMain {
                 return context.fail("migrate: \(error)", status: 1)
             }
         }
-    }()
+    }
+
+    /// `migrate status`'s lines: set, migration, and when it was applied or `pending`.
+    static func statusTable(_ rows: [Migrator.Status]) -> String {
+        let setWidth = max(3, rows.map(\.set.count).max() ?? 0) + 2
+        let nameWidth = max(9, rows.map(\.name.count).max() ?? 0) + 2
+        let format = Date.ISO8601FormatStyle()
+        var text = "set".padding(toLength: setWidth, withPad: " ", startingAt: 0)
+            + "migration".padding(toLength: nameWidth, withPad: " ", startingAt: 0) + "applied\n"
+        for row in rows {
+            text += row.set.padding(toLength: setWidth, withPad: " ", startingAt: 0)
+                + row.name.padding(toLength: nameWidth, withPad: " ", startingAt: 0)
+                + (row.appliedAt.map { format.format($0) } ?? "pending") + "\n"
+        }
+        return text
+    }
 
     /// Writes `fcm-worker: LINE` to standard error.
     public static func printError(_ line: String) {

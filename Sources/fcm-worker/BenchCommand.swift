@@ -285,7 +285,7 @@ enum BenchDatabase {
         await admin.close()
         let url = databaseURL + (databaseURL.contains("?") ? "&" : "?") + "options=-csearch_path%3D\(schema)"
         let connection = try await PostgresConnection.connect(url)
-        try await Migrator(directory: Migrator.defaultDirectory()).migrate(connection)
+        try await Migrator(sets: [.worker]).migrate(connection)
         await connection.close()
         return url
     }
@@ -349,7 +349,6 @@ final class Setup: Sendable {
         configuration.pipeline.partitions = concurrency
         configuration.ackMode = mode
         configuration.spoolFile = out + "/spool"
-        configuration.migrationsDirectory = Migrator.defaultDirectory()
         var handlers = UpstreamHandlers()
         handlers.register("store", StoreHandler())
         let worker = FCMWorker(configuration: configuration, handlers: handlers, logger: Logger(label: "bench", minimumLevel: .error),

@@ -73,7 +73,6 @@ struct DownstreamBench {
         configuration.databaseURL = url
         configuration.connections = run.connections
         configuration.spoolFile = simulator.directory + "/spool"
-        configuration.migrationsDirectory = Migrator.defaultDirectory()
         let connected = Atomic<Int>(0)
         let worker = FCMWorker(configuration: configuration, handlers: UpstreamHandlers(),
                                logger: Logger(label: "bench", minimumLevel: .error), observer: { event in

@@ -14,6 +14,7 @@ enum SimulateCommand {
         var serverKey = "sim-" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "")
         var out: String?
         var upstreamCount = 0
+        var upstreamFile: String?
         var interval = 100
         var dropAfter: Double?
         var keepalive: Double?
@@ -55,6 +56,10 @@ enum SimulateCommand {
             settings.out = text
         },
         whole("--upstream", default: "0", help: "inject this many upstream messages once a worker has bound") { $0.upstreamCount = $1 },
+        CommandOption("--upstream-file", placeholder: "FILE", default: "none",
+                      help: "queue the upstream messages of this JSON Lines file (- for standard input): one object per line with data, and from, category, message_id or other members when wanted") { settings, text throws(ConfigurationError) in
+            settings.upstreamFile = text
+        },
         whole("--upstream-interval", default: "100", help: "milliseconds between injected messages") { $0.interval = $1 },
         whole("--upstream-rate", default: "off",
               help: "with --upstream: inject at this many msgs/s (0: as fast as CCS flow control lets them) instead of --upstream-interval") { $0.rate = $1 },
@@ -122,6 +127,25 @@ enum SimulateCommand {
                 load?.observe(event)
             }
             simulator = try CCSSimulator(configuration: configuration)
+            if let file = settings.upstreamFile {
+                let text: String
+                if file == "-" {
+                    text = String(decoding: FileHandle.standardInput.readDataToEndOfFile(), as: UTF8.self)
+                } else {
+                    guard let contents = try? String(contentsOfFile: file, encoding: .utf8) else {
+                        simulator.stop()
+                        return fail("simulate: cannot read the upstream file \(file)")
+                    }
+                    text = contents
+                }
+                do {
+                    let ids = try simulator.injectUpstream(jsonLines: text)
+                    logger.info("queued \(ids.count) upstream message(s) from \(file == "-" ? "standard input" : file)")
+                } catch {
+                    simulator.stop()
+                    return fail("simulate: \(error)")
+                }
+            }
             httpSimulator = try FCMHTTPSimulator(senderID: senderID, serverKey: serverKey, identity: identity, host: host,
                                                  tokenAnswer: Self.httpTokenAnswer, onAnswer: { request, status in
                                                      logger.info("HTTP \(request.path): \(Self.summary(of: request)) → \(status)")

@@ -61,7 +61,7 @@ import Testing
         let outcome = try await Self.run([
             "run", "--sender-id", TestCCS.senderID, "--server-key", "wrong-key-value",
             "--endpoint", "127.0.0.1:\(ccs.simulator.port)", "--ca-file", configuration.caFile!,
-            "--database-url", configuration.databaseURL!, "--migrations-dir", TestDatabase.migrationsDirectory,
+            "--database-url", configuration.databaseURL!,
         ])
         #expect(ContinuousClock.now - started < .seconds(10))
         #expect(outcome.status == 3)
@@ -80,7 +80,7 @@ import Testing
         let outcome = try await Self.run(["run"], environment: [
             "FCM_SENDER_ID": TestCCS.senderID, "FCM_SERVER_KEY": TestCCS.serverKey,
             "FCM_ENDPOINT": "127.0.0.1:\(simulator.port)", "FCM_CA_FILE": configuration.caFile!,
-            "DATABASE_URL": database.url, "FCM_MIGRATIONS_DIR": TestDatabase.migrationsDirectory,
+            "DATABASE_URL": database.url,
             "FCM_SPOOL_FILE": configuration.spoolFile,
         ]) {
             let first = try await simulator.waitForBoundSessions(1)[0]
@@ -119,6 +119,19 @@ import Testing
         let outcome = try await Self.run(["migrate", "--database-url=postgresql://u:s3cret@h:notaport/db"])
         #expect(outcome.status == 2)
         #expect(outcome.standardError == "fcm-worker: migrate: the database URL's port is not a number from 1 to 65535\n")
+    }
+
+    @Test func theSimulatorRefusesAnUpstreamFileItCannotUseNamingTheLine() async throws {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("upstream-\(UUID()).jsonl").path
+        try "{\"data\": {\"a\": \"b\"}}\n{\"data\": \"text\"}\n".write(toFile: file, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let bad = try await Self.run(["simulate", "--upstream-file", file])
+        #expect(bad.status == 2)
+        #expect(bad.standardError == "fcm-worker: simulate: upstream line 2: data must be a JSON object\n")
+        let missing = try await Self.run(["simulate", "--upstream-file", file + ".missing"])
+        #expect(missing.status == 2)
+        #expect(missing.standardError.contains("cannot read the upstream file"))
+        #expect(try await Self.runCapturingOutput(["simulate", "--help"]).status == 0)
     }
 
     /// Runs `fcm-worker` and returns its status and standard output.

@@ -46,7 +46,6 @@ struct TestCCS {
         configuration.port = simulator.port
         configuration.caFile = caPath
         configuration.databaseURL = database.url
-        configuration.migrationsDirectory = TestDatabase.migrationsDirectory
         configuration.spoolFile = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID()).jsonl").path
         configuration.shutdownTimeout = .seconds(5)
         return configuration

@@ -18,7 +18,7 @@ struct TestDatabase {
         }
     }
 
-    /// The repository's migrations folder.
+    /// The repository's migrations folder (the source of `MigrationSet.worker`).
     static let migrationsDirectory = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
         .deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent("migrations").path
 
@@ -33,7 +33,7 @@ struct TestDatabase {
         let database = TestDatabase(schema: String(schema), url: url)
         if migrated {
             let connection = try await database.connect()
-            try await Migrator(directory: migrationsDirectory).migrate(connection)
+            try await Migrator(sets: [.worker]).migrate(connection)
             await connection.close()
         }
         return database
@@ -82,7 +82,7 @@ extension TestDatabase {
         let url = withPassword(String(base[..<slash.upperBound]) + name)
         let database = TestDatabase(schema: "public", url: url)
         let connection = try await database.connect()
-        try await Migrator(directory: migrationsDirectory).migrate(connection)
+        try await Migrator(sets: [.worker]).migrate(connection)
         await connection.close()
         return (database, String(name))
     }

@@ -391,7 +391,7 @@ final class FlakyHandler: UpstreamHandler {
 /// Replies through the outbox, then fails when asked to (its reply must roll back too).
 struct ReplyingHandler: UpstreamHandler {
     func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws {
-        context.reply(data: ["status": .string("registered")], options: ["time_to_live": .number(0)])
+        try context.reply(data: ["status": .string("registered")], options: ["time_to_live": .number(0)])
         let rows = try await context.query("SELECT count(*) FROM downstream_messages WHERE source_message_id = $1", [.text(message.messageID)])
         context.logger.debug("outbox rows for this message in its transaction: \(rows.first?.int(0) ?? -1)")
         if message.data["explode"] == "yes" { throw FlakyHandler.Planned(description: "explode") }
@@ -460,11 +460,17 @@ struct ReplyingHandler: UpstreamHandler {
 }
 
 @Suite struct MigrationTests {
+    @Test func theCompiledInMigrationsAreTheRepositorysFiles() throws {
+        // scripts/embed-migrations writes WorkerMigrations.swift from migrations/*.sql.
+        let files = try MigrationSet.directory(TestDatabase.migrationsDirectory, name: MigrationSet.worker.name)
+        #expect(files.migrations == MigrationSet.worker.migrations, "run scripts/embed-migrations")
+        #expect(MigrationSet.worker.migrations.map(\.version) == Array(1...MigrationSet.worker.migrations.count))
+    }
+
     @Test func migrationsAreIdempotentAndSafeWhenTwoRunAtOnce() async throws {
         let database = try await TestDatabase.make(migrated: false)
-        let migrator = try Migrator(directory: TestDatabase.migrationsDirectory)
+        let migrator = Migrator(sets: [.worker])
         let all = migrator.migrations.map(\.name)
-        #expect(migrator.migrations.map(\.version) == Array(1...all.count))
         #expect(all.starts(with: ["0001_upstream", "0002_outbox", "0003_downstream_sending"]))
         let applied = try await withThrowingTaskGroup(of: [String].self) { group in
             for _ in 0..<2 {
@@ -484,25 +490,78 @@ struct ReplyingHandler: UpstreamHandler {
         await connection.close()
     }
 
-    @Test func aChangedMigrationIsRefusedAndPendingOnesBlockTheWorker() async throws {
+    @Test func aChangedMigrationIsRefusedAndABadlyNamedFileIsAnError() async throws {
         let database = try await TestDatabase.make(migrated: false)
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("migrations-\(UUID())").path
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         try "CREATE TABLE a (id int);".write(toFile: directory + "/0001_a.sql", atomically: true, encoding: .utf8)
         let connection = try await database.connect()
         defer { Task { await connection.close() } }
-        #expect(try await Migrator(directory: directory).migrate(connection) == ["0001_a"])
+        func migrator() throws -> Migrator { Migrator(sets: [.worker, try MigrationSet.directory(directory, name: "app")]) }
+        #expect(try await migrator().migrate(connection) == MigrationSet.worker.migrations.map(\.name) + ["app/0001_a"])
         try "CREATE TABLE b (id int);".write(toFile: directory + "/0002_b.sql", atomically: true, encoding: .utf8)
-        #expect(try await Migrator(directory: directory).pending(connection) == ["0002_b"])
+        #expect(try await migrator().pending(connection) == ["app/0002_b"])
         try "CREATE TABLE a (id bigint);".write(toFile: directory + "/0001_a.sql", atomically: true, encoding: .utf8)
         do {
-            _ = try await Migrator(directory: directory).migrate(connection)
+            _ = try await migrator().migrate(connection)
             Issue.record("a changed migration was accepted")
-        } catch let error as Migrator.MigrationError {
-            #expect(error.description.contains("0001_a.sql changed after it was applied"))
+        } catch let error as MigrationError {
+            #expect(error.description.contains("app/0001_a changed after it was applied"))
         }
         try "x".write(toFile: directory + "/12_bad.sql", atomically: true, encoding: .utf8)
-        #expect(throws: Migrator.MigrationError.self) { try Migrator(directory: directory) }
+        #expect(throws: MigrationError.self) { try MigrationSet.directory(directory, name: "app") }
+    }
+
+    @Test func anApplicationSetIsRecordedApartAndNumbersDoNotCollide() async throws {
+        let database = try await TestDatabase.make(migrated: false)
+        // Numbered like the worker's own: sets keep them apart.
+        let chat = MigrationSet(name: "chat", migrations: [
+            Migration(version: 2, name: "0002_rooms", sql: "CREATE TABLE rooms (id int);"),
+            Migration(version: 1, name: "0001_chats", sql: "CREATE TABLE chats (id int);"),
+        ])
+        let connection = try await database.connect()
+        defer { Task { await connection.close() } }
+        let migrator = Migrator(sets: [.worker, chat])
+        let applied = try await migrator.migrate(connection)
+        #expect(applied.suffix(2) == ["chat/0001_chats", "chat/0002_rooms"])
+        let status = try await migrator.status(connection)
+        #expect(status.count == MigrationSet.worker.migrations.count + 2)
+        #expect(status.allSatisfy { $0.appliedAt != nil })
+        #expect(try await connection.query("SELECT count(*) FROM schema_migrations WHERE migration_set = 'chat'").first?.int(0) == 2)
+        // Two migrations of one number, or two sets of one name, are refused before anything runs.
+        let twice = MigrationSet(name: "chat", migrations: [Migration(version: 3, name: "a", sql: ""), Migration(version: 3, name: "b", sql: "")])
+        await #expect(throws: MigrationError.self) { try await Migrator(sets: [.worker, twice]).migrate(connection) }
+        await #expect(throws: MigrationError.self) { try await Migrator(sets: [.worker, chat, chat]).migrate(connection) }
+    }
+
+    @Test func anApplicationMigrationRecordedAsTheWorkersBeforeSetsIsAdopted() async throws {
+        let database = try await TestDatabase.make(migrated: false)
+        let connection = try await database.connect()
+        defer { Task { await connection.close() } }
+        // The table as a release before sets left it, with an application migration 1001
+        // applied from the shared folder.
+        let devices = Migration(version: 1001, name: "1001_devices", sql: "CREATE TABLE devices (token text PRIMARY KEY);\n")
+        try await connection.simpleQuery("""
+            CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, checksum text NOT NULL,
+                                            applied_at timestamptz NOT NULL DEFAULT now());
+            """)
+        try await connection.simpleQuery(devices.sql)
+        try await connection.execute("INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, encode(sha256(convert_to($3, 'UTF8')), 'hex'))",
+                                     [.int(1001), .text(devices.name), .text(devices.sql)])
+        let applied = try await Migrator(sets: [.worker, MigrationSet(name: "app", migrations: [devices])]).migrate(connection)
+        #expect(applied == MigrationSet.worker.migrations.map(\.name), "1001 is applied already: it must not run again")
+        #expect(try await connection.query("SELECT migration_set FROM schema_migrations WHERE version = 1001").first?.string(0) == "app")
+    }
+
+    @Test func aConfiguredFolderThatDoesNotExistIsAConfigurationError() throws {
+        var configuration = WorkerConfiguration(senderID: "1", serverKey: "k")
+        configuration.migrationsDirectory = "/nonexistent/migrations"
+        #expect(throws: ConfigurationError.self) { try configuration.migrator() }
+        configuration.migrationsDirectory = nil
+        #expect(try configuration.migrator().sets.map(\.name) == ["fcm-worker"])
+        // An older deployment's copy of the worker's files in the folder is the worker's: left out.
+        configuration.migrationsDirectory = TestDatabase.migrationsDirectory
+        #expect(try configuration.migrator().sets.last?.migrations.isEmpty == true)
     }
 
     @Test func theWorkerRefusesToStartOnPendingMigrations() async throws {
@@ -525,8 +584,7 @@ struct ReplyingHandler: UpstreamHandler {
         try await ccs.simulator.waitForBoundSessions(1)
         task.cancel()
         try await task.value
-        let all = try Migrator(directory: TestDatabase.migrationsDirectory).migrations
-        #expect(try await database.count("schema_migrations") == all.count)
+        #expect(try await database.count("schema_migrations") == MigrationSet.worker.migrations.count)
     }
 }
 

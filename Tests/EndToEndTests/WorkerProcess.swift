@@ -11,7 +11,7 @@ enum WorkerProcess {
         process.executableURL = try CommandLineTests.executable
         process.arguments = ["run", "--sender-id", TestCCS.senderID, "--server-key", TestCCS.serverKey,
                              "--endpoint", "127.0.0.1:\(ccs.simulator.port)", "--ca-file", caPath,
-                             "--database-url", databaseURL, "--migrations-dir", TestDatabase.migrationsDirectory,
+                             "--database-url", databaseURL,
                              "--spool-file", spool] + extra
         process.environment = ["PATH": "/usr/bin:/bin"]
         let errors = Pipe()

@@ -10,8 +10,8 @@ struct RegisterDevice: UpstreamHandler {
         context.execute("""
             INSERT INTO devices (token, platform, registered_at) VALUES ($1, $2, $3)
             ON CONFLICT (token) DO UPDATE SET platform = excluded.platform, registered_at = excluded.registered_at
-            """, [.text(message.from), .text(message.data["platform"] ?? "unknown"), .timestamptz(message.receivedAt)])
-        context.reply(data: ["status": .string("registered")])
+            """, message.from, message.data["platform"] ?? "unknown", message.receivedAt)
+        try context.reply(data: ["status": "registered"])
         context.logger.info("registered \(message.from.prefix(12))…")
     }
 }

@@ -7,5 +7,5 @@ var handlers = UpstreamHandlers()
 handlers.register("store", StoreHandler())
 handlers.register("register-device", RegisterDevice(), for: .when { $0.data["action"] == "register" })
 
-// Same settings, signals and exit statuses as `fcm-worker run`.
-exit(await WorkerMain.run(handlers: handlers))
+// Same commands, settings, signals and exit statuses as `fcm-worker`, under this name.
+exit(await WorkerMain.run(handlers: handlers, migrations: [deviceRegistryMigrations]))

@@ -1,0 +1,74 @@
+import Foundation
+import Testing
+import Worker
+
+/// The `chat-backend` executable as an operator runs it: fcm-worker's commands under its
+/// own name, with the chat settings and migrations.
+@Suite struct ChatCommandLineTests {
+    static let executable = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent().appendingPathComponent(".build/debug/chat-backend").path
+
+    /// Runs the executable; returns its exit status, standard output and standard error.
+    func run(_ arguments: [String], environment: [String: String] = [:]) throws -> (Int32, String, String) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: Self.executable)
+        process.arguments = arguments
+        process.environment = ["PATH": "/usr/bin:/bin"].merging(environment) { $1 }
+        let output = Pipe(), errors = Pipe()
+        process.standardOutput = output
+        process.standardError = errors
+        try process.run()
+        let out = output.fileHandleForReading.readDataToEndOfFile()
+        let err = errors.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: out, as: UTF8.self), String(decoding: err, as: UTF8.self))
+    }
+
+    @Test func helpListsTheChatSettingsAndTheHandlers() throws {
+        let (status, help, _) = try run(["help", "run"])
+        #expect(status == 0)
+        #expect(help.hasPrefix("usage: chat-backend run"))
+        #expect(help.contains("--chat-max-length N"))
+        #expect(help.contains("[CHAT_MAX_LENGTH]"))
+        #expect(help.contains("handlers to run, of: register, join, chat, ping, store"))
+        let (_, overview, _) = try run([])
+        #expect(overview.contains("migrate"))
+    }
+
+    @Test func aBadChatSettingIsOneLineAndStatus2() throws {
+        let (status, _, errors) = try run(["run", "--sender-id", "1", "--server-key", "k", "--database-url", "postgresql://x/y",
+                                           "--chat-max-length", "0"])
+        #expect(status == 2)
+        #expect(errors == "chat-backend: invalid chat maximum length 0: expected 1 to 100000\n")
+        let (unknown, _, handlerErrors) = try run(["run", "--handlers", "chat,nope"], environment: [
+            "FCM_SENDER_ID": "1", "FCM_SERVER_KEY": "k", "DATABASE_URL": "postgresql://x/y"])
+        #expect(unknown == 2)
+        #expect(handlerErrors.contains("unknown handler nope"))
+    }
+
+    @Test func migrateAppliesBothSetsAndStatusListsThem() async throws {
+        let base = try ChatEndToEndTests.databaseURL
+        let schema = "chat_cli_" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "").prefix(12)
+        let admin = try await PostgresConnection.connect(base)
+        try await admin.execute("CREATE SCHEMA \(schema)")
+        let url = base + (base.contains("?") ? "&" : "?") + "options=-csearch_path%3D\(schema)"
+        let (before, pending, _) = try run(["migrate", "status", "--database-url", url])
+        #expect(before == 0)
+        #expect(pending.contains("chat-backend  0002_chat_messages"))
+        #expect(pending.contains("pending"))
+        let (status, applied, errors) = try run(["migrate", "--database-url", url])
+        #expect(status == 0, "\(errors)")
+        #expect(applied.contains("0001_upstream"))
+        #expect(applied.contains("chat-backend/0001_devices_and_rooms, chat-backend/0002_chat_messages"))
+        let (_, after, _) = try run(["migrate", "status", "--database-url", url])
+        #expect(!after.contains("pending"))
+        let (_, again, _) = try run(["migrate", "--database-url", url])
+        #expect(again.hasPrefix("the database is up to date"))
+        // A folder that does not exist is an error, not a silent fallback.
+        let (missing, _, missingErrors) = try run(["migrate", "--database-url", url, "--migrations-dir", "/nonexistent"])
+        #expect(missing == 2)
+        #expect(missingErrors.contains("/nonexistent does not exist"))
+        _ = try await admin.execute("DROP SCHEMA \(schema) CASCADE")
+        await admin.close()
+    }
+}

@@ -1,0 +1,368 @@
+import FCM
+import Foundation
+import Postgres
+import Runtime
+import Simulator
+import Synchronization
+import Transport
+import Worker
+
+/// An application's handlers end to end, in-process: a simulated CCS and legacy HTTP API
+/// over real TLS on loopback, and a worker running the handlers against a real PostgreSQL
+/// database (in a schema of its own, migrated with the worker's and the application's
+/// migrations). Tests send upstream messages as devices would and await what happened,
+/// without polling:
+///
+/// ```swift
+/// let fixture = try await WorkerFixture.start(handlers: app.handlers, migrations: [app.migrations],
+///                                             databaseURL: ProcessInfo.processInfo.environment["DATABASE_URL"]!)
+/// let id = fixture.sendUpstream(from: "phone-1", data: ["action": "ping"])
+/// try await fixture.committed(id)
+/// let replies = try await fixture.downstream(to: "phone-1")
+/// try await fixture.stop()
+/// ```
+public final class WorkerFixture: Sendable {
+    /// The simulated CCS: inject raw stanzas, drop or drain connections, read its events.
+    public let simulator: CCSSimulator
+    /// The simulated legacy HTTP API (multicast, device groups): its `requests`.
+    public let http: FCMHTTPSimulator
+    /// The settings the worker runs with.
+    public let configuration: WorkerConfiguration
+    /// The database URL of the fixture's schema (for your own queries).
+    public let databaseURL: String
+    private let schema: String?
+    private let baseURL: String
+    private let worker: FCMWorker
+    private let task: Task<Void, any Error>
+    private let events: FixtureEvents
+    private let files: [String]
+
+    /// Starts the simulators and a worker running `handlers`, and returns once the worker is
+    /// connected and its outbox listens.
+    ///
+    /// - Parameters:
+    ///   - databaseURL: a PostgreSQL database the tests may create schemas in.
+    ///   - isolated: run in a new schema of that database, dropped by `stop()` (true), or
+    ///     in the database as it is (false).
+    ///   - answer: how the simulated CCS answers each downstream message (default: ack).
+    ///   - configure: changes to the worker's settings (connections, ack mode, …).
+    /// - Throws: what starting the simulators, creating the schema or starting the worker threw.
+    public static func start(handlers: UpstreamHandlers, migrations: [MigrationSet] = [], databaseURL: String,
+                             isolated: Bool = true,
+                             answer: @escaping @Sendable (DownstreamRequest) -> DownstreamResponse = { _ in .ack() },
+                             configure: (inout WorkerConfiguration) -> Void = { _ in },
+                             logLevel: Logger.Level = .warning) async throws -> WorkerFixture {
+        let events = FixtureEvents()
+        let authority = try CertificateAuthority(commonName: "fcm-worker fixture CA")
+        let identity = try authority.issueServerIdentity()
+        let senderID = "123456789012"
+        let serverKey = "fixture-" + UUID().uuidString.lowercased()
+        var simulatorSettings = SimulatorConfiguration(senderID: senderID, serverKey: serverKey, identity: identity)
+        simulatorSettings.responder = { request in
+            events.record(request)
+            return answer(request)
+        }
+        let simulator = try CCSSimulator(configuration: simulatorSettings)
+        let http: FCMHTTPSimulator
+        do {
+            http = try FCMHTTPSimulator(senderID: senderID, serverKey: serverKey, identity: identity,
+                                        onAnswer: { request, _ in events.record(request) })
+        } catch {
+            simulator.stop()
+            throw error
+        }
+        let caFile = FileManager.default.temporaryDirectory.appendingPathComponent("fixture-ca-\(UUID()).pem").path
+        let spoolFile = FileManager.default.temporaryDirectory.appendingPathComponent("fixture-\(UUID()).spool").path
+        var schema: String?
+        var url = databaseURL
+        do {
+            try authority.rootCertificatePEM.write(toFile: caFile, atomically: true, encoding: .utf8)
+            if isolated {
+                let name = "fixture_" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "").prefix(16)
+                let admin = try await PostgresConnection.connect(databaseURL)
+                do {
+                    try await admin.execute("CREATE SCHEMA \(name)")
+                } catch {
+                    await admin.close()
+                    throw error
+                }
+                await admin.close()
+                schema = String(name)
+                url = Self.url(databaseURL, searchPath: String(name))
+            }
+        } catch {
+            simulator.stop()
+            http.stop()
+            throw error
+        }
+        var configuration = WorkerConfiguration(senderID: senderID, serverKey: serverKey)
+        configuration.host = "127.0.0.1"
+        configuration.port = simulator.port
+        configuration.httpEndpoint = "127.0.0.1:\(http.port)"
+        configuration.caFile = caFile
+        configuration.databaseURL = url
+        configuration.migrate = true
+        configuration.migrationSets = migrations
+        configuration.spoolFile = spoolFile
+        configuration.shutdownTimeout = .seconds(5)
+        configuration.ioNiceness = nil
+        configure(&configuration)
+        let worker = FCMWorker(configuration: configuration, handlers: handlers,
+                               logger: Logger(label: "fixture worker", minimumLevel: logLevel),
+                               observer: { events.record($0) })
+        let task = Task { try await worker.run() }
+        let fixture = WorkerFixture(simulator: simulator, http: http, configuration: configuration, databaseURL: url, schema: schema,
+                                    baseURL: databaseURL, worker: worker, task: task, events: events, files: [caFile, spoolFile])
+        do {
+            try await events.wait(for: "the worker to connect and its outbox to listen", timeout: .seconds(30), failing: task) {
+                $0.connected && $0.outboxListening
+            }
+        } catch {
+            try? await fixture.stop()
+            throw error
+        }
+        return fixture
+    }
+
+    private init(simulator: CCSSimulator, http: FCMHTTPSimulator, configuration: WorkerConfiguration, databaseURL: String,
+                 schema: String?, baseURL: String, worker: FCMWorker, task: Task<Void, any Error>, events: FixtureEvents,
+                 files: [String]) {
+        self.simulator = simulator
+        self.http = http
+        self.configuration = configuration
+        self.databaseURL = databaseURL
+        self.schema = schema
+        self.baseURL = baseURL
+        self.worker = worker
+        self.task = task
+        self.events = events
+        self.files = files
+    }
+
+    /// `url` with its sessions' search path set to `schema`.
+    static func url(_ url: String, searchPath schema: String) -> String {
+        if url.contains("://") {
+            return url + (url.contains("?") ? "&" : "?") + "options=-csearch_path%3D\(schema)"
+        }
+        return url + " options='-csearch_path=\(schema)'"
+    }
+
+    // MARK: Sending as a device
+
+    /// Sends an upstream message as the device `from` would; returns its message id.
+    @discardableResult
+    public func sendUpstream(from token: String, data: [String: JSONValue], category: String = "com.example.app",
+                             messageID: String? = nil) -> String {
+        simulator.injectUpstream(from: token, category: category, data: data, messageID: messageID)
+    }
+
+    /// Sends the upstream messages of JSON Lines text (see `CCSSimulator.injectUpstream(jsonLines:)`).
+    @discardableResult
+    public func sendUpstream(jsonLines text: String) throws -> [String] {
+        try simulator.injectUpstream(jsonLines: text)
+    }
+
+    // MARK: Waiting for what happened
+
+    /// Returns once the message's handlers committed (its effects are in the database).
+    /// - Throws: `SimulatorError` after `timeout`, or at once when it was dead-lettered
+    ///   instead or the worker stopped.
+    public func committed(_ messageID: String, timeout: Duration = .seconds(10)) async throws {
+        try await events.wait(for: "message \(messageID) to commit", timeout: timeout, failing: task) { state in
+            if state.deadLettered.contains(messageID) {
+                throw SimulatorError("message \(messageID) was dead-lettered, not handled: see the dead_letters table")
+            }
+            return state.committed.contains(messageID)
+        }
+    }
+
+    /// Returns once the message was dead-lettered (refused, or failed every attempt).
+    public func deadLettered(_ messageID: String, timeout: Duration = .seconds(10)) async throws {
+        try await events.wait(for: "message \(messageID) to be dead-lettered", timeout: timeout, failing: task) { state in
+            state.deadLettered.contains(messageID)
+        }
+    }
+
+    /// Waits until CCS has received `count` downstream messages to `token` that `matching`
+    /// accepts (more may follow), and returns all of those received so far, in order, each
+    /// as CCS got it (`json`): `downstream(to: "phone-1") { $0.json["data"]?["text"] != nil }`.
+    public func downstream(to token: String, count: Int = 1, timeout: Duration = .seconds(10),
+                           matching: @escaping @Sendable (DownstreamRequest) -> Bool = { _ in true }) async throws -> [DownstreamRequest] {
+        let selected: @Sendable (DownstreamRequest) -> Bool = { $0.to == token && matching($0) }
+        try await events.wait(for: "\(count) downstream message(s) to \(token)", timeout: timeout, failing: task) { state in
+            state.downstream.count(where: selected) >= count
+        }
+        return events.snapshot.downstream.filter(selected)
+    }
+
+    /// Waits until the legacy HTTP API has answered `count` requests that `matching`
+    /// accepts (multicast and device-group sends, group operations) and returns those so
+    /// far, in order.
+    public func httpRequests(count: Int = 1, timeout: Duration = .seconds(10),
+                             matching: @escaping @Sendable (FCMHTTPSimulator.Request) -> Bool = { _ in true }) async throws -> [FCMHTTPSimulator.Request] {
+        try await events.wait(for: "\(count) legacy HTTP request(s)", timeout: timeout, failing: task) { state in
+            state.httpRequests.count(where: matching) >= count
+        }
+        return events.snapshot.httpRequests.filter(matching)
+    }
+
+    /// Every downstream message CCS received, in order.
+    public var allDownstream: [DownstreamRequest] { events.snapshot.downstream }
+
+    /// Runs a query on the fixture's database (a connection of its own).
+    public func query(_ sql: String, _ parameters: [PostgresValue] = []) async throws -> [PostgresRow] {
+        let connection = try await PostgresConnection.connect(databaseURL)
+        do {
+            let rows = try await connection.query(sql, parameters)
+            await connection.close()
+            return rows
+        } catch {
+            await connection.close()
+            throw error
+        }
+    }
+
+    /// Shuts the worker down gracefully, stops the simulators, drops the schema (when
+    /// isolated) and removes the fixture's files.
+    /// - Throws: what the worker's `run()` threw, if it failed.
+    public func stop() async throws {
+        worker.requestShutdown()
+        let outcome = await task.result
+        simulator.stop()
+        http.stop()
+        if let schema {
+            if let admin = try? await PostgresConnection.connect(baseURL) {
+                _ = try? await admin.execute("DROP SCHEMA \(schema) CASCADE")
+                await admin.close()
+            }
+        }
+        for file in files { try? FileManager.default.removeItem(atPath: file) }
+        try outcome.get()
+    }
+}
+
+/// What the fixture saw, with waiters woken on each change.
+final class FixtureEvents: Sendable {
+    struct State: Sendable {
+        var connected = false
+        var outboxListening = false
+        var committed = Set<String>()
+        var deadLettered = Set<String>()
+        var downstream: [DownstreamRequest] = []
+        var httpRequests: [FCMHTTPSimulator.Request] = []
+    }
+
+    private struct Waiter {
+        let id: UInt64
+        let check: @Sendable (State) throws -> Bool
+        let continuation: CheckedContinuation<Void, any Error>
+    }
+
+    private struct Box {
+        var state = State()
+        var waiters: [Waiter] = []
+        var nextID: UInt64 = 0
+        /// Failures that came before their waiter was registered.
+        var early: [UInt64: any Error] = [:]
+    }
+
+    private let state = Mutex(Box())
+
+    var snapshot: State { state.withLock { $0.state } }
+
+    func record(_ event: WorkerEvent) {
+        update { state in
+            switch event {
+            case .connected: state.connected = true
+            case .outboxListening: state.outboxListening = true
+            case .committed(let handled, _, let deadLettered):
+                for (id, _) in handled { state.committed.insert(id) }
+                state.deadLettered.formUnion(deadLettered)
+            default: break
+            }
+        }
+    }
+
+    func record(_ request: DownstreamRequest) {
+        update { $0.downstream.append(request) }
+    }
+
+    func record(_ request: FCMHTTPSimulator.Request) {
+        update { $0.httpRequests.append(request) }
+    }
+
+    private func update(_ change: (inout State) -> Void) {
+        let ready = state.withLock { box -> [(CheckedContinuation<Void, any Error>, (any Error)?)] in
+            change(&box.state)
+            var ready: [(CheckedContinuation<Void, any Error>, (any Error)?)] = []
+            box.waiters.removeAll { waiter in
+                do {
+                    guard try waiter.check(box.state) else { return false }
+                    ready.append((waiter.continuation, nil))
+                } catch {
+                    ready.append((waiter.continuation, error))
+                }
+                return true
+            }
+            return ready
+        }
+        for (continuation, error) in ready {
+            if let error { continuation.resume(throwing: error) } else { continuation.resume() }
+        }
+    }
+
+    /// Returns once `check` holds (throws what it throws); fails after `timeout` or when
+    /// the worker's task ends first.
+    func wait(for what: String, timeout: Duration, failing task: Task<Void, any Error>,
+              until check: @escaping @Sendable (State) throws -> Bool) async throws {
+        let id = state.withLock { box in
+            box.nextID += 1
+            return box.nextID
+        }
+        let timer = Task { [weak self] in
+            try await Task.sleep(for: timeout)
+            self?.fail(id, SimulatorError("timed out after \(timeout.formattedSeconds) waiting for \(what)"))
+        }
+        let watcher = Task { [weak self] in
+            let result = await task.result
+            let reason: String
+            switch result {
+            case .success: reason = "the worker stopped"
+            case .failure(let error): reason = "the worker failed: \(error)"
+            }
+            self?.fail(id, SimulatorError("\(reason) while waiting for \(what)"))
+        }
+        defer {
+            timer.cancel()
+            watcher.cancel()
+        }
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            let immediate: Result<Bool, any Error> = state.withLock { box in
+                if let error = box.early.removeValue(forKey: id) { return .failure(error) }
+                do {
+                    if try check(box.state) { return .success(true) }
+                } catch {
+                    return .failure(error)
+                }
+                box.waiters.append(Waiter(id: id, check: check, continuation: continuation))
+                return .success(false)
+            }
+            switch immediate {
+            case .success(true): continuation.resume()
+            case .success(false): break
+            case .failure(let error): continuation.resume(throwing: error)
+            }
+        }
+    }
+
+    private func fail(_ id: UInt64, _ error: any Error) {
+        let waiter = state.withLock { box -> Waiter? in
+            guard let index = box.waiters.firstIndex(where: { $0.id == id }) else {
+                box.early[id] = error
+                return nil
+            }
+            return box.waiters.remove(at: index)
+        }
+        waiter?.continuation.resume(throwing: error)
+    }
+}
