@@ -86,6 +86,11 @@ public struct DownstreamScheduler: Sendable {
         for link in links.values { ids += link.messages.values.map(\.rowID) }
         return ids + ready.elements.map(\.rowID)
     }
+    /// Every open link with its pending count and whether it drains.
+    public var linkStates: [(link: Int, pending: Int, draining: Bool)] {
+        links.map { (link: $0.key, pending: $0.value.window.count, draining: $0.value.draining) }.sorted { $0.link < $1.link }
+    }
+
     /// Links that accept new messages (open and not draining).
     public var sendingLinks: Int { links.values.count { !$0.draining } }
     /// Free slots over the links that accept new messages.

@@ -419,34 +419,12 @@ public final class CCSSimulator: Sendable {
 
     /// A non-blocking listening socket on `host:port` (0: a free port) and the port it got.
     static func listen(host: String, port: Int) throws -> (Int32, Int) {
-        var hints = addrinfo()
-        hints.ai_family = AF_UNSPEC
-        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
-        hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST
-        var list: UnsafeMutablePointer<addrinfo>?
-        guard getaddrinfo(host, String(port), &hints, &list) == 0, let info = list else {
-            throw SimulatorError("cannot listen on \(host): not a numeric address")
+        do {
+            let listener = try TCPListener.open(host: host, port: port, nonBlocking: true)
+            return (listener.fd, listener.port)
+        } catch {
+            throw SimulatorError("\(error)")
         }
-        defer { freeaddrinfo(list) }
-        let fd = socket(info.pointee.ai_family, info.pointee.ai_socktype, 0)
-        guard fd >= 0 else { throw SimulatorError("socket(): \(String(cString: strerror(errno)))") }
-        var one: Int32 = 1
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-        guard bind(fd, info.pointee.ai_addr, info.pointee.ai_addrlen) == 0, Glibc.listen(fd, 512) == 0 else {
-            let reason = String(cString: strerror(errno))
-            close(fd)
-            throw SimulatorError("cannot listen on \(host):\(port): \(reason)")
-        }
-        var address = sockaddr_storage()
-        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
-        withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { _ = getsockname(fd, $0, &length) }
-        }
-        let boundPort: UInt16 = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { UInt16(bigEndian: $0.pointee.sin_port) }
-        }
-        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
-        return (fd, Int(boundPort))
     }
 
     private func acceptLoop() {

@@ -22,10 +22,12 @@ final class CCSConnections: Sendable {
     private let observer: WorkerObserver?
     private let pipeline: UpstreamPipeline
     private let sender: XMPPOutboxSender
+    private let metrics: WorkerMetrics
     private let open = BlockingLock<[ObjectIdentifier: CCSConnection]>([:])
 
     init(configuration: WorkerConfiguration, tls: TLSContext, logger: Logger, observer: WorkerObserver?,
-         pipeline: UpstreamPipeline, sender: XMPPOutboxSender) {
+         pipeline: UpstreamPipeline, sender: XMPPOutboxSender, metrics: WorkerMetrics) {
+        self.metrics = metrics
         self.configuration = configuration
         self.tls = tls
         self.logger = logger
@@ -76,6 +78,9 @@ final class CCSConnections: Sendable {
         }
     }
 
+    /// How many connections are open (bound, draining ones included).
+    var openCount: Int { open.withLock { $0.count } }
+
     fileprivate func register(_ connection: CCSConnection) {
         open.withLock { $0[ObjectIdentifier(connection)] = connection }
     }
@@ -89,7 +94,7 @@ final class CCSConnections: Sendable {
         let index: Int
         let connections: CCSConnections
         private var configuration: WorkerConfiguration { connections.configuration }
-        private var logger: Logger { connections.logger.labeled("ccs#\(index)") }
+        private var logger: Logger { connections.logger.labeled("ccs#\(index)").with(["connection": "ccs#\(index)"]) }
         private var observer: WorkerObserver? { connections.observer }
         private var sender: XMPPOutboxSender { connections.sender }
 
@@ -124,6 +129,7 @@ final class CCSConnections: Sendable {
                             action = plan.handle(.connected(at: .now))
                         } catch let error as XMPPError where !Task.isCancelled {
                             logger.warning("connecting failed: \(error)")
+                            connections.metrics.connectFailed()
                             observer?(.disconnected(slot: index, reason: error))
                             action = plan.handle(.connectFailed(error))
                         } catch {
@@ -145,6 +151,7 @@ final class CCSConnections: Sendable {
                             connections.forget(connection)
                             let reason = await connection.closed()
                             logger.warning("connection \(connection.label) ended: \(reason)")
+                            connections.metrics.connection(.disconnected(slot: index, reason: reason))
                             observer?(.disconnected(slot: index, reason: reason))
                             action = plan.handle(.ended(reason, at: .now))
                         }
@@ -159,6 +166,7 @@ final class CCSConnections: Sendable {
                                                              label: label, onDraining: { drainHook.fire() })
             connections.register(connection)
             logger.info("connected to \(configuration.host):\(configuration.port) as \(connection.label), bound as \(connection.boundJID)")
+            connections.metrics.connection(.connected(slot: index, jid: connection.boundJID))
             observer?(.connected(slot: index, jid: connection.boundJID))
             if ThreadPriority.takeUnreportedRefusal() {
                 logger.warning("connection threads could not raise their priority (nice \(configuration.ioNiceness.map(String.init) ?? "-")): "
@@ -197,6 +205,7 @@ final class CCSConnections: Sendable {
             connections.forget(connection)
             let reason = await connection.closed()
             logger.info("drained connection \(connection.label) ended: \(reason)")
+            connections.metrics.connection(.disconnected(slot: index, reason: reason))
             observer?(.disconnected(slot: index, reason: reason))
         }
 
@@ -210,6 +219,7 @@ final class CCSConnections: Sendable {
             work.reserveCapacity(batch.count)
             var draining = false
             for inbound in batch where handle(inbound, on: connection, link: link, into: &work) { draining = true }
+            connections.metrics.read(received: work.count, acked: work.count(where: \.isAcked))
             if !work.isEmpty { await connections.pipeline.submit(work) }
             return draining
         }
@@ -245,6 +255,7 @@ final class CCSConnections: Sendable {
                 }
             case .control(let type):
                 if type == "CONNECTION_DRAINING" {
+                    connections.metrics.drained()
                     sender.drain(link)
                     return true
                 }

@@ -24,6 +24,8 @@ public struct FCMWorker: Sendable {
     public let logger: Logger
     private let observer: WorkerObserver?
     private let shutdown = ShutdownSignal()
+    /// What `/metrics` shows (also without `--metrics-address`, for embedding applications).
+    let metrics = WorkerMetrics()
 
     public init(configuration: WorkerConfiguration, handlers: UpstreamHandlers,
                 logger: Logger = Logger(label: "fcm-worker"), observer: WorkerObserver? = nil) {
@@ -88,17 +90,26 @@ public struct FCMWorker: Sendable {
         guard !shutdown.isRequested else { return }
 
         let pipeline = UpstreamPipeline(pool: pools.upstream, handlers: handlers, settings: configuration.pipeline,
-                                        logger: logger.labeled("pipeline"), observer: observer)
+                                        logger: logger.labeled("pipeline"), observer: observer, metrics: metrics)
         let outbox = Outbox(pool: pools.outbox, client: httpClient, settings: configuration.downstream,
-                            logger: logger.labeled("outbox"), observer: observer)
+                            logger: logger.labeled("outbox"), observer: observer, metrics: metrics)
         let ccs = CCSConnections(configuration: configuration, tls: tls, logger: logger, observer: observer,
-                                 pipeline: pipeline, sender: outbox.xmpp)
+                                 pipeline: pipeline, sender: outbox.xmpp, metrics: metrics)
+        metrics.sources.withLock { sources in
+            sources.openConnections = { ccs.openCount }
+            sources.windows = { outbox.xmpp.windows }
+            sources.queueDepth = { pipeline.backlog }
+            sources.databaseConnections = { (pools.upstream.openCount, pools.outbox.openCount) }
+        }
         let group = ServiceGroup(stages: [
             .init("outbox", [outbox.service(shutdownTimeout: configuration.shutdownTimeout, shutdown: shutdown)]),
             .init("reading", [ccs.reading]),
             .init("pipeline", [UpstreamPipelineService(pipeline: pipeline, spool: spool, shutdownTimeout: configuration.shutdownTimeout,
-                                                       shutdown: shutdown, logger: logger.labeled("pipeline"), observer: observer)]),
+                                                       shutdown: shutdown, logger: logger.labeled("pipeline"), observer: observer,
+                                                       metrics: metrics)]),
             .init("streams", [ccs.streams]),
+            .init("observability", [ObservabilityService(metrics: metrics, address: configuration.metricsAddress, pool: pools.outbox,
+                                                         shutdown: shutdown, logger: logger.labeled("metrics"), observer: observer)]),
         ], shutdown: shutdown, logger: logger)
         try await group.run()
     }
@@ -141,7 +152,7 @@ public struct FCMWorker: Sendable {
         guard !entries.isEmpty else { return }
         logger.info("replaying \(entries.count) spooled message(s) from \(spool.path)")
         let pipeline = UpstreamPipeline(pool: pool, handlers: handlers, settings: configuration.pipeline,
-                                        logger: logger.labeled("spool"), observer: observer)
+                                        logger: logger.labeled("spool"), observer: observer, metrics: metrics)
         let lanes = Task { await pipeline.run() }
         shutdown.onRequest { lanes.cancel() }
         await pipeline.submit(entries.map(Self.work))

@@ -20,6 +20,7 @@ final class HTTPOutboxSender: Sendable {
     private let writeBack: OutboxWriteBack
     private let settings: DownstreamSettings
     private let logger: Logger
+    private let metrics: WorkerMetrics
     /// Rung on NOTIFY and on each write-back commit.
     let doorbell: Doorbell
     private let state = BlockingLock(State())
@@ -38,13 +39,20 @@ final class HTTPOutboxSender: Sendable {
     }
 
     init(store: OutboxStore, client: FCMHTTPClient, writeBack: OutboxWriteBack, doorbell: Doorbell,
-         settings: DownstreamSettings, logger: Logger) {
+         settings: DownstreamSettings, logger: Logger, metrics: WorkerMetrics) {
+        self.metrics = metrics
         self.store = store
         self.client = client
         self.writeBack = writeBack
         self.doorbell = doorbell
         self.settings = settings
         self.logger = logger
+    }
+
+    /// Hands row updates to the write-back, counted for metrics.
+    private func record(_ updates: [OutboxUpdate], tokens: [TokenMark] = []) {
+        metrics.downstream(updates, transport: "http")
+        writeBack.record(updates, tokens: tokens)
     }
 
     /// The rows being sent, whose claim the outbox renews.
@@ -92,14 +100,14 @@ final class HTTPOutboxSender: Sendable {
         case .success(let prepared):
             message = prepared.0
         case .failure(let refusal):
-            writeBack.record([OutboxUpdate(rowID: row.id, status: refusal.status, errorCode: refusal.errorCode,
+            record([OutboxUpdate(rowID: row.id, status: refusal.status, errorCode: refusal.errorCode,
                                            errorDescription: refusal.description)])
             return
         }
         if let target = message.to ?? message.condition,
            let until = state.withLock({ $0.slowDowns.heldUntil(target, now: .now) }) {
             // Held back like XMPP's rate-limit slowdown: not sent, not counted as an attempt.
-            writeBack.record([OutboxUpdate(rowID: row.id, status: row.attempts > 0 ? .retry : .pending,
+            record([OutboxUpdate(rowID: row.id, status: row.attempts > 0 ? .retry : .pending,
                                            availableAt: now.addingTimeInterval((until - .now).seconds))])
             return
         }
@@ -110,7 +118,7 @@ final class HTTPOutboxSender: Sendable {
         var failure: FCMHTTPClient.Failure?
         if let registrationIDs = row.registrationIDs {
             guard !registrationIDs.isEmpty else {
-                writeBack.record([OutboxUpdate(rowID: row.id, status: .failed, errorCode: "INVALID_MESSAGE",
+                record([OutboxUpdate(rowID: row.id, status: .failed, errorCode: "INVALID_MESSAGE",
                                                errorDescription: "invalid downstream message: registration_ids is empty")])
                 return
             }
@@ -167,7 +175,7 @@ final class HTTPOutboxSender: Sendable {
                 for target in slowDown.targets { state.slowDowns.slowDown(target, until: until) }
             }
         }
-        if let update = settlement.update { writeBack.record([update], tokens: settlement.tokens) }
+        if let update = settlement.update { record([update], tokens: settlement.tokens) }
     }
 
     /// A request that got no usable answer: the row is failed (400, invalid), held back
@@ -190,23 +198,23 @@ final class HTTPOutboxSender: Sendable {
         }
         switch failure {
         case .invalid(let reason):
-            writeBack.record([OutboxUpdate(rowID: row.id, status: .failed, errorCode: "INVALID_MESSAGE", errorDescription: "\(reason)")])
+            record([OutboxUpdate(rowID: row.id, status: .failed, errorCode: "INVALID_MESSAGE", errorDescription: "\(reason)")])
         case .refused(.unauthorized):
             noteRefusedKey()
-            writeBack.record([OutboxUpdate(rowID: row.id, status: row.attempts > 0 ? .retry : .pending, errorCode: "HTTP_401",
+            record([OutboxUpdate(rowID: row.id, status: row.attempts > 0 ? .retry : .pending, errorCode: "HTTP_401",
                                            errorDescription: "FCM refused the server key", availableAt: now)])
         case .refused(.badRequest(let reason)):
-            writeBack.record([OutboxUpdate(rowID: row.id, status: .failed, attempts: row.attempts + 1, sentOn: "http", sentAt: now,
+            record([OutboxUpdate(rowID: row.id, status: .failed, attempts: row.attempts + 1, sentOn: "http", sentAt: now,
                                            errorCode: "HTTP_400", errorDescription: reason)])
         case .refused(.unavailable(_, let retryAfter)):
-            writeBack.record([retry(code: "HTTP_UNAVAILABLE", notBefore: retryAfter)])
+            record([retry(code: "HTTP_UNAVAILABLE", notBefore: retryAfter)])
         case .refused(.unexpected), .transport:
             if case .transport(.cancelled) = failure {
                 // Shutdown: whether FCM took it is unknown; the next worker sends it again.
-                writeBack.record([OutboxSettlement.handBack(rowID: row.id, sentBefore: true, now: now)])
+                record([OutboxSettlement.handBack(rowID: row.id, sentBefore: true, now: now)])
                 return
             }
-            writeBack.record([retry(code: "HTTP_UNAVAILABLE", notBefore: nil)])
+            record([retry(code: "HTTP_UNAVAILABLE", notBefore: nil)])
         }
     }
 

@@ -27,7 +27,8 @@ final class Outbox: Sendable {
     private let settings: DownstreamSettings
     private let logger: Logger
 
-    init(pool: PostgresPool, client: FCMHTTPClient, settings: DownstreamSettings, logger: Logger, observer: WorkerObserver?) {
+    init(pool: PostgresPool, client: FCMHTTPClient, settings: DownstreamSettings, logger: Logger, observer: WorkerObserver?,
+         metrics: WorkerMetrics) {
         let xmppStore = OutboxStore(pool: pool, workerID: settings.workerID, lease: settings.lease, transport: "xmpp")
         let httpStore = OutboxStore(pool: pool, workerID: settings.workerID, lease: settings.lease, transport: "http")
         let xmppDoorbell = Doorbell(), httpDoorbell = Doorbell()
@@ -39,9 +40,10 @@ final class Outbox: Sendable {
         self.stores = [xmppStore, httpStore]
         self.settings = settings
         self.logger = logger
-        self.xmpp = XMPPOutboxSender(store: xmppStore, writeBack: writeBack, doorbell: xmppDoorbell, settings: settings, logger: logger)
+        self.xmpp = XMPPOutboxSender(store: xmppStore, writeBack: writeBack, doorbell: xmppDoorbell, settings: settings, logger: logger,
+                                     metrics: metrics)
         self.http = HTTPOutboxSender(store: httpStore, client: client, writeBack: writeBack, doorbell: httpDoorbell,
-                                     settings: settings, logger: logger.labeled("http"))
+                                     settings: settings, logger: logger.labeled("http"), metrics: metrics)
         self.listener = OutboxListener(target: pool.target, connectTimeout: pool.connectTimeout, doorbells: [xmppDoorbell, httpDoorbell],
                                        logger: logger, onListening: { observer?(.outboxListening) })
     }

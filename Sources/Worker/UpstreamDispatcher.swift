@@ -7,6 +7,7 @@ import Runtime
 struct UpstreamDispatcher: Sendable {
     let handlers: UpstreamHandlers
     let logger: Logger
+    let metrics: WorkerMetrics
 
     /// A handler refused one message for good (`PermanentFailure`, or a reply FCM would
     /// refuse) during a batch: the batch rolls back and commits again without handling it.
@@ -40,7 +41,8 @@ struct UpstreamDispatcher: Sendable {
                 do {
                     try route.handler.check(message)
                 } catch {
-                    logger.warning("message \(message.messageID) refused by handler \(route.name), dead-lettered: \(error)")
+                    logger.warning("message \(message.messageID) refused by handler \(route.name), dead-lettered: \(error)",
+                                   metadata: ["message_id": message.messageID, "handler": route.name])
                     return Self.deadLetter(work, message, error: "\(route.name): \(error)")
                 }
             }
@@ -67,20 +69,27 @@ struct UpstreamDispatcher: Sendable {
         for route in handlers.routes {
             let matching = messages.filter { route.match.matches($0) }
             guard !matching.isEmpty else { continue }
-            let handlerLogger = logger.labeled("handler \(route.name)")
-            if let batchHandler = route.handler as? any BatchUpstreamHandler, matching.count > 1 || batchingSingles {
-                let context = BatchContext(logger: handlerLogger, transaction: transaction)
-                try await call(route) { try await batchHandler.handle(batch: matching, in: context) }
-            } else {
-                for message in matching {
-                    let context = HandlerContext(message: message, logger: handlerLogger, transaction: transaction)
-                    do {
-                        try await call(route) { try await route.handler.handle(message, in: context) }
-                    } catch where error is PermanentFailure || error is DownstreamValidationError {
-                        throw Refusal(messageID: message.messageID, route: route.name, error: error)
+            let handlerLogger = logger.labeled("handler \(route.name)").with(["handler": route.name])
+            do {
+                if let batchHandler = route.handler as? any BatchUpstreamHandler, matching.count > 1 || batchingSingles {
+                    let context = BatchContext(logger: handlerLogger, transaction: transaction)
+                    try await call(route) { try await batchHandler.handle(batch: matching, in: context) }
+                } else {
+                    for message in matching {
+                        let context = HandlerContext(message: message, logger: handlerLogger.with(["message_id": message.messageID]),
+                                                     transaction: transaction)
+                        do {
+                            try await call(route) { try await route.handler.handle(message, in: context) }
+                        } catch where error is PermanentFailure || error is DownstreamValidationError {
+                            throw Refusal(messageID: message.messageID, route: route.name, error: error)
+                        }
                     }
                 }
+            } catch {
+                metrics.handler(route.name, runs: matching.count, failed: true)
+                throw error
             }
+            metrics.handler(route.name, runs: matching.count, failed: false)
         }
     }
 

@@ -32,13 +32,16 @@ final class UpstreamPipeline: Sendable {
     let dispatcher: UpstreamDispatcher
     let logger: Logger
     let observer: WorkerObserver?
+    let metrics: WorkerMetrics
     private let lanes: [Lane]
 
-    init(pool: PostgresPool, handlers: UpstreamHandlers, settings: PipelineSettings, logger: Logger, observer: WorkerObserver?) {
+    init(pool: PostgresPool, handlers: UpstreamHandlers, settings: PipelineSettings, logger: Logger, observer: WorkerObserver?,
+         metrics: WorkerMetrics) {
         self.pool = pool
+        self.metrics = metrics
         self.scheduler = UpstreamScheduler(settings: settings)
         self.inbox = UpstreamInbox(handlers: handlers)
-        self.dispatcher = UpstreamDispatcher(handlers: handlers, logger: logger)
+        self.dispatcher = UpstreamDispatcher(handlers: handlers, logger: logger, metrics: metrics)
         self.logger = logger
         self.observer = observer
         self.lanes = (0..<scheduler.laneCount).map { Lane(index: $0, capacity: settings.queueCapacity) }
@@ -121,7 +124,8 @@ final class UpstreamPipeline: Sendable {
         while true {
             if Task.isCancelled { return batch }
             do {
-                let afterCommit = try await pool.withConnection { connection in try await self.commit(batch, on: connection) }
+                let started = ContinuousClock.now
+                let afterCommit = try await pool.withConnection { connection in try await self.commit(batch, on: connection, started: started) }
                 await acknowledge(batch)
                 for action in afterCommit { await action() }
                 return nil
@@ -129,10 +133,12 @@ final class UpstreamPipeline: Sendable {
                 // Refused for good: dead-lettered in its place, and the rest commits as a batch.
                 guard let index = batch.firstIndex(where: { $0.messageID == refusal.messageID }),
                       case .message(let message) = batch[index].kind else { return await failed(batch[0], error: refusal, in: lane) }
-                logger.error("message \(refusal.messageID) refused by handler \(refusal.route), dead-lettered: \(refusal.error)")
+                logger.error("message \(refusal.messageID) refused by handler \(refusal.route), dead-lettered: \(refusal.error)",
+                             metadata: ["message_id": refusal.messageID, "handler": refusal.route])
                 batch[index] = UpstreamDispatcher.deadLetter(batch[index], message, error: refusal.description)
             } catch let error as PostgresError where error.kind == .connection {
                 if Task.isCancelled { return batch }
+                metrics.databaseErrors.add(1, ordering: .relaxed)
                 let delay = outage.next()
                 logger.warning("database unavailable (\(error.message)); \(batch.count) message(s) wait, retrying in \(delay.formattedSeconds)")
                 observer?(.databaseUnavailable(error.message))
@@ -157,7 +163,8 @@ final class UpstreamPipeline: Sendable {
         var generator = SystemRandomNumberGenerator()
         switch scheduler.failure(of: work, description: description, permanent: UpstreamDispatcher.isPermanent(error), now: .now, using: &generator) {
         case .deadLetter(let letter):
-            logger.error("message \(work.messageID ?? "?") failed \(letter.attempts) time(s), dead-lettered: \(description)")
+            logger.error("message \(work.messageID ?? "?") failed \(letter.attempts) time(s), dead-lettered: \(description)",
+                         metadata: ["message_id": work.messageID ?? ""])
             return await process([letter], in: lane)
         case .retryDeadLetter(let letter, _):
             logger.error("could not store a dead letter: \(description)")
@@ -168,7 +175,8 @@ final class UpstreamPipeline: Sendable {
             lane.queue.poke()
             let messageID = retry.messageID ?? "?"
             logger.warning("message \(messageID) failed (attempt \(retry.attempts) of \(scheduler.settings.maxAttempts)), "
-                           + "retrying in \(delay.formattedSeconds): \(description)")
+                           + "retrying in \(delay.formattedSeconds): \(description)", metadata: ["message_id": messageID])
+            metrics.retried()
             observer?(.retryScheduled(messageID: messageID, attempt: retry.attempts, delay: delay))
             return nil
         }
@@ -179,7 +187,8 @@ final class UpstreamPipeline: Sendable {
     /// the whole batch goes in one round trip; otherwise the ids are recorded in
     /// `processed_upstream` before any handler runs. Returns the handlers' `afterCommit`
     /// actions.
-    private func commit(_ batch: [UpstreamWork], on connection: PostgresConnection) async throws -> [@Sendable () async -> Void] {
+    private func commit(_ batch: [UpstreamWork], on connection: PostgresConnection,
+                        started: ContinuousClock.Instant) async throws -> [@Sendable () async -> Void] {
         var messages: [UpstreamMessage] = []
         var letters: [UpstreamWork.DeadLetter] = []
         var seen = Set<String>()
@@ -213,6 +222,8 @@ final class UpstreamPipeline: Sendable {
                     try await dispatcher.handle(messages, in: transaction, batchingSingles: true)
                     transaction.enqueue(PostgresStatement("COMMIT"))
                     try await transaction.flush()
+                    metrics.committed(batch: batch.count, took: (ContinuousClock.now - started).seconds, handled: messages.map(\.receivedAt),
+                                      duplicates: arrivals - messages.count, deadLetters: letters.map(\.reason), at: Date())
                     observer?(.committed(handled: messages.map { ($0.messageID, $0.receivedAt) },
                                          duplicates: arrivals - messages.count, deadLettered: letters.map { $0.messageID ?? "" }))
                     return transaction.afterCommitActions
@@ -231,6 +242,8 @@ final class UpstreamPipeline: Sendable {
             try await dispatcher.handle(newMessages, in: transaction, batchingSingles: false)
             transaction.enqueue(PostgresStatement("COMMIT"))
             try await transaction.flush()
+            metrics.committed(batch: batch.count, took: (ContinuousClock.now - started).seconds, handled: newMessages.map(\.receivedAt),
+                              duplicates: arrivals - newMessages.count, deadLetters: written.map(\.reason), at: Date())
             observer?(.committed(handled: newMessages.map { ($0.messageID, $0.receivedAt) },
                                  duplicates: arrivals - newMessages.count, deadLettered: written.map { $0.messageID ?? "" }))
             return transaction.afterCommitActions
@@ -245,6 +258,7 @@ final class UpstreamPipeline: Sendable {
         let acks = batch.compactMap(\.durableAck)
         guard !acks.isEmpty else { return }
         for outcome in await DurableAck.send(acks) {
+            if outcome.error == nil { metrics.durablyAcked(outcome.messageIDs.count) }
             if let error = outcome.error {
                 logger.warning("could not ack \(outcome.messageIDs.count) message(s) (\(outcome.messageIDs.prefix(3).joined(separator: ","))…) "
                                + "on \(outcome.connection): \(error); CCS will redeliver them")

@@ -13,6 +13,7 @@ struct UpstreamPipelineService: Service {
     let shutdown: ShutdownSignal
     let logger: Logger
     let observer: WorkerObserver?
+    let metrics: WorkerMetrics
 
     var name: String { "pipeline" }
 
@@ -35,6 +36,7 @@ struct UpstreamPipelineService: Service {
         guard !acked.isEmpty else { return }
         do {
             try spool.append(acked.map(\.spoolEntry))
+            metrics.spooled(acked.count)
             observer?(.spooled(count: acked.count, path: spool.path))
         } catch {
             logger.error("COULD NOT WRITE THE SPOOL \(spool.path): \(error); \(acked.count) acked message(s) are lost: "

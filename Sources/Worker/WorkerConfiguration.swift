@@ -72,6 +72,11 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     /// Prepare each SQL text once per database connection (`--prepared-statements`); off
     /// behind PgBouncer in transaction mode before 1.21, which loses them between transactions.
     public var preparedStatements = true
+    /// The least severe level logged (`--log-level`), and the form of the lines (`--log-format`).
+    public var logLevel = Logger.Level.info
+    public var logFormat = Logger.Format.text
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (`--metrics-address`); nil: nowhere.
+    public var metricsAddress: String?
     /// What parsing found worth saying but not refusing (a key file others can read), for
     /// the log at start.
     public internal(set) var warnings: [String] = []
@@ -241,6 +246,28 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             case "off", "0", "false", "no": settings.preparedStatements = false
             default: throw ConfigurationError("invalid prepared statements setting \(text): expected on or off")
             }
+        },
+        CommandOption("--log-level", environment: "FCM_LOG_LEVEL", placeholder: "LEVEL", default: "info",
+                      help: "least severe level logged: trace, debug, info, notice, warning, error or critical") { settings, text throws(ConfigurationError) in
+            guard let level = Logger.Level(name: text) else {
+                throw ConfigurationError("invalid log level \(text): expected \(Logger.Level.allCases.map(\.description).joined(separator: ", "))")
+            }
+            settings.logLevel = level
+        },
+        CommandOption("--log-format", environment: "FCM_LOG_FORMAT", placeholder: "FORMAT", default: "text",
+                      help: "text (one line per entry) or json (one object per line)") { settings, text throws(ConfigurationError) in
+            guard let format = Logger.Format(rawValue: text.lowercased()) else {
+                throw ConfigurationError("invalid log format \(text): expected text or json")
+            }
+            settings.logFormat = format
+        },
+        CommandOption("--metrics-address", environment: "FCM_METRICS_ADDRESS", placeholder: "HOST:PORT", default: "off",
+                      help: "serve /metrics (Prometheus), /healthz and /readyz over HTTP on this address") { settings, text throws(ConfigurationError) in
+            guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65535).contains(port),
+                  colon > text.startIndex else {
+                throw ConfigurationError("invalid metrics address \(text): expected host:port, such as 127.0.0.1:9464")
+            }
+            settings.metricsAddress = text
         },
     ]) { settings throws(ConfigurationError) in
         guard !settings.senderID.isEmpty else {

@@ -19,6 +19,8 @@ public enum WorkerEvent: Sendable {
     /// The outbox sender listens for NOTIFY: rows inserted from now on wake it at once.
     case outboxListening
     case replayed(count: Int)
+    /// `/metrics`, `/healthz` and `/readyz` are served on this port (`--metrics-address`).
+    case serving(metricsPort: Int)
 }
 
 /// Receives `WorkerEvent`s as they happen, from any task.

@@ -76,7 +76,9 @@ public enum WorkerMain {
         let names = makeHandlers(settings).names
         let all = [runCommand(settings: settings, options: options, handlerNames: names, defaultHandlers: defaultHandlers,
                               migrations: migrations, makeHandlers: makeHandlers),
-                   migrateCommand(migrations: migrations)] + commands
+                   migrateCommand(migrations: migrations), MaintenanceCommands.statusCommand(migrations: migrations),
+                   MaintenanceCommands.deadLettersCommand(handlers: { makeHandlers(settings) }, migrations: migrations),
+                   MaintenanceCommands.outboxCommand, MaintenanceCommands.pruneCommand] + commands
         var arguments = arguments
         if let first = arguments.first, first.hasPrefix("--"), !["--help", "--version"].contains(first) {
             arguments.insert("run", at: 0)
@@ -181,7 +183,9 @@ public enum WorkerMain {
 
     /// Runs the worker until SIGTERM/SIGINT and turns the outcome into an exit status.
     static func serve(_ configuration: WorkerConfiguration, handlers: UpstreamHandlers, context: WorkerCommandContext) async -> Int32 {
-        let worker = FCMWorker(configuration: configuration, handlers: handlers)
+        let worker = FCMWorker(configuration: configuration, handlers: handlers,
+                               logger: Logger(label: context.program, minimumLevel: configuration.logLevel, format: configuration.logFormat))
+        ProcessSignals.ignoreSIGHUP()
         for warning in configuration.warnings { worker.logger.warning(warning) }
         worker.logger.info("handlers: \(handlers.names.joined(separator: ", "))")
         let task = Task { try await worker.run() }

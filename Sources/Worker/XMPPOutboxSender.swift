@@ -63,6 +63,15 @@ final class XMPPOutboxSender: Sendable {
         var statistics = Statistics()
         /// When scheduled retries fall due: the claim loop wakes for each.
         var retryTimes = DueTimes()
+        /// The connection label of each link (for metrics).
+        var labels: [Int: String] = [:]
+    }
+
+    /// A connection's window, for metrics.
+    struct Window: Sendable {
+        let label: String
+        let pending: Int
+        let draining: Bool
     }
 
     private typealias Batch = (placed: [DownstreamScheduler.Placement], deferred: [DownstreamScheduler.Deferral])
@@ -71,11 +80,14 @@ final class XMPPOutboxSender: Sendable {
     private let store: OutboxStore
     private let writeBack: OutboxWriteBack
     private let logger: Logger
+    private let metrics: WorkerMetrics
     private let state = BlockingLock(State())
     /// Rung on NOTIFY, on each write-back commit, and when rows are wanted.
     let doorbell: Doorbell
 
-    init(store: OutboxStore, writeBack: OutboxWriteBack, doorbell: Doorbell, settings: DownstreamSettings, logger: Logger) {
+    init(store: OutboxStore, writeBack: OutboxWriteBack, doorbell: Doorbell, settings: DownstreamSettings, logger: Logger,
+         metrics: WorkerMetrics) {
+        self.metrics = metrics
         self.settings = settings
         self.store = store
         self.writeBack = writeBack
@@ -84,6 +96,20 @@ final class XMPPOutboxSender: Sendable {
     }
 
     var statistics: Statistics { state.withLock { $0.statistics } }
+
+    /// Each open connection's window.
+    var windows: [Window] {
+        state.withLock { state in
+            state.scheduler.linkStates.map { Window(label: state.labels[$0.link] ?? "link \($0.link)", pending: $0.pending, draining: $0.draining) }
+        }
+    }
+
+    /// Hands row updates to the write-back, counted for metrics; returns the write's number.
+    @discardableResult
+    private func record(_ updates: [OutboxUpdate], tokens: [TokenMark] = []) -> UInt64 {
+        metrics.downstream(updates, transport: "xmpp")
+        return writeBack.record(updates, tokens: tokens)
+    }
 
     /// The rows this sender holds (waiting or unanswered), whose claim the outbox renews.
     var heldRowIDs: [Int64] { state.withLock { $0.scheduler.heldRowIDs } }
@@ -100,7 +126,7 @@ final class XMPPOutboxSender: Sendable {
         }
         doorbell.ring()
         let now = Date()
-        writeBack.record(unsent.map { OutboxSettlement.handBack(rowID: $0.rowID, sentBefore: $0.attempt > 1, now: now) })
+        record(unsent.map { OutboxSettlement.handBack(rowID: $0.rowID, sentBefore: $0.attempt > 1, now: now) })
         shutdown.onUrgent { [self] in wakeAnswerWaiters() }
         _ = await state.suspend(in: \.answerWaiters, cancelled: false, deadline: deadline, timedOut: false) { state in
             state.scheduler.pendingCount == 0 || shutdown.isUrgent ? true : nil
@@ -122,7 +148,7 @@ final class XMPPOutboxSender: Sendable {
             logger.warning("\(unanswered.count) downstream message(s) were not answered before shutdown; they are handed back and will be sent again")
         }
         let handedBack = Date()
-        writeBack.record(unanswered.map { OutboxSettlement.handBack(rowID: $0.rowID, sentBefore: $0.attempt > 1, now: handedBack) })
+        record(unanswered.map { OutboxSettlement.handBack(rowID: $0.rowID, sentBefore: $0.attempt > 1, now: handedBack) })
         logger.info("outbox over XMPP: \(statistics)")
     }
 
@@ -139,6 +165,7 @@ final class XMPPOutboxSender: Sendable {
         let link = state.withLock { state -> Int in
             state.nextLink += 1
             state.scheduler.open(state.nextLink)
+            state.labels[state.nextLink] = connection.label
             return state.nextLink
         }
         doorbell.ring()
@@ -160,6 +187,7 @@ final class XMPPOutboxSender: Sendable {
     func detach(_ link: Int) {
         let (moved, wake) = state.withLock { state -> (Int, [(CheckedContinuation<Batch?, Never>, Batch?)]) in
             let moved = state.scheduler.close(link)
+            state.labels[link] = nil
             state.statistics.resent += moved
             var wake: [(CheckedContinuation<Batch?, Never>, Batch?)] = []
             if let waiter = state.waiters.removeValue(forKey: link) { wake.append((waiter, nil)) }
@@ -196,7 +224,8 @@ final class XMPPOutboxSender: Sendable {
             case .stanzaErrorForMessage(let messageID, _, _):
                 found = state.scheduler.answered(link: link, messageID: messageID)
             }
-            guard let (message, _) = found else { return [] }
+            guard let (message, sentAt) = found else { return [] }
+            metrics.downstreamRoundTrip.withLock { $0.observe((now - sentAt).seconds) }
             let age = Duration.seconds(max(0, date.timeIntervalSince(message.createdAt)))
             var generator = SystemRandomNumberGenerator()
             let verdict: DownstreamVerdict
@@ -213,7 +242,7 @@ final class XMPPOutboxSender: Sendable {
             }
             apply(verdict, to: message, link: link, now: now, date: date, state: &state, updates: &updates, tokens: &tokens, due: &retryDue)
             // Recorded under the lock, so that a retry's due time knows its write's number.
-            let number = writeBack.record(updates, tokens: tokens)
+            let number = record(updates, tokens: tokens)
             for due in retryDue { state.retryTimes.insert(due, written: number) }
             var wake = takeForWaiters(&state, only: link, refilling: true)
             if case .resendElsewhere = verdict { wake += takeForWaiters(&state) }
@@ -241,7 +270,7 @@ final class XMPPOutboxSender: Sendable {
             logger.warning("a delivery receipt for \(originalMessageID), which is not an outbox message id")
             return
         }
-        writeBack.record([OutboxUpdate(rowID: rowID, status: .delivered, deliveredAt: date)])
+        record([OutboxUpdate(rowID: rowID, status: .delivered, deliveredAt: date)])
     }
 
     private func apply(_ verdict: DownstreamVerdict, to message: OutgoingDownstream, link: Int, now: ContinuousClock.Instant,
@@ -282,7 +311,7 @@ final class XMPPOutboxSender: Sendable {
             let date = Date()
             let leaseEnd = date.addingTimeInterval(settings.lease.seconds)
             // Recorded before the bytes leave, so an answer's update always comes after.
-            writeBack.record(batch.placed.map {
+            record(batch.placed.map {
                 OutboxUpdate(rowID: $0.message.rowID, status: .sent, attempts: $0.message.attempt, sentOn: connection.label, sentAt: date,
                              availableAt: leaseEnd)
             })
@@ -323,7 +352,7 @@ final class XMPPOutboxSender: Sendable {
         guard !batch.deferred.isEmpty else { return batch }
         state.statistics.retried += batch.deferred.count
         let date = Date()
-        let number = writeBack.record(batch.deferred.map {
+        let number = record(batch.deferred.map {
             OutboxUpdate(rowID: $0.message.rowID, status: .retry, availableAt: date.addingTimeInterval(max(0, ($0.until - now).seconds)))
         })
         for deferral in batch.deferred { state.retryTimes.insert(deferral.until, written: number) }
@@ -391,7 +420,7 @@ final class XMPPOutboxSender: Sendable {
                 continue
             }
             let (ready, updates) = prepare(rows)
-            writeBack.record(updates)
+            record(updates)
             let wake = state.withLock { state -> [(CheckedContinuation<Batch?, Never>, Batch?)] in
                 state.statistics.claimed += rows.count
                 state.scheduler.enqueue(ready)

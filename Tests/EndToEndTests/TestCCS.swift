@@ -16,10 +16,11 @@ struct TestCCS {
     let authority: CertificateAuthority
     let simulator: CCSSimulator
 
-    init(identity: ((CertificateAuthority) throws -> TLSIdentity)? = nil,
+    /// `authority`: the CA of an earlier simulator (one the worker already trusts).
+    init(identity: ((CertificateAuthority) throws -> TLSIdentity)? = nil, authority: CertificateAuthority? = nil,
          configure: (inout SimulatorConfiguration) -> Void = { _ in }) throws {
-        authority = try CertificateAuthority()
-        let serverIdentity = try identity?(authority) ?? authority.issueServerIdentity()
+        self.authority = try authority ?? CertificateAuthority()
+        let serverIdentity = try identity?(self.authority) ?? self.authority.issueServerIdentity()
         var configuration = SimulatorConfiguration(senderID: Self.senderID, serverKey: Self.serverKey, identity: serverIdentity)
         configure(&configuration)
         simulator = try CCSSimulator(configuration: configuration)

@@ -1,0 +1,229 @@
+import FCM
+import Foundation
+import Postgres
+import Runtime
+
+/// The operator's commands that need the database only: `status`, `dead-letters`,
+/// `outbox requeue` and `prune`. None of them connects to FCM.
+enum MaintenanceCommands {
+    /// The settings these commands share.
+    struct Settings: Sendable {
+        var worker = WorkerConfiguration(senderID: "", serverKey: "")
+        var json = false
+        var all = false
+        var statuses: [String] = []
+        var since: Duration?
+        var olderThan: Duration?
+        var limit = 50
+    }
+
+    private static func workerOption(_ flag: String) -> CommandOption<Settings> {
+        WorkerConfiguration.options.options.first { $0.flag == flag }!.lifted(to: \Settings.worker)
+    }
+
+    private static func requireDatabase(_ settings: inout Settings) throws(ConfigurationError) {
+        guard settings.worker.databaseURL != nil else {
+            throw ConfigurationError("missing database URL: pass --database-url or set DATABASE_URL")
+        }
+    }
+
+    private static let json = CommandOption<Settings>.toggle("--json", help: "print JSON for scripts") { $0.json = $1 }
+
+    /// `7d`, `48h`, `30m`, `90s` or plain seconds.
+    static func parseDuration(_ text: String, name: String) throws(ConfigurationError) -> Duration {
+        let units: [Character: Double] = ["s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800]
+        var number = Substring(text), scale = 1.0
+        if let last = text.last, let unit = units[last] {
+            number = text.dropLast()
+            scale = unit
+        }
+        guard let value = Double(number), value > 0, value * scale <= 3_650 * 86_400 else {
+            throw ConfigurationError("invalid \(name) \(text): expected a duration such as 7d, 48h, 30m or 90s")
+        }
+        return .milliseconds(Int64(value * scale * 1000))
+    }
+
+    /// Connects for a one-off command (no prepared statements, no call deadline) and runs `body`.
+    private static func withDatabase<T>(_ settings: Settings, _ body: (PostgresConnection) async throws -> T) async throws -> T {
+        let connection = try await PostgresConnection.connect(settings.worker.databaseURL!, callTimeout: nil, preparesStatements: false)
+        do {
+            let value = try await body(connection)
+            await connection.close()
+            return value
+        } catch {
+            await connection.close()
+            throw error
+        }
+    }
+
+    /// Runs a command's body and turns its errors into exit statuses (2 for settings, 1 otherwise).
+    private static func running(_ name: String, _ context: WorkerCommandContext, _ body: () async throws -> Void) async -> Int32 {
+        do {
+            try await body()
+            return 0
+        } catch let error as ConfigurationError {
+            return context.fail("\(name): \(error.description)")
+        } catch let error as MigrationError {
+            return context.fail("\(name): \(error.description)")
+        } catch let error as PostgresError where error.kind == .configuration {
+            return context.fail("\(name): \(error.description)")
+        } catch {
+            return context.fail("\(name): \(error)", status: 1)
+        }
+    }
+
+    private static func print(json value: JSONValue) {
+        Swift.print(value.serialized)
+    }
+
+    // MARK: - status
+
+    /// `status`: what the database says about the worker.
+    static func statusCommand(migrations: [MigrationSet]) -> WorkerCommand {
+        let options = OptionTable<Settings>([workerOption("--database-url"), workerOption("--migrations-dir"), workerOption("--spool-file"), json],
+                                            finish: requireDatabase)
+        var initial = Settings()
+        initial.worker.migrationSets = migrations
+        return WorkerCommand(name: "status", summary: "print pending migrations, the outbox by transport and status, dead letters, "
+                                 + "token states and the spool (database only; --json for scripts)",
+                             options: options.help, optionsMarkdown: options.markdownTable) { [initial] arguments, context in
+            var status: Int32 = 0
+            guard let (settings, positional) = context.parse(arguments, with: options, into: initial, status: &status) else { return status }
+            if let extra = positional.first { return context.fail("status: unexpected argument \(extra)") }
+            return await running("status", context) {
+                let migrator = try settings.worker.migrator()
+                let report = try await withDatabase(settings) { try await StatusReport.read(from: $0, migrator: migrator) }
+                let spool = StatusReport.spool(at: settings.worker.spoolFile)
+                if settings.json {
+                    var object = report.json
+                    object["spool"] = .object(spool)
+                    print(json: .object(object))
+                } else {
+                    Swift.print(report.text + "spool: \(spool["path"]?.stringValue ?? "") holds \(spool["records"]?.intValue ?? 0) record(s), "
+                                + "\(spool["bytes"]?.intValue ?? 0) bytes\n", terminator: "")
+                }
+            }
+        }
+    }
+
+    // MARK: - dead-letters
+
+    /// `dead-letters list|replay`.
+    static func deadLettersCommand(handlers: @escaping @Sendable () -> UpstreamHandlers, migrations: [MigrationSet]) -> WorkerCommand {
+        let options = OptionTable<Settings>([
+            workerOption("--database-url"), workerOption("--handlers"), workerOption("--max-attempts"), json,
+            .toggle("--all", help: "replay: every dead letter not replayed yet that handlers can take") { $0.all = $1 },
+            .integer("--limit", environment: nil, default: "50", help: "list: at most this many, newest first", name: "limit",
+                     range: 1...100_000, \.limit),
+        ], finish: requireDatabase)
+        return WorkerCommand(name: "dead-letters", synopsis: "list | replay ID... | replay --all [options]",
+                             summary: "list dead letters, or run dead-lettered messages through the handlers again (exactly once)",
+                             options: options.help, optionsMarkdown: options.markdownTable) { arguments, context in
+            var status: Int32 = 0
+            guard let (settings, positional) = context.parse(arguments, with: options, into: Settings(), status: &status) else { return status }
+            switch positional.first {
+            case "list":
+                return await running("dead-letters", context) {
+                    let letters = try await withDatabase(settings) { try await DeadLetterReplay.list(on: $0, limit: settings.limit) }
+                    if settings.json {
+                        print(json: .array(letters.map(\.json)))
+                    } else {
+                        for letter in letters { Swift.print(letter.line) }
+                        if letters.isEmpty { Swift.print("no dead letters") }
+                    }
+                }
+            case "replay":
+                let ids = positional.dropFirst().compactMap { Int64($0) }
+                guard ids.count == positional.count - 1 else { return context.fail("dead-letters: replay takes dead letter ids (numbers) or --all") }
+                guard settings.all != !ids.isEmpty else { return context.fail("dead-letters: replay takes ids or --all (one of them)") }
+                return await running("dead-letters", context) {
+                    let available = handlers()
+                    let chosen = try settings.worker.handlers.map { names throws(ConfigurationError) in try available.selecting(names) } ?? available
+                    var worker = settings.worker
+                    worker.migrationSets = migrations
+                    let replay = DeadLetterReplay(configuration: worker, handlers: chosen,
+                                                  logger: Logger(label: context.program, minimumLevel: .warning))
+                    let outcome = try await replay.run(ids: settings.all ? nil : ids)
+                    if settings.json {
+                        print(json: ["replayed": .array(outcome.replayed.map { JSONValue(Int($0)) }),
+                                     "dead_lettered_again": .array(outcome.failedAgain.map { JSONValue(Int($0)) }),
+                                     "skipped": .array(outcome.skipped.map { ["id": JSONValue(Int($0.id)), "reason": .string($0.reason)] })])
+                    } else {
+                        Swift.print("replayed \(outcome.replayed.count), dead-lettered again \(outcome.failedAgain.count), skipped \(outcome.skipped.count)")
+                        for skip in outcome.skipped { Swift.print("  skipped \(skip.id): \(skip.reason)") }
+                    }
+                }
+            default:
+                return context.fail("dead-letters: expected list or replay (see \(context.program) help dead-letters)")
+            }
+        }
+    }
+
+    // MARK: - outbox requeue
+
+    /// `outbox requeue --status failed|expired [--since DURATION]`.
+    static let outboxCommand: WorkerCommand = {
+        let options = OptionTable<Settings>([
+            workerOption("--database-url"), json,
+            CommandOption("--status", placeholder: "failed|expired", default: "required",
+                          help: "which finished rows to send again (both: failed,expired)") { settings, text throws(ConfigurationError) in
+                let statuses = text.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+                guard !statuses.isEmpty, statuses.allSatisfy({ ["failed", "expired"].contains($0) }) else {
+                    throw ConfigurationError("invalid --status \(text): expected failed, expired or failed,expired")
+                }
+                settings.statuses = statuses
+            },
+            CommandOption("--since", placeholder: "DURATION", default: "all time",
+                          help: "only rows created this recently (7d, 48h, 30m, 90s)") { settings, text throws(ConfigurationError) in
+                settings.since = try parseDuration(text, name: "--since")
+            },
+        ]) { settings throws(ConfigurationError) in
+            try requireDatabase(&settings)
+        }
+        return WorkerCommand(name: "outbox", synopsis: "requeue --status failed|expired [--since DURATION] [options]",
+                             summary: "send finished outbox rows again: their status back to pending, their attempts to 0",
+                             options: options.help, optionsMarkdown: options.markdownTable) { arguments, context in
+            var status: Int32 = 0
+            guard let (settings, positional) = context.parse(arguments, with: options, into: Settings(), status: &status) else { return status }
+            guard positional == ["requeue"] else { return context.fail("outbox: expected requeue (see \(context.program) help outbox)") }
+            guard !settings.statuses.isEmpty else { return context.fail("outbox: requeue needs --status failed, expired or failed,expired") }
+            return await running("outbox", context) {
+                let count = try await withDatabase(settings) { try await OutboxMaintenance.requeue(statuses: settings.statuses, since: settings.since, on: $0) }
+                if settings.json { print(json: ["requeued": JSONValue(count)]) } else { Swift.print("requeued \(count) row(s)") }
+            }
+        }
+    }()
+
+    // MARK: - prune
+
+    /// `prune --older-than DURATION`.
+    static let pruneCommand: WorkerCommand = {
+        let options = OptionTable<Settings>([
+            workerOption("--database-url"), json,
+            CommandOption("--older-than", placeholder: "DURATION", default: "required",
+                          help: "delete rows older than this (at least 1h; keep processed_upstream longer than CCS may redeliver: days)") { settings, text throws(ConfigurationError) in
+                let age = try parseDuration(text, name: "--older-than")
+                guard age >= .seconds(3600) else { throw ConfigurationError("--older-than \(text) is under an hour: CCS may still redeliver such messages") }
+                settings.olderThan = age
+            },
+        ]) { settings throws(ConfigurationError) in
+            try requireDatabase(&settings)
+            guard settings.olderThan != nil else { throw ConfigurationError("missing --older-than DURATION (such as 14d)") }
+        }
+        return WorkerCommand(name: "prune", synopsis: "--older-than DURATION [options]",
+                             summary: "delete old processed_upstream records, finished outbox rows and dead letters, in small batches",
+                             options: options.help, optionsMarkdown: options.markdownTable) { arguments, context in
+            var status: Int32 = 0
+            guard let (settings, positional) = context.parse(arguments, with: options, into: Settings(), status: &status) else { return status }
+            if let extra = positional.first { return context.fail("prune: unexpected argument \(extra)") }
+            return await running("prune", context) {
+                let deleted = try await withDatabase(settings) { try await OutboxMaintenance.prune(olderThan: settings.olderThan!, on: $0) }
+                if settings.json {
+                    print(json: .object(deleted.mapValues { JSONValue($0) }))
+                } else {
+                    Swift.print(deleted.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value) row(s) deleted" }.joined(separator: "\n"))
+                }
+            }
+        }
+    }()
+}

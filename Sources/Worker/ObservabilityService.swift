@@ -1,0 +1,126 @@
+import Foundation
+import Postgres
+import Runtime
+import Synchronization
+
+/// What operators' tools see of the worker: `/metrics`, `/healthz` and `/readyz` on
+/// `--metrics-address`, systemd's notifications, and the database-side gauges (the outbox
+/// backlog) with the reachability probe behind `/readyz`. The last service to stop.
+///
+/// - `/healthz` is 200 while the worker's loops run (the cooperative pool is not stuck): a
+///   supervisor restarts the process when it is not.
+/// - `/readyz` is 200 while at least one CCS connection is open, the database answered
+///   the last probe (every 2 s, each given 2 s) and no shutdown was requested.
+struct ObservabilityService: Service {
+    let metrics: WorkerMetrics
+    let address: String?
+    let pool: PostgresPool
+    let shutdown: ShutdownSignal
+    let logger: Logger
+    let observer: WorkerObserver?
+
+    var name: String { "observability" }
+
+    /// Longer than this without a heartbeat, the worker counts as stuck.
+    static let stuckAfter: Duration = .seconds(15)
+    static let probeInterval: Duration = .seconds(2)
+
+    func run() async throws {
+        let heartbeat = Heartbeat()
+        let metrics = self.metrics, shutdown = self.shutdown
+        let server = try address.map { address throws(ConfigurationError) in
+            try MetricsServer(address: address, routes: .init(
+                metrics: { metrics.render() },
+                health: {
+                    let silent = Self.uptimeMilliseconds() - heartbeat.last.load(ordering: .relaxed)
+                    return silent < Self.stuckAfter.milliseconds
+                        ? .init(ok: true, reason: "ok")
+                        : .init(ok: false, reason: "stuck: the worker's loops have not run for \(silent / 1000) s")
+                },
+                readiness: { Self.readiness(metrics, shutdown: shutdown) }))
+        }
+        if let server, let address {
+            logger.info("serving /metrics, /healthz and /readyz on http://\(address.hasSuffix(":0") ? String(address.dropLast(2)) + ":\(server.port)" : address)")
+            observer?(.serving(metricsPort: server.port))
+        }
+        let notifier = SystemdNotifier()
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await probe() }
+            group.addTask {
+                var ready = false
+                var lastWatchdog = ContinuousClock.now
+                while !Task.isCancelled {
+                    heartbeat.last.store(Self.uptimeMilliseconds(), ordering: .relaxed)
+                    if !ready && Self.readiness(metrics, shutdown: shutdown).ok {
+                        ready = true
+                        notifier.notify("READY=1\nSTATUS=connected to CCS, database reachable")
+                    }
+                    if let interval = notifier.watchdogInterval, ContinuousClock.now - lastWatchdog >= interval {
+                        notifier.notify("WATCHDOG=1")
+                        lastWatchdog = .now
+                    }
+                    guard await sleepUnlessCancelled(for: .milliseconds(500)) else { break }
+                }
+            }
+            await group.waitForAll()
+        }
+        notifier.notify("STOPPING=1")
+        server?.stop()
+    }
+
+    /// Reads the outbox backlog every `probeInterval`; its success is the database's reachability.
+    private func probe() async {
+        while !Task.isCancelled {
+            let backlog = await withTaskGroup(of: [WorkerMetrics.Backlog]?.self) { group in
+                group.addTask { try? await pool.withConnection { try await Self.backlog(on: $0) } }
+                group.addTask {
+                    _ = await sleepUnlessCancelled(for: Self.probeInterval)
+                    return nil
+                }
+                let first = await group.next() ?? nil
+                group.cancelAll()
+                return first
+            }
+            metrics.databaseReachable.store(backlog != nil, ordering: .relaxed)
+            if let backlog { metrics.backlog.withLock { $0 = backlog } }
+            guard await sleepUnlessCancelled(for: Self.probeInterval) else { return }
+        }
+    }
+
+    static func backlog(on connection: PostgresConnection) async throws -> [WorkerMetrics.Backlog] {
+        try await connection.query("""
+            SELECT transport, status, count(*)::bigint,
+                   coalesce(extract(epoch FROM now() - min(available_at) FILTER (WHERE available_at <= now())), 0)::float8
+            FROM downstream_messages WHERE available_at IS NOT NULL GROUP BY transport, status ORDER BY 1, 2
+            """).map { row in
+            WorkerMetrics.Backlog(transport: row.string(0) ?? "", status: row.string(1) ?? "", rows: Int(row.int(2) ?? 0),
+                                  oldestDueAge: row.double(3) ?? 0)
+        }
+    }
+
+    static func readiness(_ metrics: WorkerMetrics, shutdown: ShutdownSignal) -> MetricsServer.Probe {
+        if shutdown.isRequested { return .init(ok: false, reason: "not ready: shutting down") }
+        let open = metrics.sources.withLock { $0 }.openConnections()
+        guard open > 0 else { return .init(ok: false, reason: "not ready: no CCS connection is open") }
+        guard metrics.databaseReachable.load(ordering: .relaxed) else {
+            return .init(ok: false, reason: "not ready: the database did not answer the last probe")
+        }
+        return .init(ok: true, reason: "ready: \(open) CCS connection(s) open, database reachable")
+    }
+
+    /// When the worker's loop last ran (monotonic milliseconds).
+    private final class Heartbeat: Sendable {
+        let last = Atomic<Int64>(ObservabilityService.uptimeMilliseconds())
+    }
+
+    fileprivate static func uptimeMilliseconds() -> Int64 {
+        var time = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &time)
+        return Int64(time.tv_sec) * 1000 + Int64(time.tv_nsec) / 1_000_000
+    }
+}
+
+extension Duration {
+    /// Whole milliseconds.
+    var milliseconds: Int64 { components.seconds * 1000 + components.attoseconds / 1_000_000_000_000_000 }
+}

@@ -1,0 +1,81 @@
+import FCM
+import Foundation
+import Postgres
+
+/// What `status` prints: the state of the worker's tables, read in one pass.
+struct StatusReport: Sendable {
+    struct OutboxGroup: Sendable {
+        var transport: String
+        var status: String
+        var rows: Int
+        /// Seconds the oldest due row of the group has waited (nil: none is due).
+        var oldestDueAge: Double?
+    }
+
+    var pendingMigrations: [String]
+    var appliedMigrations: Int
+    var outbox: [OutboxGroup]
+    /// Reason → (not replayed, all).
+    var deadLetters: [String: (open: Int, all: Int)]
+    var tokens: [String: Int]
+
+    static func read(from connection: PostgresConnection, migrator: Migrator) async throws -> StatusReport {
+        let migrations = try await migrator.status(connection)
+        let outbox = try await connection.query("""
+            SELECT transport, status, count(*)::bigint,
+                   extract(epoch FROM now() - min(available_at) FILTER (WHERE available_at <= now()))::float8
+            FROM downstream_messages GROUP BY transport, status ORDER BY 1, 2
+            """).map { OutboxGroup(transport: $0.string(0) ?? "", status: $0.string(1) ?? "", rows: Int($0.int(2) ?? 0), oldestDueAge: $0.double(3)) }
+        var letters: [String: (open: Int, all: Int)] = [:]
+        for row in try await connection.query("""
+            SELECT reason, count(*) FILTER (WHERE replayed_at IS NULL)::bigint, count(*)::bigint FROM dead_letters GROUP BY reason ORDER BY 1
+            """) {
+            letters[row.string(0) ?? ""] = (Int(row.int(1) ?? 0), Int(row.int(2) ?? 0))
+        }
+        var tokens: [String: Int] = [:]
+        for row in try await connection.query("SELECT state, count(*)::bigint FROM device_tokens GROUP BY state") {
+            tokens[row.string(0) ?? ""] = Int(row.int(1) ?? 0)
+        }
+        return StatusReport(pendingMigrations: migrations.filter { $0.appliedAt == nil }.map { "\($0.set)/\($0.name)" },
+                            appliedMigrations: migrations.count { $0.appliedAt != nil },
+                            outbox: outbox, deadLetters: letters, tokens: tokens)
+    }
+
+    /// The spool file's size and record count (read without its lock: a worker may be
+    /// writing it).
+    static func spool(at path: String) -> [String: JSONValue] {
+        let data = FileManager.default.contents(atPath: path) ?? Data()
+        return ["path": .string(path), "bytes": JSONValue(data.count), "records": JSONValue(data.count { $0 == 0x0A })]
+    }
+
+    var json: [String: JSONValue] {
+        [
+            "migrations": ["applied": JSONValue(appliedMigrations), "pending": .array(pendingMigrations.map { .string($0) })],
+            "outbox": .array(outbox.map { group in
+                ["transport": .string(group.transport), "status": .string(group.status), "rows": JSONValue(group.rows),
+                 "oldest_due_age_seconds": group.oldestDueAge.map { JSONValue($0) } ?? .null]
+            }),
+            "dead_letters": .object(deadLetters.mapValues { ["not_replayed": JSONValue($0.open), "all": JSONValue($0.all)] }),
+            "tokens": .object(tokens.mapValues { JSONValue($0) }),
+        ]
+    }
+
+    var text: String {
+        var lines: [String] = []
+        lines.append(pendingMigrations.isEmpty ? "migrations: \(appliedMigrations) applied, none pending"
+                                               : "migrations: \(pendingMigrations.count) PENDING: \(pendingMigrations.joined(separator: ", "))")
+        if outbox.isEmpty {
+            lines.append("outbox: empty")
+        } else {
+            lines.append("outbox:")
+            for group in outbox {
+                let due = group.oldestDueAge.map { String(format: ", oldest due %.0f s ago", $0) } ?? ""
+                lines.append("  \(group.transport) \(group.status): \(group.rows)\(due)")
+            }
+        }
+        lines.append(deadLetters.isEmpty ? "dead letters: none"
+                     : "dead letters: " + deadLetters.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value.open) (\($0.value.all) in all)" }.joined(separator: ", "))
+        lines.append(tokens.isEmpty ? "tokens: none marked" : "tokens: " + tokens.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))
+        return lines.joined(separator: "\n") + "\n"
+    }
+}

@@ -1,0 +1,230 @@
+import FCM
+import Foundation
+import Runtime
+import Synchronization
+
+/// The worker's counters, gauges and histograms, rendered as Prometheus text for
+/// `/metrics` (see docs/operations.md for the reference).
+///
+/// Counting costs little: the upstream path takes one lock per read batch and one per
+/// committed batch (never per message); downstream counts are taken per written update.
+/// Gauges are read when scraped, from the parts that hold them (`Sources`), and the
+/// outbox backlog from the database by the health check, at most every 5 s.
+final class WorkerMetrics: Sendable {
+    struct Upstream: Sendable {
+        var received = 0
+        var acked = 0
+        var handled = 0
+        var duplicates = 0
+        var deadLettered: [String: Int] = [:]
+        var retries = 0
+        var spooled = 0
+        var batches = Histogram.sizes
+        var commitSeconds = Histogram.seconds
+        var receiveToCommit = Histogram.seconds
+    }
+
+    struct Connections: Sendable {
+        var connects = 0
+        var connectFailures = 0
+        var disconnects = 0
+        var drains = 0
+    }
+
+    struct HandlerCounts: Sendable {
+        var runs = 0
+        var failures = 0
+    }
+
+    struct DownstreamKey: Hashable, Sendable {
+        let transport: String
+        let value: String
+    }
+
+    /// One group of the outbox backlog, as the database last reported it.
+    struct Backlog: Sendable, Equatable {
+        var transport: String
+        var status: String
+        var rows: Int
+        /// Seconds since the oldest row of the group fell due (0 when none is due).
+        var oldestDueAge: Double
+    }
+
+    /// Where the scrape reads the gauges.
+    struct Sources: Sendable {
+        var openConnections: @Sendable () -> Int = { 0 }
+        var windows: @Sendable () -> [XMPPOutboxSender.Window] = { [] }
+        var queueDepth: @Sendable () -> Int = { 0 }
+        var databaseConnections: @Sendable () -> (upstream: Int, outbox: Int) = { (0, 0) }
+    }
+
+    let upstream = Mutex(Upstream())
+    let connections = Mutex(Connections())
+    let handlers = Mutex([String: HandlerCounts]())
+    let downstream = Mutex([DownstreamKey: Int]())
+    let downstreamErrors = Mutex([DownstreamKey: Int]())
+    let downstreamRoundTrip = Mutex(Histogram.seconds)
+    let databaseErrors = Atomic(0)
+    let backlog = Mutex<[Backlog]>([])
+    let sources = Mutex(Sources())
+    /// Kept by the health check: whether the last database probe succeeded, and whether the
+    /// worker's loops still run.
+    let databaseReachable = Atomic(false)
+    let started = Date()
+
+    // MARK: Counting
+
+    /// A read batch of a connection: `received` upstream messages (and dead letters),
+    /// `acked` of them acked on arrival.
+    func read(received: Int, acked: Int) {
+        guard received > 0 || acked > 0 else { return }
+        upstream.withLock {
+            $0.received += received
+            $0.acked += acked
+        }
+    }
+
+    func durablyAcked(_ count: Int) {
+        upstream.withLock { $0.acked += count }
+    }
+
+    /// A committed batch: its size, how long the commit took, the messages handled (with
+    /// when they arrived), the duplicates skipped and the dead letters written by reason.
+    func committed(batch size: Int, took seconds: Double, handled: [Date], duplicates: Int, deadLetters: [String], at now: Date) {
+        var latencies = Histogram.seconds
+        for arrival in handled { latencies.observe(max(0, now.timeIntervalSince(arrival))) }
+        upstream.withLock { upstream in
+            upstream.batches.observe(Double(size))
+            upstream.commitSeconds.observe(seconds)
+            upstream.receiveToCommit.merge(latencies)
+            upstream.handled += handled.count
+            upstream.duplicates += duplicates
+            for reason in deadLetters { upstream.deadLettered[reason, default: 0] += 1 }
+        }
+    }
+
+    func retried() {
+        upstream.withLock { $0.retries += 1 }
+    }
+
+    func spooled(_ count: Int) {
+        upstream.withLock { $0.spooled += count }
+    }
+
+    func handler(_ name: String, runs: Int, failed: Bool) {
+        handlers.withLock { counts in
+            counts[name, default: HandlerCounts()].runs += runs
+            if failed { counts[name, default: HandlerCounts()].failures += 1 }
+        }
+    }
+
+    /// Downstream rows moved to new states by `transport` (`xmpp`, `http`).
+    func downstream(_ updates: [OutboxUpdate], transport: String) {
+        guard !updates.isEmpty else { return }
+        downstream.withLock { counts in
+            for update in updates { counts[DownstreamKey(transport: transport, value: Self.outcome(update.status)), default: 0] += 1 }
+        }
+        let errors = updates.compactMap { update -> String? in
+            switch update.status {
+            case .failed, .retry, .expired: update.errorCode
+            default: nil
+            }
+        }
+        guard !errors.isEmpty else { return }
+        downstreamErrors.withLock { counts in
+            for code in errors { counts[DownstreamKey(transport: transport, value: code), default: 0] += 1 }
+        }
+    }
+
+    /// The outcome label of a row's new state.
+    static func outcome(_ status: OutboxUpdate.Status) -> String {
+        switch status {
+        case .pending: "handed_back"
+        case .sent: "sent"
+        case .acked: "acked"
+        case .delivered: "delivered"
+        case .failed: "failed"
+        case .retry: "retried"
+        case .expired: "expired"
+        }
+    }
+
+    func connection(_ event: WorkerEvent) {
+        connections.withLock { counts in
+            switch event {
+            case .connected: counts.connects += 1
+            case .disconnected: counts.disconnects += 1
+            default: break
+            }
+        }
+    }
+
+    func connectFailed() { connections.withLock { $0.connectFailures += 1 } }
+    func drained() { connections.withLock { $0.drains += 1 } }
+
+    // MARK: Rendering
+
+    /// The `/metrics` page.
+    func render() -> String {
+        var page = PrometheusText()
+        let sources = self.sources.withLock { $0 }
+        page.gauge("fcm_worker_build_info", "the running release, as a label", [([("version", WorkerMain.version)], 1)])
+        page.gauge("fcm_worker_start_time_seconds", "when the worker started, seconds since the epoch", started.timeIntervalSince1970)
+
+        let windows = sources.windows()
+        let open = sources.openConnections()
+        let draining = windows.count { $0.draining }
+        page.gauge("fcm_worker_ccs_connections", "CCS connections by state", [([("state", "open")], Double(open)),
+                                                                              ([("state", "draining")], Double(draining))])
+        let links = connections.withLock { $0 }
+        page.counter("fcm_worker_ccs_connects_total", "CCS sessions opened (authenticated and bound)", links.connects)
+        page.counter("fcm_worker_ccs_connect_failures_total", "attempts to open a CCS session that failed", links.connectFailures)
+        page.counter("fcm_worker_ccs_disconnects_total", "CCS sessions that ended (or failed to open)", links.disconnects)
+        page.counter("fcm_worker_ccs_drains_total", "CONNECTION_DRAINING messages received", links.drains)
+        page.gauge("fcm_worker_ccs_window_pending", "downstream messages awaiting CCS's answer, per connection (at most 100)",
+                   windows.map { ([("connection", $0.label)], Double($0.pending)) })
+
+        let counts = upstream.withLock { $0 }
+        page.counter("fcm_worker_upstream_received_total", "upstream messages read from CCS (dead letters included)", counts.received)
+        page.counter("fcm_worker_upstream_acked_total", "upstream messages acked to CCS", counts.acked)
+        page.counter("fcm_worker_upstream_handled_total", "upstream messages whose handlers committed", counts.handled)
+        page.counter("fcm_worker_upstream_duplicates_total", "redelivered upstream messages skipped (handled before)", counts.duplicates)
+        page.counter("fcm_worker_upstream_dead_lettered_total", "upstream messages kept in dead_letters, by reason",
+                     ["unackable", "unreadable", "unknown_type", "handler_failed"].map { ([("reason", $0)], Double(counts.deadLettered[$0] ?? 0)) })
+        page.counter("fcm_worker_upstream_retries_total", "handling attempts that failed and were scheduled again", counts.retries)
+        page.counter("fcm_worker_upstream_spooled_total", "acked upstream messages spooled to disk at shutdown", counts.spooled)
+        page.gauge("fcm_worker_upstream_queue_depth", "upstream messages queued or waiting for a retry", Double(sources.queueDepth()))
+        page.histogram("fcm_worker_upstream_batch_size", "messages per committed batch", [([], counts.batches)])
+        page.histogram("fcm_worker_upstream_commit_seconds", "time to commit one batch (handlers included)", [([], counts.commitSeconds)])
+        page.histogram("fcm_worker_upstream_receive_to_commit_seconds",
+                       "from reading a message to the commit of its handlers (in durable mode, about its ack delay)",
+                       [([], counts.receiveToCommit)])
+
+        let handlerCounts = handlers.withLock { $0 }.sorted { $0.key < $1.key }
+        page.counter("fcm_worker_handler_runs_total", "messages given to each handler", handlerCounts.map { ([("handler", $0.key)], Double($0.value.runs)) })
+        page.counter("fcm_worker_handler_failures_total", "handler calls that threw", handlerCounts.map { ([("handler", $0.key)], Double($0.value.failures)) })
+
+        let outcomes = downstream.withLock { $0 }.sorted { ($0.key.transport, $0.key.value) < ($1.key.transport, $1.key.value) }
+        page.counter("fcm_worker_downstream_total", "downstream rows moved to a new state, by transport and outcome",
+                     outcomes.map { ([("transport", $0.key.transport), ("outcome", $0.key.value)], Double($0.value)) })
+        let errors = downstreamErrors.withLock { $0 }.sorted { ($0.key.transport, $0.key.value) < ($1.key.transport, $1.key.value) }
+        page.counter("fcm_worker_downstream_errors_total", "nack codes and errors of downstream messages that failed, will be retried or expired",
+                     errors.map { ([("transport", $0.key.transport), ("code", $0.key.value)], Double($0.value)) })
+        page.histogram("fcm_worker_downstream_ack_seconds", "from sending a downstream message over XMPP to CCS's answer",
+                       [([], downstreamRoundTrip.withLock { $0 })])
+        let groups = backlog.withLock { $0 }
+        page.gauge("fcm_worker_outbox_rows", "outbox rows still to send (pending, retry, sending), by transport and status",
+                   groups.map { ([("transport", $0.transport), ("status", $0.status)], Double($0.rows)) })
+        page.gauge("fcm_worker_outbox_oldest_due_age_seconds", "how long the oldest due outbox row has waited, by transport",
+                   Dictionary(grouping: groups, by: \.transport).sorted { $0.key < $1.key }
+                       .map { ([("transport", $0.key)], $0.value.map(\.oldestDueAge).max() ?? 0) })
+
+        let pools = sources.databaseConnections()
+        page.gauge("fcm_worker_database_connections", "open database connections, by pool",
+                   [([("pool", "upstream")], Double(pools.upstream)), ([("pool", "outbox")], Double(pools.outbox))])
+        page.counter("fcm_worker_database_errors_total", "database calls that failed because the database was unreachable or hung",
+                     databaseErrors.load(ordering: .relaxed))
+        page.gauge("fcm_worker_database_reachable", "1 when the last health probe reached the database", databaseReachable.load(ordering: .relaxed) ? 1 : 0)
+        return page.text
+    }
+}

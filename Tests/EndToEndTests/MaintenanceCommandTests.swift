@@ -1,0 +1,144 @@
+import FCM
+import Foundation
+import Postgres
+import Testing
+import Worker
+
+/// `status`, `dead-letters`, `outbox requeue` and `prune`, run as an operator runs them.
+@Suite struct MaintenanceCommandTests {
+    /// Runs `fcm-worker` with `arguments`; returns its status, standard output and error.
+    static func fcmWorker(_ arguments: [String]) async throws -> (status: Int32, output: String, errors: String) {
+        let process = Process()
+        process.executableURL = try CommandLineTests.executable
+        process.arguments = arguments
+        process.environment = ["PATH": "/usr/bin:/bin"]
+        let output = Pipe(), errors = Pipe()
+        process.standardOutput = output
+        process.standardError = errors
+        try process.run()
+        async let out = readToEnd(output.fileHandleForReading)
+        async let err = readToEnd(errors.fileHandleForReading)
+        let (outData, errData) = await (out, err)
+        return (await exitStatus(of: process), String(decoding: outData, as: UTF8.self), String(decoding: errData, as: UTF8.self))
+    }
+
+    @Test func everySubcommandExplainsItself() async throws {
+        for command in ["run", "migrate", "status", "dead-letters", "outbox", "prune", "groups", "simulate", "bench"] {
+            let outcome = try await Self.fcmWorker([command, "--help"])
+            #expect(outcome.status == 0, "\(command) --help: \(outcome.errors)")
+            #expect(outcome.output.hasPrefix("usage: fcm-worker \(command)"), "\(command)")
+            let viaHelp = try await Self.fcmWorker(["help", command])
+            #expect(viaHelp.output == outcome.output)
+        }
+    }
+
+    @Test func statusReportsWhatTheDatabaseHolds() async throws {
+        let database = try await TestDatabase.make()
+        _ = try await database.query("""
+            INSERT INTO downstream_messages (target, payload, status, available_at) VALUES
+                ('a', '{}', 'pending', now() - interval '30 seconds'), ('b', '{}', 'pending', now() + interval '1 hour'),
+                ('c', '{}', 'failed', NULL)
+            """)
+        _ = try await database.query("""
+            INSERT INTO dead_letters (message_id, raw_payload, reason, received_at, replayed_at) VALUES
+                ('m1', '{}', 'handler_failed', now(), NULL), ('m2', '{}', 'handler_failed', now(), now()), (NULL, 'x', 'unreadable', now(), NULL)
+            """)
+        _ = try await database.query("INSERT INTO device_tokens (token, state) VALUES ('t1', 'unregistered'), ('t2', 'invalid'), ('t3', 'invalid')")
+        let spool = FileManager.default.temporaryDirectory.appendingPathComponent("status-\(UUID()).spool").path
+        try "00000000 {}\n00000000 {}\n".write(toFile: spool, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: spool) }
+
+        let outcome = try await Self.fcmWorker(["status", "--json", "--database-url", database.url, "--spool-file", spool])
+        #expect(outcome.status == 0, "\(outcome.errors)")
+        let report = try JSONValue.parse(outcome.output)
+        #expect(report["migrations"]?["pending"] == [])
+        let outbox = report["outbox"]?.arrayValue ?? []
+        let pending = outbox.first { $0["status"] == "pending" }
+        #expect(pending?["rows"] == 2)
+        #expect((pending?["oldest_due_age_seconds"]?.doubleValue ?? 0) >= 29)
+        #expect(outbox.first { $0["status"] == "failed" }?["rows"] == 1)
+        #expect(report["dead_letters"]?["handler_failed"] == ["not_replayed": 1, "all": 2])
+        #expect(report["dead_letters"]?["unreadable"]?["all"] == 1)
+        #expect(report["tokens"] == ["invalid": 2, "unregistered": 1])
+        #expect(report["spool"]?["records"] == 2)
+
+        let text = try await Self.fcmWorker(["status", "--database-url", database.url, "--spool-file", spool])
+        #expect(text.output.contains("migrations: \(MigrationSet.workerCount) applied, none pending"))
+        #expect(text.output.contains("xmpp pending: 2, oldest due"))
+    }
+
+    @Test func aReplayedDeadLetterIsHandledOnceAndTheOthersAreSkipped() async throws {
+        let database = try await TestDatabase.make()
+        let payload = #"{"from":"phone-1","category":"com.example","message_id":"dl-1","data":{"text":"hello"}}"#
+        _ = try await database.query("INSERT INTO processed_upstream (message_id, outcome) VALUES ('dl-1', 'dead_lettered')")
+        let rows = try await database.query("""
+            INSERT INTO dead_letters (message_id, from_token, raw_payload, reason, error, attempts, received_at)
+            VALUES ('dl-1', 'phone-1', $1, 'handler_failed', 'the database was down', 5, now()),
+                   (NULL, NULL, 'not json', 'unreadable', 'bad JSON', 0, now())
+            RETURNING id
+            """, [.text(payload)])
+        let (replayable, unreadable) = (rows[0].int(0)!, rows[1].int(0)!)
+
+        let listed = try await Self.fcmWorker(["dead-letters", "list", "--json", "--database-url", database.url])
+        #expect(try JSONValue.parse(listed.output).arrayValue?.count == 2)
+
+        let first = try await Self.fcmWorker(["dead-letters", "replay", "\(replayable)", "\(unreadable)", "--json",
+                                              "--database-url", database.url, "--handlers", "store"])
+        #expect(first.status == 0, "\(first.errors)")
+        let outcome = try JSONValue.parse(first.output)
+        #expect(outcome["replayed"] == [JSONValue(Int(replayable))])
+        #expect(outcome["skipped"]?.arrayValue?.first?["id"] == JSONValue(Int(unreadable)))
+        #expect(try await database.count("upstream_messages", where: "message_id = 'dl-1'") == 1)
+        #expect(try await database.count("processed_upstream", where: "message_id = 'dl-1' AND outcome = 'dead_lettered'") == 0)
+        #expect(try await database.count("dead_letters", where: "id = \(replayable) AND replayed_at IS NOT NULL") == 1)
+
+        // Again: replayed already, nothing handled twice.
+        let second = try await Self.fcmWorker(["dead-letters", "replay", "--all", "--database-url", database.url, "--handlers", "store"])
+        #expect(second.status == 0)
+        #expect(second.output.hasPrefix("replayed 0"))
+        let again = try await Self.fcmWorker(["dead-letters", "replay", "\(replayable)", "--database-url", database.url, "--handlers", "store"])
+        #expect(again.output.contains("replayed already"))
+        #expect(try await database.count("upstream_messages", where: "message_id = 'dl-1'") == 1)
+    }
+
+    @Test func requeueSendsFinishedRowsAgainAndPruneDeletesOnlyOldOnes() async throws {
+        let database = try await TestDatabase.make()
+        _ = try await database.query("""
+            INSERT INTO downstream_messages (target, payload, status, available_at, attempts, error_code, created_at) VALUES
+                ('a', '{}', 'failed', NULL, 3, 'InvalidRegistration', now()),
+                ('b', '{}', 'expired', NULL, 1, 'TTL', now()),
+                ('c', '{}', 'failed', NULL, 1, 'X', now() - interval '10 days'),
+                ('d', '{}', 'acked', NULL, 1, NULL, now() - interval '10 days'),
+                ('e', '{}', 'pending', now(), 0, NULL, now() - interval '10 days')
+            """)
+        let requeued = try await Self.fcmWorker(["outbox", "requeue", "--status", "failed", "--since", "1d", "--database-url", database.url])
+        #expect(requeued.status == 0, "\(requeued.errors)")
+        #expect(requeued.output == "requeued 1 row(s)\n")
+        let rowA = try await database.query("SELECT status, attempts, error_code, available_at IS NOT NULL FROM downstream_messages WHERE target = 'a'")
+        #expect(rowA.first?.string(0) == "pending")
+        #expect(rowA.first?.int(1) == 0)
+        #expect(rowA.first?.string(2) == nil)
+        #expect(rowA.first?.bool(3) == true)
+        #expect(try await database.count("downstream_messages", where: "target = 'b' AND status = 'expired'") == 1)
+        let missing = try await Self.fcmWorker(["outbox", "requeue", "--database-url", database.url])
+        #expect(missing.status == 2)
+
+        _ = try await database.query("INSERT INTO processed_upstream (message_id, processed_at) VALUES ('old', now() - interval '10 days'), ('new', now())")
+        _ = try await database.query("""
+            INSERT INTO dead_letters (raw_payload, reason, received_at, created_at) VALUES ('x', 'unreadable', now(), now() - interval '10 days')
+            """)
+        let pruned = try await Self.fcmWorker(["prune", "--older-than", "7d", "--json", "--database-url", database.url])
+        #expect(pruned.status == 0, "\(pruned.errors)")
+        #expect(try JSONValue.parse(pruned.output) == ["processed_upstream": 1, "downstream_messages": 2, "dead_letters": 1])
+        #expect(try await database.count("processed_upstream") == 1)
+        // The pending row and the recent ones stay.
+        #expect(try await database.query("SELECT target FROM downstream_messages ORDER BY target").map { $0.string(0) ?? "" } == ["a", "b", "e"])
+        let tooSoon = try await Self.fcmWorker(["prune", "--older-than", "10m", "--database-url", database.url])
+        #expect(tooSoon.status == 2)
+        #expect(tooSoon.errors.contains("under an hour"))
+    }
+}
+
+extension MigrationSet {
+    static var workerCount: Int { worker.migrations.count }
+}

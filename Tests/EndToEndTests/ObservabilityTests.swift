@@ -1,0 +1,183 @@
+import FCM
+import Foundation
+import Runtime
+import Simulator
+import Testing
+import Transport
+@testable import Worker
+
+/// A plain HTTP GET on loopback: status line and body.
+func httpGet(port: Int, path: String) async throws -> (status: Int, body: String) {
+    try await Task.detached {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var timeout = timeval(tv_sec: 5, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard connected == 0 else { throw SimulatorError("cannot connect to the metrics port \(port)") }
+        let request = Array("GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".utf8)
+        _ = request.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        var response: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            guard count > 0 else { break }
+            response += buffer[..<count]
+        }
+        let text = String(decoding: response, as: UTF8.self)
+        guard let split = text.range(of: "\r\n\r\n"), let status = Int(text.split(separator: " ").dropFirst().first ?? "") else {
+            throw SimulatorError("not an HTTP response: \(text.prefix(200))")
+        }
+        return (status, String(text[split.upperBound...]))
+    }.value
+}
+
+/// Checks a page against the Prometheus text format (0.0.4) and returns its samples by
+/// name with labels (`name{a="b"}`).
+func parsePrometheus(_ page: String) throws -> [String: Double] {
+    var samples: [String: Double] = [:]
+    var types: [String: String] = [:]
+    for line in page.split(separator: "\n", omittingEmptySubsequences: false) {
+        if line.isEmpty { continue }
+        if line.hasPrefix("# HELP ") { continue }
+        if line.hasPrefix("# TYPE ") {
+            let parts = line.split(separator: " ")
+            guard parts.count == 4, ["counter", "gauge", "histogram", "summary", "untyped"].contains(parts[3]) else {
+                throw SimulatorError("bad TYPE line: \(line)")
+            }
+            guard types.updateValue(String(parts[3]), forKey: String(parts[2])) == nil else { throw SimulatorError("family twice: \(line)") }
+            continue
+        }
+        guard let space = line.lastIndex(of: " ") else { throw SimulatorError("no value: \(line)") }
+        let series = String(line[..<space])
+        let valueText = line[line.index(after: space)...]
+        guard let value = Double(valueText) ?? (valueText == "+Inf" ? .infinity : nil) else { throw SimulatorError("bad value: \(line)") }
+        let name = String(series.prefix { $0 != "{" })
+        guard name.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "_" || $0 == ":" }), name.first?.isNumber == false else {
+            throw SimulatorError("bad metric name: \(line)")
+        }
+        let family = types[name] != nil ? name : ["_bucket", "_sum", "_count"].compactMap { suffix in
+            name.hasSuffix(suffix) ? String(name.dropLast(suffix.count)) : nil
+        }.first { types[$0] == "histogram" }
+        guard let family, types[family] != nil else { throw SimulatorError("sample before its TYPE: \(line)") }
+        if types[family] == "counter" && !name.hasSuffix("_total") && !name.hasSuffix("_info") {
+            throw SimulatorError("a counter not named _total: \(name)")
+        }
+        if series.contains("{") {
+            guard series.hasSuffix("}"), series.range(of: #"^[a-z_:][a-z0-9_:]*\{([a-z_]+="([^"\\]|\\.)*")(,[a-z_]+="([^"\\]|\\.)*")*\}$"#,
+                                                      options: .regularExpression) != nil else {
+                throw SimulatorError("bad labels: \(line)")
+            }
+        }
+        samples[series] = value
+    }
+    return samples
+}
+
+@Suite struct ObservabilityTests {
+    @Test func metricsParseAndMoveWithTrafficAndProbesFollowTheSimulatorAndTheDatabase() async throws {
+        let ccs = try TestCCS()
+        let (database, name) = try await TestDatabase.makeDedicated()
+        var configuration = try ccs.worker(database: database)
+        configuration.metricsAddress = "127.0.0.1:0"
+        configuration.reconnectBase = .milliseconds(50)
+        configuration.reconnectCap = .milliseconds(200)
+        let (task, events) = startWorker(configuration)
+        defer { task.cancel() }
+        try await events.wait(for: "the metrics listener") { $0.contains { if case .serving = $0 { true } else { false } } }
+        let port = events.all.compactMap { if case .serving(let port) = $0 { port } else { nil } }.first!
+        try await ccs.simulator.waitForBoundSessions(1)
+
+        let lastReadiness = Mutex("")
+        func ready() async throws -> Bool {
+            let (status, body) = try await httpGet(port: port, path: "/readyz")
+            lastReadiness.withLock { $0 = body }
+            return status == 200
+        }
+        func waitUntil(_ what: String, _ condition: () async throws -> Bool) async throws {
+            let deadline = ContinuousClock.now + .seconds(15)
+            while try await !condition() {
+                guard ContinuousClock.now < deadline else {
+                    throw SimulatorError("timed out waiting for \(what); /readyz said \(lastReadiness.withLock { $0 })")
+                }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+        }
+        try await waitUntil("ready") { try await ready() }
+        #expect(try await httpGet(port: port, path: "/healthz").status == 200)
+        #expect(try await httpGet(port: port, path: "/nothing").status == 404)
+
+        let before = try parsePrometheus(try await httpGet(port: port, path: "/metrics").body)
+        #expect(before["fcm_worker_upstream_received_total"] == 0)
+        #expect(before["fcm_worker_ccs_connections{state=\"open\"}"] == 1)
+        #expect(before["fcm_worker_build_info{version=\"\(WorkerMain.version)\"}"] == 1)
+        for index in 0..<20 { ccs.simulator.injectUpstream(from: "device-\(index % 3)", messageID: "m\(index)") }
+        _ = try await database.query("INSERT INTO downstream_messages (target, payload) VALUES ('tok-1', '{\"data\": {\"a\": \"b\"}}')")
+        try await events.wait(for: "20 handled") { events in
+            events.reduce(0) { count, event in if case .committed(let handled, _, _) = event { count + handled.count } else { count } } >= 20
+        }
+        try await ccs.simulator.wait(for: "the downstream message") { $0.contains { if case .downstreamAnswered = $0 { true } else { false } } }
+        try await waitUntil("the downstream ack in the metrics") {
+            (try parsePrometheus(try await httpGet(port: port, path: "/metrics").body))["fcm_worker_downstream_total{transport=\"xmpp\",outcome=\"acked\"}"] == 1
+        }
+        let after = try parsePrometheus(try await httpGet(port: port, path: "/metrics").body)
+        #expect(after["fcm_worker_upstream_received_total"] == 20)
+        #expect(after["fcm_worker_upstream_acked_total"] == 20)
+        #expect(after["fcm_worker_upstream_handled_total"] == 20)
+        #expect(after["fcm_worker_handler_runs_total{handler=\"store\"}"] == 20)
+        #expect(after["fcm_worker_upstream_receive_to_commit_seconds_count"] == 20)
+        #expect(after["fcm_worker_downstream_total{transport=\"xmpp\",outcome=\"sent\"}"] == 1)
+        #expect(after["fcm_worker_downstream_ack_seconds_count"] == 1)
+        #expect((after["fcm_worker_upstream_batch_size_count"] ?? 0) >= 1)
+
+        // The simulator goes away: unready; a new one on the same port: ready again.
+        let port0 = ccs.simulator.port
+        ccs.simulator.stop()
+        try await waitUntil("unready without CCS") { try await !ready() }
+        #expect(try await httpGet(port: port, path: "/readyz").body.contains("no CCS connection"))
+        #expect(try await httpGet(port: port, path: "/healthz").status == 200)
+        let second = try TestCCS(authority: ccs.authority, configure: { $0.port = port0 })
+        defer { second.simulator.stop() }
+        try await waitUntil("ready with CCS back") { try await ready() }
+
+        // The database goes away: unready; back: ready again.
+        try await TestDatabase.cutOff(name)
+        try await waitUntil("unready without the database") { try await !ready() }
+        #expect(try await httpGet(port: port, path: "/readyz").body.contains("database"))
+        try await TestDatabase.restore(name)
+        try await waitUntil("ready with the database back") { try await ready() }
+        task.cancel()
+        try await task.value
+    }
+
+    @Test func logLinesAreOneEntryEachAndJSONParses() throws {
+        var lines: [String] = []
+        let collected = Mutex<[String]>([])
+        let logger = Logger(label: "pipeline", minimumLevel: .trace, format: .json) { line in collected.withLock { $0.append(line) } }
+        logger.warning("libpq said:\n\tFATAL: no\r\"quoted\" \\ \u{1}", metadata: ["message_id": "up-1", "connection": "ccs#1"])
+        logger.trace("fine")
+        lines = collected.withLock { $0 }
+        #expect(lines.count == 2)
+        for line in lines { #expect(!line.contains("\n")) }
+        let object = try JSONValue.parse(lines[0])
+        #expect(object["level"] == "warning")
+        #expect(object["label"] == "pipeline")
+        #expect(object["message"] == .string("libpq said:\n\tFATAL: no\r\"quoted\" \\ \u{1}"))
+        #expect(object["message_id"] == "up-1")
+        #expect(object["connection"] == "ccs#1")
+        #expect(object["time"]?.stringValue?.hasSuffix("Z") == true)
+        let text = Logger.entry(level: .error, label: "ccs#1", message: "a\nb", metadata: ["connection": "ccs#1", "reason": "two words"],
+                                 as: .text, at: Date(timeIntervalSince1970: 0))
+        #expect(text == #"1970-01-01T00:00:00.000Z error   [ccs#1] a\nb connection=ccs#1 reason="two words""#)
+        #expect(Logger.Level(name: "NOTICE") == .notice)
+        #expect(Logger.Level(name: "verbose") == nil)
+    }
+}
+
+import Synchronization
