@@ -1,7 +1,7 @@
 import XMPP
 
 /// A JSON message CCS sends the app server inside `<gcm xmlns="google:mobile:data">`,
-/// classified by `message_type` (PROTOCOL.md sections 4 to 7).
+/// classified by `message_type` (docs/protocol.md sections 4 to 7).
 public enum CCSMessage: Sendable, Equatable {
     /// A device's upstream message (no `message_type`).
     case upstream(Upstream)

@@ -9,7 +9,7 @@ extension DownstreamMessage {
 
     /// Builds the message an outbox row describes: its `target` (`to`) or `condition`
     /// column, and its `payload` object (`data`, `notification` and the options of
-    /// PROTOCOL.md section 3). `messageID` is the worker's id for the row; a `message_id`
+    /// docs/protocol.md section 3). `messageID` is the worker's id for the row; a `message_id`
     /// in the payload is ignored, so that answers always map back to the row.
     ///
     /// - Throws: `DownstreamValidationError` naming the payload field that is not a field

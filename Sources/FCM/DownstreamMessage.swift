@@ -1,6 +1,6 @@
 import Runtime
 
-/// A downstream message (app server → FCM) with every field of PROTOCOL.md section 3.
+/// A downstream message (app server → FCM) with every field of docs/protocol.md section 3.
 ///
 /// `validate()` refuses what FCM would refuse (and what it would silently rewrite), naming
 /// the field, so that an invalid message never reaches FCM. `json` is the CCS wire form;

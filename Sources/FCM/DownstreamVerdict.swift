@@ -1,4 +1,4 @@
-/// What becomes of a sent downstream message once FCM has answered it (PROTOCOL.md
+/// What becomes of a sent downstream message once FCM has answered it (docs/protocol.md
 /// section 4), decided without side effects so that every code's path is testable.
 public enum DownstreamVerdict: Sendable, Equatable {
     /// FCM took it; `canonicalToken` replaces the target token from now on when set.

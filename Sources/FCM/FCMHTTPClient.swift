@@ -3,7 +3,7 @@ import Runtime
 import Transport
 import XMPP
 
-/// FCM's legacy HTTP protocol (PROTOCOL.md section 8): sends, multicasts split into
+/// FCM's legacy HTTP protocol (docs/protocol.md section 8): sends, multicasts split into
 /// batches of 1,000 tokens, and device-group operations, over kept-alive HTTPS connections
 /// with a bounded number of requests in flight.
 ///

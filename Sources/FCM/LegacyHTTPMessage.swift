@@ -1,6 +1,6 @@
 import Foundation
 
-/// A message for FCM's legacy HTTP protocol (`POST /fcm/send`, PROTOCOL.md section 8): what
+/// A message for FCM's legacy HTTP protocol (`POST /fcm/send`, docs/protocol.md section 8): what
 /// XMPP cannot do, a multicast to up to 1,000 registration tokens, and the same targets
 /// and options as a downstream XMPP message.
 ///

@@ -2,7 +2,7 @@ import Foundation
 import Runtime
 
 /// What FCM's legacy HTTP endpoint answered to `POST /fcm/send` with status 200
-/// (PROTOCOL.md section 8), parsed in full.
+/// (docs/protocol.md section 8), parsed in full.
 public enum LegacyHTTPResponse: Sendable, Equatable {
     /// One token's outcome: a `message_id` (with, perhaps, the canonical token to use from
     /// now on), or an `error`.

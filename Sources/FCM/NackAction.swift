@@ -1,4 +1,4 @@
-/// What the worker does about a nack, by error code (PROTOCOL.md section 4).
+/// What the worker does about a nack, by error code (docs/protocol.md section 4).
 public enum NackAction: Sendable, Equatable {
     /// How a token was found bad.
     public enum TokenState: String, Sendable, Equatable {

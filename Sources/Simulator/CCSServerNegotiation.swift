@@ -3,7 +3,7 @@ import XMPP
 
 /// CCS's side of session setup as a pure state machine: answers the client's stream
 /// header with features, checks SASL PLAIN credentials, restarts the stream, binds a
-/// resource and accepts the optional session, exactly as PROTOCOL.md section 2 describes.
+/// resource and accepts the optional session, exactly as docs/protocol.md section 2 describes.
 struct CCSServerNegotiation {
     enum State: Equatable {
         case awaitingHeader(authenticated: Bool)

@@ -10,7 +10,7 @@ import Transport
 
 /// A faithful stand-in for FCM's XMPP connection server (CCS) on loopback, over real TLS.
 ///
-/// It enforces PROTOCOL.md section 2: SASL PLAIN with the configured sender ID and server
+/// It enforces docs/protocol.md section 2: SASL PLAIN with the configured sender ID and server
 /// key, bind, at most `maxPendingDownstream` pending downstream messages per connection,
 /// acks only on the connection a message came in on, and redelivery of unacked upstream
 /// messages after a connection is lost. Tests script it (inject upstream messages, answer

@@ -8,7 +8,7 @@ import Glibc
 import Runtime
 import Transport
 
-/// A stand-in for FCM's legacy HTTP endpoints over HTTPS on loopback (PROTOCOL.md section 8):
+/// A stand-in for FCM's legacy HTTP endpoints over HTTPS on loopback (docs/protocol.md section 8):
 /// `POST /fcm/send` (JSON and plain text) and `POST /fcm/notification` (device groups).
 ///
 /// It checks `Authorization: key=…` (401 otherwise) and `project_id` for groups, validates

@@ -59,7 +59,7 @@ public struct DownstreamRequest: Sendable {
 public enum DownstreamResponse: Sendable, Equatable {
     /// `message_type: ack`, optionally with a canonical `registration_id`, after `delay`.
     case ack(delay: Duration = .zero, canonicalRegistrationID: String? = nil)
-    /// `message_type: nack` with this error code (PROTOCOL.md section 4), after `delay`.
+    /// `message_type: nack` with this error code (docs/protocol.md section 4), after `delay`.
     case nack(error: String, description: String? = nil, delay: Duration = .zero)
     /// A `<message type="error">` stanza error echoing the stanza id.
     case stanzaError(condition: String, text: String)

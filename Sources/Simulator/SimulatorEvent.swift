@@ -18,7 +18,7 @@ public enum SimulatorEvent: Sendable, Equatable {
     case closed(session: Int, reason: String)
 }
 
-/// A rule of PROTOCOL.md the client broke. Any of these in a test is a bug in the worker.
+/// A rule of docs/protocol.md the client broke. Any of these in a test is a bug in the worker.
 public enum ProtocolViolation: Sendable, Equatable, CustomStringConvertible {
     /// An ack for a message id the simulator never delivered (or already forgot).
     case ackForUnknownMessage(String)

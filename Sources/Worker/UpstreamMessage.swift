@@ -2,7 +2,7 @@ import FCM
 import Foundation
 import Synchronization
 
-/// An upstream message from a device, as handlers see it (PROTOCOL.md section 5).
+/// An upstream message from a device, as handlers see it (docs/protocol.md section 5).
 ///
 /// A value type whose fields live in one shared, immutable box: the pipeline copies each
 /// message several times on its way to the handlers, and a copy costs one reference count.

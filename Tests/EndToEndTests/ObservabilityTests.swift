@@ -181,3 +181,68 @@ func parsePrometheus(_ page: String) throws -> [String: Double] {
 }
 
 import Synchronization
+
+/// The worker as systemd runs it: notifications on `NOTIFY_SOCKET`, JSON logs, SIGHUP.
+@Suite struct SystemdNotificationTests {
+    /// A datagram socket like systemd's notify socket; returns its descriptor and path.
+    static func notifySocket() throws -> (Int32, String) {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("notify-\(UUID().uuidString.prefix(8))").path
+        let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8) + [0]) }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard bound == 0 else { throw SimulatorError("cannot bind \(path)") }
+        var timeout = timeval(tv_sec: 0, tv_usec: 200_000)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        return (fd, path)
+    }
+
+    /// Datagrams received until `predicate` holds for one of them, or `limit` passes.
+    static func receive(_ fd: Int32, until predicate: @escaping @Sendable (String) -> Bool, limit: Duration) async -> [String] {
+        await Task.detached {
+            var received: [String] = []
+            let deadline = ContinuousClock.now + limit
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            while ContinuousClock.now < deadline {
+                let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+                guard count > 0 else { continue }
+                let message = String(decoding: buffer[..<count], as: UTF8.self)
+                received.append(message)
+                if predicate(message) { break }
+            }
+            return received
+        }.value
+    }
+
+    @Test func readyWatchdogAndStoppingReachSystemdAndSIGHUPIsIgnored() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let (fd, path) = try Self.notifySocket()
+        defer { close(fd); unlink(path) }
+        let spool = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID())").path
+        let (process, errors) = try WorkerProcess.start(ccs, databaseURL: database.url, spool: spool, ["--log-format", "json"],
+                                                        environment: ["NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000"])
+        let ready = await Self.receive(fd, until: { $0.contains("READY=1") }, limit: .seconds(15))
+        #expect(ready.contains { $0.contains("READY=1") }, "\(ready)")
+        let watchdog = await Self.receive(fd, until: { $0 == "WATCHDOG=1" }, limit: .seconds(5))
+        #expect(watchdog.contains("WATCHDOG=1"))
+        kill(process.processIdentifier, SIGHUP)
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(process.isRunning, "SIGHUP ended the worker")
+        _ = try await WorkerProcess.terminate(process, limit: .seconds(20))
+        #expect(process.terminationStatus == 0)
+        let stopping = await Self.receive(fd, until: { $0 == "STOPPING=1" }, limit: .seconds(2))
+        #expect(stopping.contains("STOPPING=1"))
+        let lines = String(decoding: await readToEnd(errors.fileHandleForReading), as: UTF8.self).split(separator: "\n")
+        #expect(lines.count > 3)
+        for line in lines {
+            let entry = try JSONValue.parse(String(line))
+            #expect(entry["time"]?.stringValue?.hasSuffix("Z") == true)
+            #expect(entry["level"]?.stringValue.flatMap(Logger.Level.init(name:)) != nil)
+        }
+    }
+}

@@ -4,7 +4,8 @@ import Simulator
 /// `fcm-worker run` as a process of its own, against a test simulator and database.
 enum WorkerProcess {
     /// Starts it with the CA of `ccs` trusted and `extra` flags; its standard error is piped.
-    static func start(_ ccs: TestCCS, databaseURL: String, spool: String, _ extra: [String]) throws -> (Process, Pipe) {
+    static func start(_ ccs: TestCCS, databaseURL: String, spool: String, _ extra: [String],
+                      environment: [String: String] = [:]) throws -> (Process, Pipe) {
         let caPath = FileManager.default.temporaryDirectory.appendingPathComponent("ca-\(UUID()).pem").path
         try ccs.authority.rootCertificatePEM.write(toFile: caPath, atomically: true, encoding: .utf8)
         let process = Process()
@@ -13,7 +14,7 @@ enum WorkerProcess {
                              "--endpoint", "127.0.0.1:\(ccs.simulator.port)", "--ca-file", caPath,
                              "--database-url", databaseURL,
                              "--spool-file", spool] + extra
-        process.environment = ["PATH": "/usr/bin:/bin"]
+        process.environment = ["PATH": "/usr/bin:/bin"].merging(environment) { $1 }
         let errors = Pipe()
         process.standardError = errors
         process.standardOutput = FileHandle.nullDevice
