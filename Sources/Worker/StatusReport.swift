@@ -21,6 +21,12 @@ struct StatusReport: Sendable {
 
     static func read(from connection: PostgresConnection, migrator: Migrator) async throws -> StatusReport {
         let migrations = try await migrator.status(connection)
+        let pending = migrations.filter { $0.appliedAt == nil }.map { "\($0.set)/\($0.name)" }
+        guard !migrations.contains(where: { $0.set == MigrationSet.worker.name && $0.appliedAt == nil }) else {
+            // The worker's tables are not all there yet: only the migrations can be reported.
+            return StatusReport(pendingMigrations: pending, appliedMigrations: migrations.count { $0.appliedAt != nil },
+                                outbox: [], deadLetters: [:], tokens: [:])
+        }
         let outbox = try await connection.query("""
             SELECT transport, status, count(*)::bigint,
                    extract(epoch FROM now() - min(available_at) FILTER (WHERE available_at <= now()))::float8
@@ -36,7 +42,7 @@ struct StatusReport: Sendable {
         for row in try await connection.query("SELECT state, count(*)::bigint FROM device_tokens GROUP BY state") {
             tokens[row.string(0) ?? ""] = Int(row.int(1) ?? 0)
         }
-        return StatusReport(pendingMigrations: migrations.filter { $0.appliedAt == nil }.map { "\($0.set)/\($0.name)" },
+        return StatusReport(pendingMigrations: pending,
                             appliedMigrations: migrations.count { $0.appliedAt != nil },
                             outbox: outbox, deadLetters: letters, tokens: tokens)
     }

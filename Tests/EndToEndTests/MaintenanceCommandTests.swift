@@ -67,6 +67,13 @@ import Worker
         #expect(text.output.contains("xmpp pending: 2, oldest due"))
     }
 
+    @Test func statusOnADatabaseNotMigratedYetListsThePendingMigrations() async throws {
+        let database = try await TestDatabase.make(migrated: false)
+        let outcome = try await Self.fcmWorker(["status", "--database-url", database.url])
+        #expect(outcome.status == 0, "\(outcome.errors)")
+        #expect(outcome.output.contains("migrations: \(MigrationSet.workerCount) PENDING: fcm-worker/0001_upstream"))
+    }
+
     @Test func aReplayedDeadLetterIsHandledOnceAndTheOthersAreSkipped() async throws {
         let database = try await TestDatabase.make()
         let payload = #"{"from":"phone-1","category":"com.example","message_id":"dl-1","data":{"text":"hello"}}"#
