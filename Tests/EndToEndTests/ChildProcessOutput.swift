@@ -19,3 +19,12 @@ func exitStatus(of process: Process) async -> Int32 {
     while process.isRunning { try? await Task.sleep(for: .milliseconds(20)) }
     return process.terminationStatus
 }
+
+/// Starts `process`, one launch at a time across the test process: Foundation's
+/// `Process.run()` crashed (a bad memcpy inside it) when tests launched children from
+/// several threads at once.
+func launch(_ process: Process) throws {
+    try launchLock.withLock { try process.run() }
+}
+
+private let launchLock = NSLock()

@@ -32,7 +32,7 @@ import Testing
         let errorPipe = Pipe()
         process.standardError = errorPipe
         process.standardOutput = FileHandle.nullDevice
-        try process.run()
+        try launch(process)
         let watchdog = Task {
             try await Task.sleep(for: .seconds(20))
             process.terminate()
@@ -143,7 +143,7 @@ import Testing
         let output = Pipe()
         process.standardOutput = output
         process.standardError = FileHandle.nullDevice
-        try process.run()
+        try launch(process)
         let data = await readToEnd(output.fileHandleForReading)
         return (await exitStatus(of: process), String(decoding: data, as: UTF8.self))
     }

@@ -24,7 +24,7 @@ import Testing
         let errors = Pipe()
         process.standardError = errors
         process.standardOutput = errors
-        try process.run()
+        try launch(process)
         let output = String(decoding: await readToEnd(errors.fileHandleForReading), as: UTF8.self)
         #expect(await exitStatus(of: process) == 0, "\(output)")
         #expect(!output.contains("fcm-worker.service:"), "\(output)")

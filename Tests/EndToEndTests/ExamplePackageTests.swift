@@ -12,7 +12,7 @@ import Testing
         let output = Pipe()
         build.standardOutput = output
         build.standardError = output
-        try build.run()
+        try launch(build)
         let log = String(decoding: await readToEnd(output.fileHandleForReading), as: UTF8.self)
         let built = await exitStatus(of: build)
         #expect(built == 0, "\(log.suffix(3000))")
@@ -26,7 +26,7 @@ import Testing
         run.environment = ["PATH": "/usr/bin:/bin"]
         let errors = Pipe()
         run.standardError = errors
-        try run.run()
+        try launch(run)
         let message = String(decoding: await readToEnd(errors.fileHandleForReading), as: UTF8.self)
         #expect(await exitStatus(of: run) == 2)
         #expect(message == "device-registry: missing sender ID: pass --sender-id or set FCM_SENDER_ID\n")

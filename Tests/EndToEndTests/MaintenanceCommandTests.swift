@@ -15,7 +15,7 @@ import Worker
         let output = Pipe(), errors = Pipe()
         process.standardOutput = output
         process.standardError = errors
-        try process.run()
+        try launch(process)
         async let out = readToEnd(output.fileHandleForReading)
         async let err = readToEnd(errors.fileHandleForReading)
         let (outData, errData) = await (out, err)

@@ -63,7 +63,11 @@ import Worker
         #expect(letters.first?.string(2) == "com.example")
         #expect(ccs.simulator.violations.isEmpty)
     }
+}
 
+/// Poison input with a timing bound (an answer due within a second), run on its own by
+/// `scripts/test` (see `DownstreamTimingTests`).
+@Suite struct PoisonInputTimingTests {
     @Test(arguments: [true, false])
     func aStanzaErrorWithoutAnIdHoldsNoSlotForLong(echoingPayload: Bool) async throws {
         let log = DownstreamLog { request, attempt in

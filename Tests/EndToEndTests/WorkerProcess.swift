@@ -18,7 +18,7 @@ enum WorkerProcess {
         let errors = Pipe()
         process.standardError = errors
         process.standardOutput = FileHandle.nullDevice
-        try process.run()
+        try launch(process)
         return (process, errors)
     }
 

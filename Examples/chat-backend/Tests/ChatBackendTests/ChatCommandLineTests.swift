@@ -8,6 +8,8 @@ import Worker
     static let executable = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent().appendingPathComponent(".build/debug/chat-backend").path
 
+    static let launchLock = NSLock()
+
     /// Runs the executable; returns its exit status, standard output and standard error.
     func run(_ arguments: [String], environment: [String: String] = [:]) throws -> (Int32, String, String) {
         let process = Process()
@@ -17,7 +19,9 @@ import Worker
         let output = Pipe(), errors = Pipe()
         process.standardOutput = output
         process.standardError = errors
-        try process.run()
+        // One launch at a time: Foundation's Process.run() is not safe to call from several
+        // threads at once (it crashed in fcm-worker's own suite).
+        try Self.launchLock.withLock { try process.run() }
         let out = output.fileHandleForReading.readDataToEndOfFile()
         let err = errors.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
