@@ -581,7 +581,8 @@ struct ReplyingHandler: UpstreamHandler {
         migrating.migrate = true
         let task = Task { try await FCMWorker(configuration: migrating, handlers: UpstreamHandlers(),
                                               logger: Logger(label: "t", minimumLevel: .error) { _ in }).run() }
-        try await ccs.simulator.waitForBoundSessions(1)
+        // Migrating a fresh schema first: allow for a busy machine.
+        try await ccs.simulator.waitForBoundSessions(1, timeout: .seconds(30))
         task.cancel()
         try await task.value
         #expect(try await database.count("schema_migrations") == MigrationSet.worker.migrations.count)
