@@ -54,12 +54,16 @@ let package = Package(
         .target(name: "WorkerTesting", dependencies: ["Worker", "Simulator", "FCM", "Postgres", "Runtime", "Transport"],
                 swiftSettings: swiftSettings),
         .executableTarget(name: "fcm-worker", dependencies: ["Worker", "Handlers", "Simulator"], swiftSettings: swiftSettings),
+        // The parsers' properties, fuzzed by scripts/fuzz and replayed by FuzzRegressionTests.
+        .target(name: "FuzzChecks", dependencies: ["FCM", "Transport", "XMPP", "Worker"], swiftSettings: swiftSettings),
+        .executableTarget(name: "fcm-worker-fuzz", dependencies: ["FuzzChecks", "CSystem"], swiftSettings: swiftSettings),
         .testTarget(name: "RuntimeTests", dependencies: ["Runtime"]),
         .testTarget(name: "TransportTests", dependencies: ["Transport", "Runtime"]),
         .testTarget(name: "XMPPTests", dependencies: ["XMPP", "Transport", "Runtime"]),
         .testTarget(name: "FCMTests", dependencies: ["FCM", "XMPP", "Transport", "Runtime"]),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "Runtime"]),
         .testTarget(name: "WorkerTests", dependencies: ["Worker", "FCM", "Runtime"]),
+        .testTarget(name: "FuzzRegressionTests", dependencies: ["FuzzChecks"]),
         .testTarget(name: "EndToEndTests", dependencies: ["Worker", "Handlers", "Simulator", "WorkerTesting", "Runtime", "Transport", "XMPP", "FCM", "Postgres"]),
     ],
     swiftLanguageModes: [.v6]

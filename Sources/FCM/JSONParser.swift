@@ -1,10 +1,10 @@
 /// A strict JSON parser over UTF-8 bytes (RFC 8259), much faster than going through
 /// `JSONDecoder` for the untyped `JSONValue`. Nesting deeper than `maxDepth` is refused.
-struct JSONParser {
-    struct Failure: Error, CustomStringConvertible {
-        let message: String
-        let offset: Int
-        var description: String { "\(message) at byte \(offset)" }
+package struct JSONParser {
+    package struct Failure: Error, CustomStringConvertible {
+        package let message: String
+        package let offset: Int
+        package var description: String { "\(message) at byte \(offset)" }
     }
 
     static let maxDepth = 64
@@ -21,7 +21,7 @@ struct JSONParser {
         self.recordedMember = member
     }
 
-    static func parse(_ text: String) throws(Failure) -> JSONValue {
+    package static func parse(_ text: String) throws(Failure) -> JSONValue {
         try reading(text, recording: nil) { parser, _ throws(Failure) in try parser.value(depth: 0) }
     }
 
@@ -48,11 +48,11 @@ struct JSONParser {
     }
 
     /// The member names `skim` keeps, prepared once.
-    struct Keys: Sendable {
-        let names: [String]
+    package struct Keys: Sendable {
+        package let names: [String]
         fileprivate let bytes: [[UInt8]]
 
-        init(_ names: [String]) {
+        package init(_ names: [String]) {
             self.names = names
             self.bytes = names.map { Array($0.utf8) }
         }
@@ -64,22 +64,22 @@ struct JSONParser {
     }
 
     /// What `skim` keeps of a JSON text.
-    struct Skim {
+    package struct Skim {
         /// False when the text is valid JSON but not an object.
-        var isObject: Bool
+        package var isObject: Bool
         /// For each of the kept names, the outermost object's member of that name when its
         /// value is a string (the last such member, as in `parse`).
-        var strings: [String?]
+        package var strings: [String?]
         /// The exact text of the recorded member's value, and whether it is an object.
-        var memberText: String?
-        var memberIsObject: Bool
+        package var memberText: String?
+        package var memberIsObject: Bool
     }
 
     /// Checks `text` exactly as `parse` does (the same errors at the same offsets) but
     /// builds only the outermost object's string members named in `keys`, and the text of
     /// `member`: for a CCS message, everything the worker needs at once, at a fraction of
     /// the cost of building every value.
-    static func skim(_ text: String, keeping keys: Keys, recording member: String) throws(Failure) -> Skim {
+    package static func skim(_ text: String, keeping keys: Keys, recording member: String) throws(Failure) -> Skim {
         try reading(text, recording: member) { parser, buffer throws(Failure) in
             var skim = Skim(isObject: false, strings: Array(repeating: nil, count: keys.names.count),
                             memberText: nil, memberIsObject: false)

@@ -18,7 +18,7 @@ import Glibc
 ///   never deleted and never blocking start-up.
 ///
 /// Replays are safe to repeat: handling is de-duplicated by message id.
-final class Spool: Sendable {
+package final class Spool: Sendable {
     let path: String
     private let lockDescriptor = BlockingLock<Int32?>(nil)
 
@@ -30,10 +30,16 @@ final class Spool: Sendable {
         if let fd = lockDescriptor.withLock({ $0 }) { close(fd) }
     }
 
-    struct Entry: Codable, Sendable, Equatable {
-        var connection: String
-        var payload: String
-        var receivedAt: Double
+    package struct Entry: Codable, Sendable, Equatable {
+        package var connection: String
+        package var payload: String
+        package var receivedAt: Double
+
+        package init(connection: String, payload: String, receivedAt: Double) {
+            self.connection = connection
+            self.payload = payload
+            self.receivedAt = receivedAt
+        }
 
         enum CodingKeys: String, CodingKey {
             case connection, payload
@@ -74,14 +80,7 @@ final class Spool: Sendable {
     /// Appends `entries` and flushes them to disk.
     func append(_ entries: [Entry]) throws {
         guard !entries.isEmpty else { return }
-        let encoder = JSONEncoder()
-        var data = Data()
-        for entry in entries {
-            let json = try encoder.encode(entry)
-            data.append(contentsOf: Array(String(format: "%08x ", CRC32.checksum(json)).utf8))
-            data.append(json)
-            data.append(0x0A)
-        }
+        let data = try Self.records(entries)
         let existed = FileManager.default.fileExists(atPath: path)
         try Self.append(data, to: path)
         if !existed { try syncDirectory() }
@@ -92,37 +91,12 @@ final class Spool: Sendable {
     func load() throws -> (entries: [Entry], corruptRecords: Int) {
         guard FileManager.default.fileExists(atPath: path) else { return ([], 0) }
         let data = try Data(contentsOf: URL(fileURLWithPath: path))
-        let decoder = JSONDecoder()
-        var entries: [Entry] = []
-        var corrupt = Data()
-        var corruptCount = 0
-        var lines = data.split(separator: 0x0A, omittingEmptySubsequences: false)
-        // The part after the last newline is a torn record unless it is empty.
-        let torn = lines.removeLast()
-        for line in lines where !line.isEmpty {
-            if let entry = Self.decode(line, with: decoder) {
-                entries.append(entry)
-            } else {
-                corrupt.append(line)
-                corrupt.append(0x0A)
-                corruptCount += 1
-            }
-        }
-        if !torn.isEmpty {
-            corrupt.append(torn)
-            corrupt.append(0x0A)
-            corruptCount += 1
-        }
+        let (entries, kept, corrupt, corruptCount) = Self.parse(data)
         if corruptCount > 0 {
             // Set aside first, then rewrite the spool without them (renamed into place).
             try Self.append(corrupt, to: path + ".corrupt")
             let rest = path + ".rewrite"
             try? FileManager.default.removeItem(atPath: rest)
-            var kept = Data()
-            for line in lines where !line.isEmpty && Self.decode(line, with: decoder) != nil {
-                kept.append(line)
-                kept.append(0x0A)
-            }
             try Self.append(kept, to: rest)
             guard rename(rest, path) == 0 else { throw SpoolError("cannot replace \(path): \(String(cString: strerror(errno)))") }
             try syncDirectory()
@@ -135,6 +109,48 @@ final class Spool: Sendable {
         guard FileManager.default.fileExists(atPath: path) else { return }
         try FileManager.default.removeItem(atPath: path)
         try syncDirectory()
+    }
+
+    /// `entries` as spool records: `xxxxxxxx JSON\n` each, the CRC-32 of the JSON in hex.
+    package static func records(_ entries: [Entry]) throws -> Data {
+        let encoder = JSONEncoder()
+        var data = Data()
+        for entry in entries {
+            let json = try encoder.encode(entry)
+            data.append(contentsOf: Array(String(format: "%08x ", CRC32.checksum(json)).utf8))
+            data.append(json)
+            data.append(0x0A)
+        }
+        return data
+    }
+
+    /// Splits a spool's bytes into its entries, the records worth keeping (as they were),
+    /// and the torn or corrupt ones with their count.
+    package static func parse(_ data: Data) -> (entries: [Entry], kept: Data, corrupt: Data, corruptCount: Int) {
+        let decoder = JSONDecoder()
+        var entries: [Entry] = []
+        var kept = Data(), corrupt = Data()
+        var corruptCount = 0
+        var lines = data.split(separator: 0x0A, omittingEmptySubsequences: false)
+        // The part after the last newline is a torn record unless it is empty.
+        let torn = lines.removeLast()
+        for line in lines where !line.isEmpty {
+            if let entry = decode(line, with: decoder) {
+                entries.append(entry)
+                kept.append(line)
+                kept.append(0x0A)
+            } else {
+                corrupt.append(line)
+                corrupt.append(0x0A)
+                corruptCount += 1
+            }
+        }
+        if !torn.isEmpty {
+            corrupt.append(torn)
+            corrupt.append(0x0A)
+            corruptCount += 1
+        }
+        return (entries, kept, corrupt, corruptCount)
     }
 
     /// A record line's entry, or nil when it is torn or fails its checksum.

@@ -96,10 +96,12 @@ public final class XMLStreamParser {
         XML_ParserFree(parser)
     }
 
-    /// Parses the next bytes of the stream and returns the events they complete, in order.
-    /// - Throws: `XMLStreamError`; the stream cannot continue after one.
-    public func feed(_ bytes: UnsafeRawBufferPointer) throws(XMLStreamError) -> [XMLStreamEvent] {
-        if let failure { throw failure }
+    /// Parses the next bytes of the stream: the events they complete, in order, and the
+    /// failure that ended the stream, if one did. Events completed before a failure in the
+    /// same bytes are returned with it, so that what a stream yields does not depend on how
+    /// its bytes were split into reads.
+    public func parse(_ bytes: UnsafeRawBufferPointer) -> (events: [XMLStreamEvent], failure: XMLStreamError?) {
+        if let failure { return ([], failure) }
         fedBytes += Int(bytes.count)
         let status = bytes.withMemoryRebound(to: CChar.self) { chars in
             XML_Parse(parser, chars.baseAddress, Int32(chars.count), 0)
@@ -112,8 +114,16 @@ public final class XMLStreamParser {
         if failure == nil && depth >= 1 && fedBytes - boundary > Int(maxStanzaBytes) {
             failure = .stanzaTooLarge(limit: maxStanzaBytes)
         }
-        if let failure { throw failure }
         defer { events.removeAll(keepingCapacity: true) }
+        return (events, failure)
+    }
+
+    /// Parses the next bytes of the stream and returns the events they complete, in order.
+    /// - Throws: `XMLStreamError`, dropping the events completed before it in these bytes
+    ///   (`parse` keeps them); the stream cannot continue after one.
+    public func feed(_ bytes: UnsafeRawBufferPointer) throws(XMLStreamError) -> [XMLStreamEvent] {
+        let (events, failure) = parse(bytes)
+        if let failure { throw failure }
         return events
     }
 

@@ -24,19 +24,18 @@ package final class XMLStreamReader {
     }
 
     /// Parses `bytes` and hands each completed event to `handle`, stopping when the stream
-    /// restarts, closes or ends meanwhile. Aborts `loop` on malformed input.
+    /// restarts, closes or ends meanwhile. Aborts `loop` on malformed input, after handing
+    /// on the events completed before it (however the bytes were split into reads).
     package func read(_ bytes: UnsafeRawBufferPointer, on loop: StreamLoop, _ handle: (XMLStreamEvent) -> Void) {
-        let events: [XMLStreamEvent]
-        do {
-            events = try parser.feed(bytes)
-        } catch {
-            loop.abort(reason: XMPPError.malformedStream(error))
-            return
-        }
+        let parser = self.parser
+        let (events, failure) = parser.parse(bytes)
         let generation = self.generation
         for event in events {
             if loop.isEnded || loop.isClosing || self.generation != generation { break }
             handle(event)
+        }
+        if let failure, self.generation == generation {
+            loop.abort(reason: XMPPError.malformedStream(failure))
         }
     }
 }

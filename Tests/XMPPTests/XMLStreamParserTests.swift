@@ -25,6 +25,26 @@ private func stanzas(_ events: [XMLStreamEvent]) -> [XMLElement] {
         #expect(messages[1].child("gcm", namespace: XMPPNamespace.gcm)?.text == "{\"x\":2}")
     }
 
+    /// Found by fuzzing (`Fuzz/corpus/xml/broken.xml`): a stanza completed before malformed
+    /// bytes in the same read was dropped with the error, but handed on when the bytes came
+    /// in two reads. `parse` hands on what completed, then the failure.
+    @Test func eventsBeforeAnErrorInTheSameReadAreKept() {
+        let bytes = Array((header + "<message id=\"a\"><gcm xmlns=\"google:mobile:data\">{}</gcm></message><x></y>").utf8)
+        let (events, failure) = bytes.withUnsafeBytes { XMLStreamParser().parse($0) }
+        #expect(stanzas(events).map { $0.attribute("id") } == ["a"])
+        #expect(events.count == 2)
+        guard case .malformed? = failure else {
+            Issue.record("expected a malformed-XML failure, got \(String(describing: failure))")
+            return
+        }
+        let parser = XMLStreamParser()
+        let split = bytes.count - 4
+        let first = bytes[..<split].withUnsafeBytes { parser.parse($0) }
+        let second = bytes[split...].withUnsafeBytes { parser.parse($0) }
+        #expect(first.events + second.events == events)
+        #expect(second.failure == failure)
+    }
+
     /// Every split of a stream into two reads yields the same stanzas, once each.
     @Test func stanzasComeOutWholeAtEveryByteBoundary() throws {
         let body = "<message id=\"m&amp;1\"><gcm xmlns=\"google:mobile:data\">{\"t\":\"&lt;é€😀&gt;\"}</gcm></message> "
