@@ -108,11 +108,23 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
         guard whole == pieces else { throw FuzzFinding("the \(name) gives \(whole) in one read but \(pieces) in pieces") }
     }
 
-    /// The events of the stream, then the error that ended it (if any).
+    /// The events of the stream, then the error that ended it (if any). Errors compare by
+    /// kind and reason: where expat places a malformed-XML error depends on how much it was
+    /// given at once (found by fuzzing: `Fuzz/regressions/xml-error-position-depends-on-the-split`),
+    /// and the position only goes to the log.
     struct Events: Equatable, CustomStringConvertible {
         var events: [XMLStreamEvent] = []
         var error: XMLStreamError?
         var description: String { "\(events.count) event(s)\(error.map { ", then \($0)" } ?? "")" }
+
+        static func == (a: Events, b: Events) -> Bool {
+            a.events == b.events && a.error.map(withoutPosition) == b.error.map(withoutPosition)
+        }
+
+        private static func withoutPosition(_ error: XMLStreamError) -> XMLStreamError {
+            guard case .malformed(let reason) = error, let at = reason.range(of: " at line ") else { return error }
+            return .malformed(String(reason[..<at.lowerBound]))
+        }
     }
 
     private static func xmlEvents(_ reads: [ArraySlice<UInt8>]) -> Events {
