@@ -23,14 +23,17 @@ public final class CCSConnection: Sendable {
 
     /// Connects, authenticates and binds.
     /// - Parameters:
+    ///   - journal: where journal mode journals upstream messages (without one, journal
+    ///     mode acks after the commit, like durable mode).
     ///   - onDraining: called on the connection's thread the moment a
     ///     `CONNECTION_DRAINING` control message is parsed (before anything after it).
     /// - Throws: `XMPPError` (`isConfigurationError` for refused credentials, a refused
     ///   certificate or an unknown XMPP domain).
-    public static func connect(_ configuration: XMPPClientConfiguration, ackMode: CCSAckMode, tls: TLSContext, label: String,
+    public static func connect(_ configuration: XMPPClientConfiguration, ackMode: CCSAckMode, journal: (any CCSJournal)? = nil,
+                               tls: TLSContext, label: String,
                                onDraining: @escaping @Sendable () -> Void = {}) async throws -> CCSConnection {
         let route = CCSAckRoute(label: label)
-        let interceptor = CCSInterceptor(ackMode: ackMode, route: route, onDraining: onDraining)
+        let interceptor = CCSInterceptor(ackMode: ackMode, journal: journal, route: route, onDraining: onDraining)
         let connection = try await XMPPConnection.connect(configuration, interceptor: interceptor, tls: tls, label: label)
         route.bind(connection)
         return CCSConnection(connection: connection)

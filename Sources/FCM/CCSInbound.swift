@@ -42,6 +42,9 @@ public enum CCSAck: Sendable {
     case sent
     /// To be written once the message is committed (durable mode): `DurableAck.send`.
     case afterCommit(DurableAck)
+    /// Queued in the worker's journal (journal mode), which sends the ack once the message
+    /// is on disk; `segment` is released once the message has committed.
+    case afterJournal(segment: Int)
     /// The message lacks `message_id` or `from`: it cannot be acked (CCS redelivers it).
     case impossible
 }

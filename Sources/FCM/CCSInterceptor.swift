@@ -4,11 +4,14 @@ import XMPP
 /// Decodes CCS stanzas on the connection's thread and applies the ack policy there: in
 /// immediate mode the ack of every upstream message is written at once; receipts, and
 /// unusable messages that can be acked, are acked at once in both modes (durable mode
-/// acks an unusable message after its dead letter commits). `CONNECTION_DRAINING` is
+/// and journal mode ack an unusable message after its dead letter commits; journal mode
+/// acks an upstream message once the worker's journal holds it). `CONNECTION_DRAINING` is
 /// reported from here too, so that sending stops before anything read after it is
 /// answered.
 struct CCSInterceptor: StanzaInterceptor {
     let ackMode: CCSAckMode
+    /// Journal mode's journal.
+    let journal: (any CCSJournal)?
     let route: CCSAckRoute
     /// Called on the connection's thread when CCS announces it is draining the connection.
     let onDraining: @Sendable () -> Void
@@ -47,6 +50,11 @@ struct CCSInterceptor: StanzaInterceptor {
             let stanza = CCSStanza.ack(to: from, messageID: messageID)
             switch ackMode {
             case .immediate: return Interception(reply: stanza, inbound: arrival(.sent))
+            case .journal:
+                let ack = DurableAck(messageID: messageID, stanza: stanza, route: route)
+                guard let journal else { return Interception(inbound: arrival(.afterCommit(ack))) }
+                let segment = journal.append(payload: payload, connection: route.label, receivedAt: receivedAt, ack: ack)
+                return Interception(inbound: arrival(.afterJournal(segment: segment)))
             case .durable: return Interception(inbound: arrival(.afterCommit(DurableAck(messageID: messageID, stanza: stanza, route: route))))
             }
         case .receipt(let receipt):
@@ -75,7 +83,8 @@ struct CCSInterceptor: StanzaInterceptor {
             case .immediate:
                 reply = stanza
                 ack = .sent
-            case .durable:
+            case .journal, .durable:
+                // Rare, and kept in the database rather than the journal: acked once kept.
                 ack = .afterCommit(DurableAck(messageID: messageID, stanza: stanza, route: route))
             }
         }

@@ -2,7 +2,8 @@ import Foundation
 import Runtime
 import XMPP
 
-/// The ack of an upstream message that waits for the message's commit (durable mode),
+/// The ack of an upstream message that waits for the message's commit (durable mode) or
+/// its journal write (journal mode),
 /// bound to the connection the message came in on, as CCS requires. A class: the work
 /// that carries it is copied along the pipeline, and a reference is cheap to copy.
 public final class DurableAck: Sendable {
@@ -21,16 +22,8 @@ public final class DurableAck: Sendable {
     /// connection is gone: CCS redelivers those messages, and de-duplication recognises
     /// them) with the reason.
     public static func send(_ acks: [DurableAck]) async -> [(connection: String, messageIDs: [String], error: (any Error)?)] {
-        var byRoute: [ObjectIdentifier: [DurableAck]] = [:]
-        var order: [CCSAckRoute] = []
-        for ack in acks {
-            let key = ObjectIdentifier(ack.route)
-            if byRoute[key] == nil { order.append(ack.route) }
-            byRoute[key, default: []].append(ack)
-        }
         var outcomes: [(connection: String, messageIDs: [String], error: (any Error)?)] = []
-        for route in order {
-            let group = byRoute[ObjectIdentifier(route)] ?? []
+        for (route, group) in grouped(acks) {
             do {
                 try await route.write(group)
                 outcomes.append((route.label, group.map(\.messageID), nil))
@@ -40,24 +33,83 @@ public final class DurableAck: Sendable {
         }
         return outcomes
     }
+
+    /// Like `send`, without waiting: the acks are queued on their connections at once,
+    /// past the outbound buffers' bound (CCS bounds them: 100 unacked per connection). For
+    /// the journal's thread, which must not wait on the cooperative pool.
+    public static func sendWithoutWaiting(_ acks: [DurableAck]) -> [(connection: String, messageIDs: [String], error: (any Error)?)] {
+        grouped(acks).map { route, group in
+            do {
+                try route.writeWithoutWaiting(group)
+                return (route.label, group.map(\.messageID), nil)
+            } catch {
+                return (route.label, group.map(\.messageID), error)
+            }
+        }
+    }
+
+    /// `acks` by connection, in the order their connections first appear.
+    private static func grouped(_ acks: [DurableAck]) -> [(CCSAckRoute, [DurableAck])] {
+        var byRoute: [ObjectIdentifier: [DurableAck]] = [:]
+        var order: [CCSAckRoute] = []
+        for ack in acks {
+            let key = ObjectIdentifier(ack.route)
+            if byRoute[key] == nil { order.append(ack.route) }
+            byRoute[key, default: []].append(ack)
+        }
+        return order.map { ($0, byRoute[ObjectIdentifier($0)] ?? []) }
+    }
 }
 
-/// The connection durable acks go back on, known once it is established.
+/// The connection durable acks go back on, known once it is established. Journal mode can
+/// flush a message before `connect` has returned the connection: acks written that early
+/// wait here and go out at `bind`.
 final class CCSAckRoute: Sendable {
+    private enum State {
+        case unbound(early: String)
+        case bound(XMPPConnection<CCSInbound>)
+    }
+
     let label: String
-    private let connection = BlockingLock<XMPPConnection<CCSInbound>?>(nil)
+    private let state = BlockingLock(State.unbound(early: ""))
 
     init(label: String) { self.label = label }
 
     func bind(_ established: XMPPConnection<CCSInbound>) {
-        connection.withLock { $0 = established }
+        let early = state.withLock { state -> String in
+            guard case .unbound(let early) = state else { return "" }
+            state = .bound(established)
+            return early
+        }
+        if !early.isEmpty { try? established.sendWithoutWaiting(serialized: early) }
+    }
+
+    private var connection: XMPPConnection<CCSInbound>? {
+        state.withLock { if case .bound(let connection) = $0 { connection } else { nil } }
     }
 
     func write(_ acks: [DurableAck]) async throws {
-        guard let connection = connection.withLock({ $0 }) else { throw XMPPError.closedLocally }
+        guard let connection else { throw XMPPError.closedLocally }
+        try await connection.send(serialized: Self.text(of: acks))
+    }
+
+    func writeWithoutWaiting(_ acks: [DurableAck]) throws {
+        let text = Self.text(of: acks)
+        let bound = state.withLock { state -> XMPPConnection<CCSInbound>? in
+            switch state {
+            case .bound(let connection): return connection
+            case .unbound(let early):
+                state = .unbound(early: early + text)
+                return nil
+            }
+        }
+        try bound?.sendWithoutWaiting(serialized: text)
+    }
+
+    private static func text(of acks: [DurableAck]) -> String {
         var text = ""
         text.reserveCapacity(acks.reduce(0) { $0 + $1.stanza.utf8.count })
         for ack in acks { text += ack.stanza }
-        try await connection.send(serialized: text)
+        return text
     }
 }

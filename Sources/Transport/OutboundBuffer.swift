@@ -44,6 +44,19 @@ package final class OutboundBuffer: Sendable {
         self.onEnqueue = onEnqueue
     }
 
+    /// Queues `chunk` at once, even past `capacity`: for small stanzas whose number the
+    /// protocol bounds already (CCS acks: at most 100 unacked messages per connection),
+    /// written from a thread that must not wait (the journal's).
+    /// - Throws: the error the stream ended with.
+    package func enqueueWithoutWaiting(_ chunk: Chunk) throws {
+        try state.withLock { state throws in
+            if let closed = state.closedWith { throw closed }
+            state.chunks.append(chunk)
+            state.bytes += chunk.bytes.count
+        }
+        onEnqueue()
+    }
+
     /// Queues `chunk`, waiting for room first.
     /// - Throws: the error the stream ended with, or `CancellationError`.
     package func enqueue(_ chunk: Chunk) async throws {

@@ -162,7 +162,8 @@ final class CCSConnections: Sendable {
 
         private func connect(label: String) async throws -> (CCSConnection, Int) {
             let drainHook = DrainHook(sender: sender)
-            let connection = try await CCSConnection.connect(configuration.xmppClient, ackMode: configuration.ackMode, tls: connections.tls,
+            let connection = try await CCSConnection.connect(configuration.xmppClient, ackMode: configuration.ackMode,
+                                                             journal: connections.pipeline.journal, tls: connections.tls,
                                                              label: label, onDraining: { drainHook.fire() })
             connections.register(connection)
             logger.info("connected to \(configuration.host):\(configuration.port) as \(connection.label), bound as \(connection.boundJID)")

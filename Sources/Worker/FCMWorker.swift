@@ -89,8 +89,10 @@ public struct FCMWorker: Sendable {
         try await replay(spool, into: pools.upstream)
         guard !shutdown.isRequested else { return }
 
+        let journal = configuration.ackMode == .journal
+            ? UpstreamJournal(spoolPath: spool.path, logger: logger.labeled("journal"), observer: observer, metrics: metrics) : nil
         let pipeline = UpstreamPipeline(pool: pools.upstream, handlers: handlers, settings: configuration.pipeline,
-                                        logger: logger.labeled("pipeline"), observer: observer, metrics: metrics)
+                                        logger: logger.labeled("pipeline"), observer: observer, metrics: metrics, journal: journal)
         let outbox = Outbox(pool: pools.outbox, client: httpClient, settings: configuration.downstream,
                             logger: logger.labeled("outbox"), observer: observer, metrics: metrics)
         let ccs = CCSConnections(configuration: configuration, tls: tls, logger: logger, observer: observer,
@@ -107,6 +109,10 @@ public struct FCMWorker: Sendable {
             .init("pipeline", [UpstreamPipelineService(pipeline: pipeline, spool: spool, shutdownTimeout: configuration.shutdownTimeout,
                                                        shutdown: shutdown, logger: logger.labeled("pipeline"), observer: observer,
                                                        metrics: metrics)]),
+            // After the pipeline: the journal writes and acks what it still holds (the
+            // streams are still open) and deletes the segments whose messages all
+            // committed; what did not commit stays in it for the next start.
+            .init("journal", journal.map { [$0] } ?? []),
             .init("streams", [ccs.streams]),
             .init("observability", [ObservabilityService(metrics: metrics, address: configuration.metricsAddress, pool: pools.outbox,
                                                          shutdown: shutdown, logger: logger.labeled("metrics"), observer: observer)]),
@@ -142,15 +148,29 @@ public struct FCMWorker: Sendable {
         }
     }
 
-    /// Persists what a previous run spooled, before reading anything new from CCS. A
-    /// shutdown meanwhile keeps the spool for the next start.
+    /// Persists what a previous run spooled or journaled (journal segments are replayed
+    /// whatever the ack mode now is), before reading anything new from CCS. A shutdown
+    /// meanwhile keeps the files for the next start.
     private func replay(_ spool: Spool, into pool: PostgresPool) async throws {
-        let (entries, corrupt) = try spool.load()
-        if corrupt > 0 {
-            logger.error("\(corrupt) torn or corrupt record(s) in the spool \(spool.path) were set aside in \(spool.path).corrupt")
+        let files = [spool] + UpstreamJournal.segments(beside: spool.path).map { Spool(path: $0.path) }
+        var entries: [Spool.Entry] = []
+        for file in files {
+            let (loaded, corrupt) = try file.load()
+            if corrupt > 0 {
+                if file !== spool {
+                    logger.warning("\(corrupt) torn or corrupt record(s) in the journal segment \(file.path) were set aside in "
+                                   + "\(file.path).corrupt (a record a crash tore was never acked)")
+                } else {
+                    logger.error("\(corrupt) torn or corrupt record(s) in the spool \(spool.path) were set aside in \(spool.path).corrupt")
+                }
+            }
+            entries += loaded
         }
-        guard !entries.isEmpty else { return }
-        logger.info("replaying \(entries.count) spooled message(s) from \(spool.path)")
+        guard !entries.isEmpty else {
+            for file in files where file !== spool { try file.remove() }
+            return
+        }
+        logger.info("replaying \(entries.count) spooled or journaled message(s) from \(spool.path)\(files.count > 1 ? " and its journal" : "")")
         let pipeline = UpstreamPipeline(pool: pool, handlers: handlers, settings: configuration.pipeline,
                                         logger: logger.labeled("spool"), observer: observer, metrics: metrics)
         let lanes = Task { await pipeline.run() }
@@ -159,12 +179,12 @@ public struct FCMWorker: Sendable {
         pipeline.close()
         let leftovers = await lanes.value
         guard leftovers.isEmpty else {
-            logger.warning("spool replay interrupted: \(spool.path) is kept for the next start")
+            logger.warning("replay interrupted: \(spool.path) and its journal are kept for the next start")
             return
         }
-        try spool.remove()
+        for file in files { try file.remove() }
         observer?(.replayed(count: entries.count))
-        logger.info("spool replayed and removed")
+        logger.info("spool and journal replayed and removed")
     }
 
     /// Rebuilds pipeline work from a spool line (acked before it was spooled).

@@ -113,15 +113,60 @@ package final class Spool: Sendable {
 
     /// `entries` as spool records: `xxxxxxxx JSON\n` each, the CRC-32 of the JSON in hex.
     package static func records(_ entries: [Entry]) throws -> Data {
-        let encoder = JSONEncoder()
-        var data = Data()
-        for entry in entries {
-            let json = try encoder.encode(entry)
-            data.append(contentsOf: Array(String(format: "%08x ", CRC32.checksum(json)).utf8))
-            data.append(json)
-            data.append(0x0A)
+        var bytes: [UInt8] = []
+        for entry in entries { appendRecord(entry, to: &bytes) }
+        return Data(bytes)
+    }
+
+    /// Appends `entry` as one record to `bytes`. Written by hand rather than with
+    /// `JSONEncoder` (the journal writes one record per message at full speed); the JSON
+    /// is what `JSONDecoder` reads back as an `Entry` (FuzzTarget.spool checks the round trip).
+    package static func appendRecord(_ entry: Entry, to bytes: inout [UInt8]) {
+        // The checksum's place first, filled in once the JSON after it is written.
+        let start = bytes.count
+        bytes += "00000000 ".utf8
+        bytes += #"{"connection":"#.utf8
+        appendJSONString(entry.connection, to: &bytes)
+        bytes += #","payload":"#.utf8
+        appendJSONString(entry.payload, to: &bytes)
+        bytes += #","received_at":"#.utf8
+        bytes += (entry.receivedAt.isFinite ? "\(entry.receivedAt)" : "0").utf8
+        bytes.append(UInt8(ascii: "}"))
+        let checksum = bytes.withUnsafeBytes { CRC32.checksum(UnsafeRawBufferPointer(rebasing: $0[(start + 9)...])) }
+        for (place, shift) in stride(from: 28, through: 0, by: -4).enumerated() {
+            bytes[start + place] = hexDigits[Int((checksum >> UInt32(shift)) & 0xF)]
         }
-        return data
+        bytes.append(0x0A)
+    }
+
+    private static let hexDigits = Array("0123456789abcdef".utf8)
+
+    /// `text` as a JSON string: quotes, backslashes and control characters escaped, the
+    /// rest (UTF-8 included) as it is.
+    private static func appendJSONString(_ text: String, to json: inout [UInt8]) {
+        json.append(UInt8(ascii: "\""))
+        var text = text
+        text.withUTF8 { buffer in
+            // Runs of bytes that need no escape go in at once.
+            var clean = 0
+            for (index, byte) in buffer.enumerated() where byte < 0x20 || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") {
+                json.append(contentsOf: UnsafeBufferPointer(rebasing: buffer[clean..<index]))
+                clean = index + 1
+                switch byte {
+                case UInt8(ascii: "\""): json += #"\""#.utf8
+                case UInt8(ascii: "\\"): json += #"\\"#.utf8
+                case 0x0A: json += #"\n"#.utf8
+                case 0x0D: json += #"\r"#.utf8
+                case 0x09: json += #"\t"#.utf8
+                default:
+                    json += #"\u00"#.utf8
+                    json.append(hexDigits[Int(byte >> 4)])
+                    json.append(hexDigits[Int(byte & 0xF)])
+                }
+            }
+            json.append(contentsOf: UnsafeBufferPointer(rebasing: buffer[clean...]))
+        }
+        json.append(UInt8(ascii: "\""))
     }
 
     /// Splits a spool's bytes into its entries, the records worth keeping (as they were),

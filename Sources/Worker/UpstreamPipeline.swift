@@ -33,11 +33,14 @@ final class UpstreamPipeline: Sendable {
     let logger: Logger
     let observer: WorkerObserver?
     let metrics: WorkerMetrics
+    /// The journal of journal mode, told what committed.
+    let journal: UpstreamJournal?
     private let lanes: [Lane]
 
     init(pool: PostgresPool, handlers: UpstreamHandlers, settings: PipelineSettings, logger: Logger, observer: WorkerObserver?,
-         metrics: WorkerMetrics) {
+         metrics: WorkerMetrics, journal: UpstreamJournal? = nil) {
         self.pool = pool
+        self.journal = journal
         self.metrics = metrics
         self.scheduler = UpstreamScheduler(settings: settings)
         self.inbox = UpstreamInbox(handlers: handlers)
@@ -127,6 +130,7 @@ final class UpstreamPipeline: Sendable {
                 let started = ContinuousClock.now
                 let afterCommit = try await pool.withConnection { connection in try await self.commit(batch, on: connection, started: started) }
                 await acknowledge(batch)
+                journal?.release(batch.compactMap(\.journalSegment))
                 for action in afterCommit { await action() }
                 return nil
             } catch let refusal as UpstreamDispatcher.Refusal {

@@ -25,7 +25,8 @@ struct UpstreamWork: Sendable {
     }
 
     var kind: Kind
-    /// Acked already, to be acked after the commit (durable mode), or not ackable.
+    /// Acked already, to be acked after the commit (durable mode) or once journaled
+    /// (journal mode), or not ackable.
     var ack: CCSAck
     /// Failed handling attempts so far.
     var attempts = 0
@@ -67,8 +68,12 @@ struct UpstreamWork: Sendable {
         }
     }
 
-    /// True when CCS got its ack already: losing it now would lose it for good.
+    /// True when CCS got its ack already and only memory holds it: losing it now would lose
+    /// it for good. (A journaled message is acked only once the journal holds it.)
     var isAcked: Bool { if case .sent = ack { true } else { false } }
+
+    /// The journal segment holding it (journal mode), released once it commits.
+    var journalSegment: Int? { if case .afterJournal(let segment) = ack { segment } else { nil } }
 
     /// The ack still to send after the commit (durable mode).
     var durableAck: DurableAck? { if case .afterCommit(let ack) = ack { ack } else { nil } }

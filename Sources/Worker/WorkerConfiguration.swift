@@ -177,9 +177,9 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             settings.handlers = names
         },
         CommandOption("--ack-mode", environment: "FCM_ACK_MODE", placeholder: "MODE", default: "immediate",
-                      help: "immediate (ack on arrival) or durable (ack after the commit)") { settings, text throws(ConfigurationError) in
+                      help: "immediate (ack on arrival), journal (ack once flushed to a local journal: survives kill -9) or durable (ack after the commit)") { settings, text throws(ConfigurationError) in
             guard let mode = CCSAckMode(rawValue: text) else {
-                throw ConfigurationError("invalid ack mode \(text): expected \(CCSAckMode.allCases.map(\.rawValue).joined(separator: " or "))")
+                throw ConfigurationError("invalid ack mode \(text): expected \(CCSAckMode.allCases.map(\.rawValue).joined(separator: ", "))")
             }
             settings.ackMode = mode
         },
@@ -188,7 +188,7 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         .integer("--max-attempts", environment: "FCM_MAX_ATTEMPTS", default: "5",
                  help: "handling attempts before a message is dead-lettered (1 to 100)", name: "max attempts", range: 1...100, \.maxAttempts),
         .text("--spool-file", environment: "FCM_SPOOL_FILE", placeholder: "PATH", default: "./fcm-worker.spool",
-              help: "where acked messages that could not be committed at shutdown wait for the next start", \.spoolFile),
+              help: "where acked messages that could not be committed at shutdown wait for the next start (journal mode keeps its journal beside it, PATH.journal-N)", \.spoolFile),
         .seconds("--shutdown-timeout", environment: "FCM_SHUTDOWN_TIMEOUT", default: "10",
                  help: "how long a shutdown lets queued messages commit before spooling them", name: "shutdown timeout", \.shutdownTimeout),
         CommandOption("--migrations-dir", environment: "FCM_MIGRATIONS_DIR", placeholder: "PATH", default: "none",

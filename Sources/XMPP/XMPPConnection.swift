@@ -83,6 +83,18 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
         }
     }
 
+    /// Queues an already serialized stanza at once, past the outbound buffer's bound: for
+    /// small stanzas whose number the protocol bounds (acks), from a thread that must not
+    /// wait.
+    /// - Throws: `XMPPError` when the stream has ended.
+    public func sendWithoutWaiting(serialized stanza: String) throws {
+        do {
+            try loop.outbound.enqueueWithoutWaiting(.init(bytes: Array(stanza.utf8), recordSize: StreamLoop.recordSize))
+        } catch {
+            throw XMPPError(ending: error)
+        }
+    }
+
     /// Closes the stream gracefully (queued stanzas are sent first, then
     /// `</stream:stream>` and a TLS close_notify) and waits until the socket is closed.
     public func close() async {

@@ -19,7 +19,7 @@ enum BenchCommand {
         var concurrency = 4
         var rate = 10_000
         var rateSeconds = 5
-        var phases: Set<UpstreamBench.Phase> = [.ceiling, .immediate, .durable, .latency]
+        var phases: Set<UpstreamBench.Phase> = [.ceiling, .immediate, .journal, .durable, .latency]
         var runs: [DownstreamBench.Run] = "1@20,4@20,16@20,16@1".split(separator: ",").compactMap(DownstreamBench.Run.init)
         var seconds = 5
     }
@@ -46,12 +46,12 @@ enum BenchCommand {
         positive("--concurrency", default: "4", help: "handling lanes", \.concurrency),
         positive("--rate", default: "10000", help: "offered load of the latency run, msgs/s", \.rate),
         positive("--rate-seconds", default: "5", help: "length of the latency run", \.rateSeconds),
-        CommandOption("--phases", placeholder: "LIST", default: "ceiling,immediate,durable,latency",
+        CommandOption("--phases", placeholder: "LIST", default: "ceiling,immediate,journal,durable,latency",
                       help: "which parts to run (the ratio needs ceiling)") { settings, text throws(ConfigurationError) in
             let names = text.split(separator: ",")
             let phases = Set(names.compactMap { UpstreamBench.Phase(rawValue: String($0)) })
             guard phases.count == Set(names).count, !phases.isEmpty else {
-                throw ConfigurationError("bench: --phases takes a list of ceiling, immediate, durable, latency")
+                throw ConfigurationError("bench: --phases takes a list of ceiling, immediate, journal, durable, latency")
             }
             settings.phases = phases
         },
@@ -121,7 +121,7 @@ struct UpstreamBench {
 
     /// The parts of the benchmark, in the order they run.
     enum Phase: String, Sendable {
-        case ceiling, immediate, durable, latency
+        case ceiling, immediate, journal, durable, latency
     }
 
     func run() async throws {
@@ -148,7 +148,8 @@ struct UpstreamBench {
             say(String(format: "raw PostgreSQL ceiling: %.0f rows/s (100-row INSERT transactions, one connection%@)", rows, perRow))
             ceiling = rows
         }
-        let throughputPhases = [(Phase.immediate, WorkerConfiguration.AckMode.immediate), (.durable, .durable)].filter { phases.contains($0.0) }
+        let throughputPhases = [(Phase.immediate, WorkerConfiguration.AckMode.immediate), (.journal, .journal), (.durable, .durable)]
+            .filter { phases.contains($0.0) }
         if phases.contains(.ceiling) && throughputPhases.isEmpty { try await measureCeiling() }
 
         for (_, mode) in throughputPhases {
@@ -172,10 +173,13 @@ struct UpstreamBench {
             say("peak RSS of the worker process (the simulator runs as its own process): \(BenchDatabase.peakResidentMegabytes()) MB")
             return
         }
-        try await truncate(url)
-        let paced = try await pacedRun(url: url)
-        say("latency at \(rate) msgs/s offered for \(rateSeconds) s (immediate mode): ack \(paced.ackLatency); "
-              + "receive-to-commit \(paced.commitLatency); persisted \(paced.persisted) of \(paced.offered)")
+        // The latency of the two modes that ack before the commit, at the same offered load.
+        for mode in [WorkerConfiguration.AckMode.immediate, .journal] {
+            try await truncate(url)
+            let paced = try await pacedRun(url: url, mode: mode)
+            say("latency at \(rate) msgs/s offered for \(rateSeconds) s (\(mode.rawValue) mode): ack \(paced.ackLatency); "
+                  + "receive-to-commit \(paced.commitLatency); persisted \(paced.persisted) of \(paced.offered)")
+        }
         say("peak RSS of the worker process (the simulator runs as its own process): \(BenchDatabase.peakResidentMegabytes()) MB")
     }
 
@@ -237,9 +241,10 @@ struct UpstreamBench {
         mode == .durable ? durableConnections : connections
     }
 
-    private func pacedRun(url: String) async throws -> (ackLatency: String, commitLatency: LatencySummary, persisted: Int, offered: Int) {
+    private func pacedRun(url: String, mode: WorkerConfiguration.AckMode) async throws
+        -> (ackLatency: String, commitLatency: LatencySummary, persisted: Int, offered: Int) {
         let total = rate * rateSeconds
-        let setup = try await Setup.start(url: url, connections: connections, concurrency: concurrency, mode: .immediate,
+        let setup = try await Setup.start(url: url, connections: connections, concurrency: concurrency, mode: mode,
                                           messages: total, rate: rate)
         defer { setup.stop() }
         let (_, stats) = try await setup.waitForAllAcked(limit: .seconds(Int64(rateSeconds) + 120))

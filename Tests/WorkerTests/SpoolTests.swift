@@ -11,6 +11,16 @@ import Testing
         (first..<(first + count)).map { Spool.Entry(connection: "ccs#1.1", payload: #"{"message_id":"m\#($0)","from":"d"}"#, receivedAt: 1_764_500_000) }
     }
 
+    @Test func recordsAreTheJSONThatJSONDecoderReadsBack() throws {
+        let awkward = Spool.Entry(connection: "ccs#1.\u{1}", payload: "{\"a\":\"x\\\"y\"}\n\t\r\u{0}é😀/", receivedAt: 1_764_500_000.123_456)
+        let record = try Spool.records([awkward])
+        let line = String(decoding: record, as: UTF8.self)
+        #expect(line.hasSuffix("\n") && line.split(separator: "\n").count == 1)
+        let json = Data(line.dropFirst(9).dropLast().utf8)
+        #expect(try JSONDecoder().decode(Spool.Entry.self, from: json) == awkward)
+        #expect(Spool.parse(record).entries == [awkward])
+    }
+
     @Test func recordsSurviveAReloadInOrder() throws {
         let spool = Spool(path: temporaryPath())
         try spool.append(entries(3))

@@ -1,0 +1,293 @@
+import FCM
+import Foundation
+import Runtime
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The journal of journal ack mode (`--ack-mode journal`): upstream messages are appended
+/// to a local file and flushed to disk before their ack, so that a crash of the process
+/// (or of the machine) after the ack loses nothing that was acked; the next start replays
+/// the journal before reading from CCS, de-duplicated by message id like every replay.
+///
+/// - **Group commit.** Messages that arrive while a write is under way wait for the next
+///   one: each write is one `write` and one `fdatasync` for everything queued, on a thread
+///   of its own, and the acks of those messages go out right after it, one write per
+///   connection. What waits is bounded by CCS itself (at most 100 unacked messages per
+///   connection), so the queue needs no other bound.
+/// - **Segments.** The journal is a series of files `<spool>.journal-NNNNNNNNNN`, records
+///   in the spool's format (`Spool`: one checksummed line each; a record torn by a crash was
+///   never acked and is set aside at replay). A segment is closed once it passes
+///   `segmentBytes`, and deleted once every message in it has committed; when everything
+///   written has committed and no message waits, the current segment is deleted too, so an
+///   idle worker keeps no journal.
+/// - **Failures.** A write that fails (disk full, I/O error) leaves its messages unacked:
+///   CCS redelivers them, and the error is logged. They are still handled if they reach
+///   the pipeline, exactly once.
+///
+/// The journal runs as a service: cancelled, it writes and acks what is queued and ends.
+/// Its writer is a thread of its own, so that neither the flush nor the acks wait behind
+/// handler work on the cooperative pool.
+final class UpstreamJournal: Service, CCSJournal {
+    /// A message to journal, with the ack that goes out once it is on disk.
+    struct Record: Sendable {
+        let entry: Spool.Entry
+        let ack: DurableAck
+    }
+
+    private struct State {
+        var pending: [Record] = []
+        /// The segment records go to now.
+        var current: Int
+        /// Bytes written to `current` so far.
+        var currentBytes = 0
+        /// Per segment, the messages not committed yet (absent: none).
+        var outstanding: [Int: Int] = [:]
+        /// Segments no longer written to, deleted once nothing in them is outstanding.
+        var closed = Set<Int>()
+        /// Set when the service is cancelled: write what is queued, then end.
+        var stopping = false
+    }
+
+    /// The open segment file; touched only on the journal's own thread.
+    private final class SegmentFile: @unchecked Sendable {
+        var segment = -1
+        var descriptor: Int32 = -1
+
+        func close() {
+            if descriptor >= 0 { Glibc.close(descriptor) }
+            descriptor = -1
+            segment = -1
+        }
+
+        deinit { close() }
+    }
+
+    let spoolPath: String
+    let segmentBytes: Int
+    private let logger: Logger
+    private let observer: WorkerObserver?
+    private let metrics: WorkerMetrics
+    private let state: BlockingLock<State>
+    /// Wakes the writer (signalled after `state` changes; the writer checks `state` holding it).
+    private let wakeup = NSCondition()
+    private let disk = DedicatedThread(name: "fcm-journal")
+    private let file = SegmentFile()
+
+    var name: String { "journal" }
+
+    /// - Parameters:
+    ///   - spoolPath: the spool file's path; the segments live beside it, under its lock.
+    ///   - segmentBytes: the size after which a segment is closed for a new one.
+    init(spoolPath: String, segmentBytes: Int = 16 << 20, logger: Logger, observer: WorkerObserver?, metrics: WorkerMetrics) {
+        self.spoolPath = spoolPath
+        self.segmentBytes = segmentBytes
+        self.logger = logger
+        self.observer = observer
+        self.metrics = metrics
+        // Segments a replay could not finish are kept: new ones are numbered after them.
+        let last = Self.segments(beside: spoolPath).last.map(\.number) ?? 0
+        self.state = BlockingLock(State(current: last + 1))
+    }
+
+    /// The journal segments beside the spool at `spoolPath`, oldest first.
+    static func segments(beside spoolPath: String) -> [(number: Int, path: String)] {
+        let folder = (spoolPath as NSString).deletingLastPathComponent
+        let prefix = (spoolPath as NSString).lastPathComponent + ".journal-"
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: folder.isEmpty ? "." : folder)) ?? []
+        return names.compactMap { name -> (Int, String)? in
+            guard name.hasPrefix(prefix), let number = Int(name.dropFirst(prefix.count)) else { return nil }
+            return (number, folder.isEmpty ? name : folder + "/" + name)
+        }.sorted { $0.0 < $1.0 }
+    }
+
+    /// The path of segment `number`.
+    func path(of number: Int) -> String {
+        spoolPath + ".journal-" + String(repeating: "0", count: max(0, 10 - String(number).count)) + String(number)
+    }
+
+    func append(payload: String, connection: String, receivedAt: Date, ack: DurableAck) -> Int {
+        append([Record(entry: Spool.Entry(connection: connection, payload: payload, receivedAt: receivedAt.timeIntervalSince1970),
+                       ack: ack)])
+    }
+
+    /// Queues `records` for the next write and returns the segment they go to: pass it to
+    /// `release` once per record when the record's message has committed.
+    func append(_ records: [Record]) -> Int {
+        let segment = state.withLock { state in
+            state.pending += records
+            state.outstanding[state.current, default: 0] += records.count
+            return state.current
+        }
+        wake()
+        return segment
+    }
+
+    /// Messages of these segments (one entry per message) committed: a segment whose
+    /// messages all have can go.
+    func release(_ segments: [Int]) {
+        guard !segments.isEmpty else { return }
+        let wake = state.withLock { state in
+            var wake = false
+            for segment in segments {
+                let left = (state.outstanding[segment] ?? 1) - 1
+                if left > 0 {
+                    state.outstanding[segment] = left
+                } else {
+                    state.outstanding[segment] = nil
+                    if state.closed.contains(segment) || segment == state.current { wake = true }
+                }
+            }
+            return wake
+        }
+        if wake { self.wake() }
+    }
+
+    /// Messages queued or written but not committed yet.
+    var outstanding: Int { state.withLock { $0.outstanding.values.reduce(0, +) } }
+
+    /// Runs the writer on the journal's own thread until cancelled; then it writes and
+    /// acks what is queued, and this returns.
+    func run() async {
+        await withTaskCancellationHandler {
+            _ = try? await disk.run { [self] in writeUntilStopped() }
+        } onCancel: {
+            state.withLock { $0.stopping = true }
+            wake()
+        }
+        disk.shutdown()
+    }
+
+    private func wake() {
+        wakeup.lock()
+        wakeup.signal()
+        wakeup.unlock()
+    }
+
+    /// What one turn of the writer does.
+    private struct Turn {
+        var records: [Record]
+        var segment: Int
+        var closing: Bool
+        var deletable: Set<Int>
+        var stopping: Bool
+    }
+
+    /// The writer's loop, on the journal's thread: waits for records (or segments to
+    /// delete), writes and flushes them, sends their acks; ends once stopping with nothing
+    /// left. Nothing here waits on the cooperative pool: an ack leaves a flush or two
+    /// after its message arrived, however busy the pool is.
+    private func writeUntilStopped() {
+        while true {
+            wakeup.lock()
+            var turn: Turn?
+            while true {
+                turn = state.withLock(nextTurn)
+                if turn != nil { break }
+                wakeup.wait()
+            }
+            wakeup.unlock()
+            guard let turn else { continue }
+            for number in turn.deletable.sorted() {
+                if file.segment == number { file.close() }
+                if unlink(path(of: number)) != 0 && errno != ENOENT {
+                    logger.warning("cannot delete the journal segment \(path(of: number)): \(String(cString: strerror(errno)))")
+                }
+            }
+            if !turn.records.isEmpty { write(turn.records, to: turn.segment) }
+            if turn.closing { file.close() }
+            if turn.stopping && turn.records.isEmpty { return }
+        }
+    }
+
+    /// Takes what the writer is to do now, or nil when there is nothing (it then waits).
+    private func nextTurn(_ state: inout State) -> Turn? {
+        let records = state.pending
+        state.pending.removeAll(keepingCapacity: true)
+        let segment = state.current
+        var closing = false
+        var deletable = state.closed.filter { state.outstanding[$0] == nil }
+        state.closed.subtract(deletable)
+        if !records.isEmpty && state.currentBytes >= segmentBytes {
+            // These records still go to the full segment: what comes next starts a new one.
+            closing = true
+            state.closed.insert(segment)
+            state.current += 1
+            state.currentBytes = 0
+        } else if records.isEmpty && state.outstanding[segment] == nil && state.currentBytes > 0 {
+            // Everything written has committed and nothing waits: no journal is needed.
+            deletable.insert(segment)
+            state.current += 1
+            state.currentBytes = 0
+        }
+        guard !records.isEmpty || !deletable.isEmpty || state.stopping else { return nil }
+        return Turn(records: records, segment: segment, closing: closing, deletable: deletable, stopping: state.stopping)
+    }
+
+    /// Writes `records` to `segment`, flushes them, then sends their acks.
+    private func write(_ records: [Record], to segment: Int) {
+        let written: Int
+        do {
+            written = try writeAndFlush(records, to: segment)
+        } catch {
+            file.close()
+            logger.error("could not write the journal \(path(of: segment)): \(error); \(records.count) message(s) are not acked "
+                         + "(CCS will redeliver them)")
+            return
+        }
+        state.withLock { state in
+            if state.current == segment { state.currentBytes += written }
+        }
+        for sent in DurableAck.sendWithoutWaiting(records.map(\.ack)) {
+            if let error = sent.error {
+                logger.warning("could not ack \(sent.messageIDs.count) journaled message(s) on \(sent.connection): \(error); "
+                               + "CCS will redeliver them")
+                continue
+            }
+            metrics.durablyAcked(sent.messageIDs.count)
+            if let observer {
+                for messageID in sent.messageIDs { observer(.acked(connection: sent.connection, messageID: messageID)) }
+            }
+        }
+    }
+
+    /// On the journal's thread: appends the records to `segment` (opened, and its creation
+    /// made durable, when new) in one write, then `fdatasync`. Returns the bytes written.
+    private func writeAndFlush(_ records: [Record], to segment: Int) throws -> Int {
+        if file.segment != segment {
+            file.close()
+            let path = path(of: segment)
+            let descriptor = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600)
+            guard descriptor >= 0 else { throw SpoolError("cannot open \(path): \(String(cString: strerror(errno)))") }
+            file.descriptor = descriptor
+            file.segment = segment
+            try Self.syncFolder(of: path)
+        }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(records.count * 512)
+        for record in records { Spool.appendRecord(record.entry, to: &bytes) }
+        try bytes.withUnsafeBytes { buffer in
+            var offset = 0
+            while offset < buffer.count {
+                let written = Glibc.write(file.descriptor, buffer.baseAddress! + offset, buffer.count - offset)
+                if written < 0 {
+                    if errno == EINTR { continue }
+                    throw SpoolError("cannot write \(path(of: segment)): \(String(cString: strerror(errno)))")
+                }
+                offset += written
+            }
+        }
+        guard fdatasync(file.descriptor) == 0 else {
+            throw SpoolError("cannot flush \(path(of: segment)) to disk: \(String(cString: strerror(errno)))")
+        }
+        return bytes.count
+    }
+
+    private static func syncFolder(of path: String) throws {
+        let folder = (path as NSString).deletingLastPathComponent
+        let descriptor = open(folder.isEmpty ? "." : folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard descriptor >= 0 else { throw SpoolError("cannot open the folder of \(path): \(String(cString: strerror(errno)))") }
+        defer { close(descriptor) }
+        guard fsync(descriptor) == 0 else { throw SpoolError("cannot flush the folder of \(path): \(String(cString: strerror(errno)))") }
+    }
+}

@@ -1,0 +1,110 @@
+@testable import FCM
+import Foundation
+import Runtime
+import Testing
+@testable import Worker
+
+/// The journal of journal ack mode on a real disk: what is appended is on disk in order,
+/// segments go once everything in them committed, and a cancelled journal writes what it holds.
+@Suite struct UpstreamJournalTests {
+    private func temporarySpoolPath() throws -> String {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("journal-\(UUID())")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        return folder.appendingPathComponent("spool").path
+    }
+
+    private func journal(_ spoolPath: String, segmentBytes: Int = 1 << 20) -> UpstreamJournal {
+        UpstreamJournal(spoolPath: spoolPath, segmentBytes: segmentBytes, logger: Logger(label: "test", minimumLevel: .critical),
+                        observer: nil, metrics: WorkerMetrics())
+    }
+
+    /// Records whose acks have no connection to go to (their sending fails and is logged:
+    /// what is checked here is the disk).
+    private func records(_ ids: Range<Int>) -> [UpstreamJournal.Record] {
+        let route = CCSAckRoute(label: "ccs#test")
+        return ids.map { index in
+            UpstreamJournal.Record(entry: Spool.Entry(connection: "ccs#test", payload: #"{"message_id":"j\#(index)","from":"d"}"#,
+                                                      receivedAt: 1_764_500_000),
+                                   ack: DurableAck(messageID: "j\(index)", stanza: "", route: route))
+        }
+    }
+
+    private func ids(in path: String) throws -> [String] {
+        try Spool(path: path).load().entries.map { String($0.payload.dropFirst(15).prefix(while: { $0 != "\"" })) }
+    }
+
+    private func eventually(_ what: String, _ condition: () throws -> Bool) async throws {
+        let deadline = ContinuousClock.now + .seconds(10)
+        while try !condition() {
+            guard ContinuousClock.now < deadline else { Issue.record("timed out waiting for \(what)"); return }
+            try await Task.sleep(for: .milliseconds(5))
+        }
+    }
+
+    @Test func appendedRecordsReachTheDiskInOrderAndGoOnceCommitted() async throws {
+        let spool = try temporarySpoolPath()
+        let journal = journal(spool)
+        let running = Task { await journal.run() }
+        let first = journal.append(records(0..<3))
+        let second = journal.append(records(3..<5))
+        #expect(first == second)
+        let path = journal.path(of: first)
+        try await eventually("five records on disk") { (try? ids(in: path).count) == 5 }
+        #expect(try ids(in: path) == ["j0", "j1", "j2", "j3", "j4"])
+        #expect(journal.outstanding == 5)
+        journal.release(Array(repeating: first, count: 4))
+        try await Task.sleep(for: .milliseconds(50))
+        #expect(FileManager.default.fileExists(atPath: path), "a segment with an uncommitted message is kept")
+        journal.release([first])
+        try await eventually("the committed segment deleted") { !FileManager.default.fileExists(atPath: path) }
+        // Later records start a new segment.
+        let third = journal.append(records(5..<6))
+        #expect(third > first)
+        try await eventually("the new segment written") { (try? ids(in: journal.path(of: third))) == ["j5"] }
+        running.cancel()
+        await running.value
+        #expect(UpstreamJournal.segments(beside: spool).map(\.number) == [third])
+    }
+
+    @Test func aFullSegmentIsClosedAndDeletedOnlyWhenItsOwnMessagesCommitted() async throws {
+        let spool = try temporarySpoolPath()
+        let journal = journal(spool, segmentBytes: 1)
+        let running = Task { await journal.run() }
+        defer { running.cancel() }
+        let first = journal.append(records(0..<2))
+        try await eventually("the first segment written") { (try? ids(in: journal.path(of: first)).count) == 2 }
+        // The first segment passed its size: the next write goes to a new one.
+        var second = journal.append(records(2..<3))
+        if second == first {
+            // Appended before the writer closed the first: it was written there.
+            try await eventually("the record written") { (try? ids(in: journal.path(of: first)).count) == 3 }
+            second = journal.append(records(3..<4))
+        }
+        #expect(second > first)
+        try await eventually("the second segment written") { (try? ids(in: journal.path(of: second)).isEmpty) == false }
+        // Releasing the last message of a closed segment wakes the writer, which deletes it.
+        journal.release(Array(repeating: first, count: (try ids(in: journal.path(of: first))).count))
+        try await eventually("the first segment deleted") { !FileManager.default.fileExists(atPath: journal.path(of: first)) }
+        #expect(FileManager.default.fileExists(atPath: journal.path(of: second)))
+    }
+
+    @Test func cancelledItWritesWhatItHoldsBeforeEnding() async throws {
+        let spool = try temporarySpoolPath()
+        let journal = journal(spool)
+        let segment = journal.append(records(0..<100))
+        let running = Task { await journal.run() }
+        running.cancel()
+        await running.value
+        #expect(try ids(in: journal.path(of: segment)).count == 100)
+    }
+
+    @Test func newSegmentsAreNumberedAfterTheOnesLeftByAnEarlierRun() async throws {
+        let spool = try temporarySpoolPath()
+        for suffix in ["0000000041", "0000000007", "notanumber"] {
+            #expect(FileManager.default.createFile(atPath: spool + ".journal-" + suffix, contents: Data()))
+        }
+        #expect(UpstreamJournal.segments(beside: spool).map(\.number) == [7, 41])
+        let journal = journal(spool)
+        #expect(journal.append(records(0..<1)) == 42)
+    }
+}
