@@ -100,7 +100,8 @@ enum MaintenanceCommands {
                     print(json: .object(object))
                 } else {
                     Swift.print(report.text + "spool: \(spool["path"]?.stringValue ?? "") holds \(spool["records"]?.intValue ?? 0) record(s), "
-                                + "\(spool["bytes"]?.intValue ?? 0) bytes\n", terminator: "")
+                                + "\(spool["bytes"]?.intValue ?? 0) bytes; its journal \(spool["journal_segments"]?.intValue ?? 0) segment(s), "
+                                + "\(spool["journal_records"]?.intValue ?? 0) record(s)\n", terminator: "")
                 }
             }
         }

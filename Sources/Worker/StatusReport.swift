@@ -47,11 +47,15 @@ struct StatusReport: Sendable {
                             outbox: outbox, deadLetters: letters, tokens: tokens)
     }
 
-    /// The spool file's size and record count (read without its lock: a worker may be
-    /// writing it).
+    /// The spool file's size and record count, and those of the journal segments beside it
+    /// (read without its lock: a worker may be writing them; a journal segment holds
+    /// messages not committed yet, and some that are).
     static func spool(at path: String) -> [String: JSONValue] {
         let data = FileManager.default.contents(atPath: path) ?? Data()
-        return ["path": .string(path), "bytes": JSONValue(data.count), "records": JSONValue(data.count { $0 == 0x0A })]
+        let segments = UpstreamJournal.segments(beside: path).map { FileManager.default.contents(atPath: $0.path) ?? Data() }
+        return ["path": .string(path), "bytes": JSONValue(data.count), "records": JSONValue(data.count { $0 == 0x0A }),
+                "journal_segments": JSONValue(segments.count), "journal_bytes": JSONValue(segments.reduce(0) { $0 + $1.count }),
+                "journal_records": JSONValue(segments.reduce(0) { $0 + $1.count { $0 == 0x0A } })]
     }
 
     var json: [String: JSONValue] {

@@ -227,9 +227,16 @@ final class UpstreamJournal: Service, CCSJournal {
     /// Writes `records` to `segment`, flushes them, then sends their acks.
     private func write(_ records: [Record], to segment: Int) {
         let written: Int
+        let started = ContinuousClock.now
         do {
             written = try writeAndFlush(records, to: segment)
+            let took = (ContinuousClock.now - started).seconds
+            metrics.journalFlushes.withLock {
+                $0.seconds.observe(took)
+                $0.sizes.observe(Double(records.count))
+            }
         } catch {
+            metrics.journalFlushes.withLock { $0.failures += 1 }
             file.close()
             logger.error("could not write the journal \(path(of: segment)): \(error); \(records.count) message(s) are not acked "
                          + "(CCS will redeliver them)")

@@ -64,6 +64,8 @@ final class WorkerMetrics: Sendable {
     let downstream = Mutex([DownstreamKey: Int]())
     let downstreamErrors = Mutex([DownstreamKey: Int]())
     let downstreamRoundTrip = Mutex(Histogram.seconds)
+    /// Journal mode: each group write and its `fdatasync`, and the messages it carried.
+    let journalFlushes = Mutex((seconds: Histogram.seconds, sizes: Histogram.sizes, failures: 0))
     let databaseErrors = Atomic(0)
     let backlog = Mutex<[Backlog]>([])
     let sources = Mutex(Sources())
@@ -212,6 +214,12 @@ final class WorkerMetrics: Sendable {
                      errors.map { ([("transport", $0.key.transport), ("code", $0.key.value)], Double($0.value)) })
         page.histogram("fcm_worker_downstream_ack_seconds", "from sending a downstream message over XMPP to CCS's answer",
                        [([], downstreamRoundTrip.withLock { $0 })])
+        let journal = journalFlushes.withLock { $0 }
+        page.histogram("fcm_worker_journal_flush_seconds", "journal mode: one group write and its fdatasync, before the acks of its messages",
+                       [([], journal.seconds)])
+        page.histogram("fcm_worker_journal_flush_messages", "journal mode: messages per group write", [([], journal.sizes)])
+        page.counter("fcm_worker_journal_write_failures_total", "journal mode: group writes that failed (their messages were not acked)",
+                     [([], Double(journal.failures))])
         let groups = backlog.withLock { $0 }
         page.gauge("fcm_worker_outbox_rows", "outbox rows still to send (pending, retry, sending), by transport and status",
                    groups.map { ([("transport", $0.transport), ("status", $0.status)], Double($0.rows)) })

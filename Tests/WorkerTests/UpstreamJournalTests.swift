@@ -13,9 +13,9 @@ import Testing
         return folder.appendingPathComponent("spool").path
     }
 
-    private func journal(_ spoolPath: String, segmentBytes: Int = 1 << 20) -> UpstreamJournal {
+    private func journal(_ spoolPath: String, segmentBytes: Int = 1 << 20, metrics: WorkerMetrics = WorkerMetrics()) -> UpstreamJournal {
         UpstreamJournal(spoolPath: spoolPath, segmentBytes: segmentBytes, logger: Logger(label: "test", minimumLevel: .critical),
-                        observer: nil, metrics: WorkerMetrics())
+                        observer: nil, metrics: metrics)
     }
 
     /// Records whose acks have no connection to go to (their sending fails and is logged:
@@ -43,7 +43,8 @@ import Testing
 
     @Test func appendedRecordsReachTheDiskInOrderAndGoOnceCommitted() async throws {
         let spool = try temporarySpoolPath()
-        let journal = journal(spool)
+        let metrics = WorkerMetrics()
+        let journal = journal(spool, metrics: metrics)
         let running = Task { await journal.run() }
         let first = journal.append(records(0..<3))
         let second = journal.append(records(3..<5))
@@ -51,6 +52,8 @@ import Testing
         let path = journal.path(of: first)
         try await eventually("five records on disk") { (try? ids(in: path).count) == 5 }
         #expect(try ids(in: path) == ["j0", "j1", "j2", "j3", "j4"])
+        try await eventually("the flush counted") { metrics.journalFlushes.withLock { $0.sizes.count } >= 1 }
+        #expect(metrics.render().contains("fcm_worker_journal_flush_seconds_count"))
         #expect(journal.outstanding == 5)
         journal.release(Array(repeating: first, count: 4))
         try await Task.sleep(for: .milliseconds(50))
