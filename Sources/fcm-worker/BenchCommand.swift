@@ -22,6 +22,11 @@ enum BenchCommand {
         var phases: Set<UpstreamBench.Phase> = [.ceiling, .immediate, .journal, .durable, .latency]
         var runs: [DownstreamBench.Run] = "1@20,4@20,16@20,16@1".split(separator: ",").compactMap(DownstreamBench.Run.init)
         var seconds = 5
+        var minutes = 30.0
+        var upstreamRate = 1000
+        var downstreamRate = 300
+        var ackMode = CCSAckMode.journal
+        var faultSeconds = 30
     }
 
     private static func positive(_ flag: String, placeholder: String = "N", default value: String, help: String,
@@ -71,6 +76,23 @@ enum BenchCommand {
         databaseURL,
     ], finish: requireDatabase)
 
+    static let soakOptions = OptionTable<Settings>([
+        CommandOption("--minutes", placeholder: "M", default: "30", help: "how long the load runs (fractions allowed)") { settings, text throws(ConfigurationError) in
+            guard let minutes = Double(text), minutes > 0, minutes.isFinite else { throw ConfigurationError("bench: --minutes takes a positive number") }
+            settings.minutes = minutes
+        },
+        positive("--upstream-rate", default: "1000", help: "upstream messages a second", \.upstreamRate),
+        positive("--downstream-rate", default: "300", help: "outbox rows a second", \.downstreamRate),
+        positive("--fault-every", placeholder: "SECONDS", default: "30",
+                 help: "seconds between faults (in turn: a dropped connection, a drain, a nack burst, the database sessions ended)",
+                 \.faultSeconds),
+        CommandOption("--ack-mode", placeholder: "MODE", default: "journal", help: "immediate, journal or durable") { settings, text throws(ConfigurationError) in
+            guard let mode = CCSAckMode(rawValue: text) else { throw ConfigurationError("bench: --ack-mode takes immediate, journal or durable") }
+            settings.ackMode = mode
+        },
+        databaseURL,
+    ], finish: requireDatabase)
+
     @Sendable private static func requireDatabase(_ settings: inout Settings) throws(ConfigurationError) {
         guard !settings.databaseURL.isEmpty else {
             throw ConfigurationError("bench: missing database URL: pass --database-url or set DATABASE_URL")
@@ -78,22 +100,29 @@ enum BenchCommand {
     }
 
     static let command = WorkerCommand(
-        name: "bench", synopsis: "upstream|downstream [options]",
-        summary: "measure throughput and latency through the simulator over TLS into PostgreSQL, and print the figures",
-        options: "bench upstream:\n\(upstreamOptions.help)\nbench downstream:\n\(downstreamOptions.help)") { arguments, context in
-            guard let mode = arguments.first, mode == "upstream" || mode == "downstream" else {
+        name: "bench", synopsis: "upstream|downstream|soak [options]",
+        summary: "measure throughput and latency through the simulator over TLS into PostgreSQL, and print the figures; "
+            + "or soak: long mixed load with faults, failing on losses or growth",
+        options: "bench upstream:\n\(upstreamOptions.help)\nbench downstream:\n\(downstreamOptions.help)\nbench soak:\n\(soakOptions.help)") { arguments, context in
+            guard let mode = arguments.first, ["upstream", "downstream", "soak"].contains(mode) else {
                 if arguments.first == "--help" || arguments.first == "-h" {
                     print(context.command?.help(program: context.program) ?? "", terminator: "")
                     return 0
                 }
-                return context.fail("bench: expected `bench upstream` or `bench downstream` (see \(context.program) help bench)")
+                return context.fail("bench: expected `bench upstream`, `bench downstream` or `bench soak` (see \(context.program) help bench)")
             }
             var status: Int32 = 0
-            guard let (settings, positional) = context.parse(Array(arguments.dropFirst()), with: mode == "upstream" ? upstreamOptions : downstreamOptions,
+            let table = mode == "upstream" ? upstreamOptions : mode == "soak" ? soakOptions : downstreamOptions
+            guard let (settings, positional) = context.parse(Array(arguments.dropFirst()), with: table,
                                                              into: Settings(), status: &status) else { return status }
             if let extra = positional.first { return context.fail("bench: unexpected argument \(extra)") }
             do {
-                if mode == "downstream" {
+                if mode == "soak" {
+                    let passed = try await SoakBench(databaseURL: settings.databaseURL, minutes: settings.minutes,
+                                                     upstreamRate: settings.upstreamRate, downstreamRate: settings.downstreamRate,
+                                                     ackMode: settings.ackMode, faultInterval: .seconds(settings.faultSeconds)).run()
+                    return passed ? 0 : 1
+                } else if mode == "downstream" {
                     try await DownstreamBench(databaseURL: settings.databaseURL, runs: settings.runs, seconds: settings.seconds).run()
                 } else {
                     try await UpstreamBench(databaseURL: settings.databaseURL, messages: settings.messages, connections: settings.connections,
