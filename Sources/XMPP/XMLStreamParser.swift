@@ -1,4 +1,7 @@
 internal import CExpat
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// What the streaming parser found in the bytes fed to it.
 public enum XMLStreamEvent: Sendable, Equatable {
@@ -102,6 +105,17 @@ public final class XMLStreamParser {
     /// its bytes were split into reads.
     public func parse(_ bytes: UnsafeRawBufferPointer) -> (events: [XMLStreamEvent], failure: XMLStreamError?) {
         if let failure { return ([], failure) }
+        // 0x00, 0xFE and 0xFF never occur in UTF-8. Refused here, before expat: at the start
+        // of a stream expat takes "\n\0" or a FE FF byte order mark for UTF-16 even when told
+        // UTF-8, but only if both bytes come in one read (found by fuzzing:
+        // Fuzz/regressions/xml-utf16-guess-depends-on-the-split). What comes before the byte
+        // is parsed first, so the result does not depend on the split.
+        if let bad = Self.firstByteOutsideUTF8(bytes) {
+            let (events, failure) = parse(UnsafeRawBufferPointer(rebasing: bytes[..<bad]))
+            if let failure { return (events, failure) }
+            self.failure = .malformed(String(format: "a 0x%02X byte, which UTF-8 cannot contain", bytes[bad]))
+            return (events, self.failure)
+        }
         fedBytes += Int(bytes.count)
         let status = bytes.withMemoryRebound(to: CChar.self) { chars in
             XML_Parse(parser, chars.baseAddress, Int32(chars.count), 0)
@@ -116,6 +130,20 @@ public final class XMLStreamParser {
         }
         defer { events.removeAll(keepingCapacity: true) }
         return (events, failure)
+    }
+
+    /// The offset of the first 0x00, 0xFE or 0xFF in `bytes` (memchr: the common case, none,
+    /// costs three vectorised scans).
+    private static func firstByteOutsideUTF8(_ bytes: UnsafeRawBufferPointer) -> Int? {
+        guard let base = bytes.baseAddress, !bytes.isEmpty else { return nil }
+        var first: Int?
+        for byte: Int32 in [0x00, 0xFE, 0xFF] {
+            if let found = memchr(base, byte, bytes.count) {
+                let offset = base.distance(to: UnsafeRawPointer(found))
+                first = min(first ?? offset, offset)
+            }
+        }
+        return first
     }
 
     /// Parses the next bytes of the stream and returns the events they complete, in order.

@@ -45,6 +45,29 @@ private func stanzas(_ events: [XMLStreamEvent]) -> [XMLElement] {
         #expect(second.failure == failure)
     }
 
+    /// Bytes UTF-8 never holds end the stream however they arrive: expat alone took a
+    /// stream starting "\n\0" for UTF-16 when both bytes came in one read.
+    @Test func bytesOutsideUTF8AreRefusedWhateverTheSplit() {
+        for stream in [[0x0A, 0x00, 0x30, 0x00], [0xFF, 0xFE, 0x3C, 0x00], Array((header + "<message id=\"a\"/>").utf8) + [0x00, 0x3C]] as [[UInt8]] {
+            let whole = stream.withUnsafeBytes { XMLStreamParser().parse($0) }
+            guard case .malformed(let reason)? = whole.failure else {
+                Issue.record("\(stream.prefix(4)) was not refused: \(whole)")
+                continue
+            }
+            #expect(reason.contains("which UTF-8 cannot contain"), "\(reason)")
+            for split in 1..<stream.count {
+                let parser = XMLStreamParser()
+                let first = stream[..<split].withUnsafeBytes { parser.parse($0) }
+                let second = stream[split...].withUnsafeBytes { parser.parse($0) }
+                #expect(first.events + second.events == whole.events)
+                #expect((first.failure ?? second.failure) != nil)
+            }
+        }
+        // The stanza before the bad byte still comes out.
+        let bytes = Array((header + "<message id=\"a\"/>").utf8) + [0x00]
+        #expect(stanzas(bytes.withUnsafeBytes { XMLStreamParser().parse($0) }.events).map { $0.attribute("id") } == ["a"])
+    }
+
     /// Every split of a stream into two reads yields the same stanzas, once each.
     @Test func stanzasComeOutWholeAtEveryByteBoundary() throws {
         let body = "<message id=\"m&amp;1\"><gcm xmlns=\"google:mobile:data\">{\"t\":\"&lt;é€😀&gt;\"}</gcm></message> "
