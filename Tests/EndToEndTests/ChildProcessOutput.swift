@@ -28,3 +28,13 @@ func launch(_ process: Process) throws {
 }
 
 private let launchLock = NSLock()
+
+/// The environment a test gives the processes it starts: a fixed PATH, and the sanitizer
+/// settings of the run (`scripts/test --sanitize` sets them for the whole suite), nothing else.
+func childEnvironment() -> [String: String] {
+    var environment = ["PATH": "/usr/bin:/bin"]
+    for name in ["ASAN_OPTIONS", "TSAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"] {
+        if let value = ProcessInfo.processInfo.environment[name] { environment[name] = value }
+    }
+    return environment
+}

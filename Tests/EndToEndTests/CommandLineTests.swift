@@ -28,7 +28,7 @@ import Testing
         let process = Process()
         process.executableURL = try executable
         process.arguments = arguments
-        process.environment = ["PATH": "/usr/bin:/bin"].merging(environment) { $1 }
+        process.environment = childEnvironment().merging(environment) { $1 }
         let errorPipe = Pipe()
         process.standardError = errorPipe
         process.standardOutput = FileHandle.nullDevice
@@ -139,7 +139,7 @@ import Testing
         let process = Process()
         process.executableURL = try executable
         process.arguments = arguments
-        process.environment = ["PATH": "/usr/bin:/bin"]
+        process.environment = childEnvironment()
         let output = Pipe()
         process.standardOutput = output
         process.standardError = FileHandle.nullDevice

@@ -23,7 +23,7 @@ import Testing
         let run = Process()
         run.executableURL = URL(fileURLWithPath: example + "/.build/debug/device-registry")
         run.arguments = ["run"]
-        run.environment = ["PATH": "/usr/bin:/bin"]
+        run.environment = childEnvironment()
         let errors = Pipe()
         run.standardError = errors
         try launch(run)

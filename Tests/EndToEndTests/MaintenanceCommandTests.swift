@@ -11,7 +11,7 @@ import Worker
         let process = Process()
         process.executableURL = try CommandLineTests.executable
         process.arguments = arguments
-        process.environment = ["PATH": "/usr/bin:/bin"]
+        process.environment = childEnvironment()
         let output = Pipe(), errors = Pipe()
         process.standardOutput = output
         process.standardError = errors

@@ -14,7 +14,7 @@ enum WorkerProcess {
                              "--endpoint", "127.0.0.1:\(ccs.simulator.port)", "--ca-file", caPath,
                              "--database-url", databaseURL,
                              "--spool-file", spool] + extra
-        process.environment = ["PATH": "/usr/bin:/bin"].merging(environment) { $1 }
+        process.environment = childEnvironment().merging(environment) { $1 }
         let errors = Pipe()
         process.standardError = errors
         process.standardOutput = FileHandle.nullDevice
