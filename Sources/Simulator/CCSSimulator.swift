@@ -304,7 +304,7 @@ public final class CCSSimulator: Sendable {
     func record(_ event: SimulatorEvent) {
         configuration.onEvent?(event)
         totals.count(event)
-        if case .upstreamAcked(_, _, let latency) = event {
+        if configuration.recordsAckLatencies, case .upstreamAcked(_, _, let latency) = event {
             let micros = latency.components.seconds * 1_000_000 + latency.components.attoseconds / 1_000_000_000_000
             latencies.withLock { $0.append(UInt32(clamping: micros)) }
         }

@@ -33,6 +33,9 @@ public struct SimulatorConfiguration: Sendable {
     /// Keep every event in memory for `events` and `wait(for:)` (off for long benchmarks,
     /// which read `counters` instead).
     public var recordsEvents = true
+    /// Keep every upstream ack's latency for `ackLatencyMicroseconds` (4 bytes a message:
+    /// off for a long-running simulator, such as the soak's).
+    public var recordsAckLatencies = true
     /// Bytes sent before the first stream header, to play a hostile server in tests (for
     /// instance a DOCTYPE with an entity bomb). Nil for a well-behaved server.
     public var preamble: String?

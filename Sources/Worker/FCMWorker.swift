@@ -27,6 +27,10 @@ public struct FCMWorker: Sendable {
     /// What `/metrics` shows (also without `--metrics-address`, for embedding applications).
     let metrics = WorkerMetrics()
 
+    /// The Prometheus text `/metrics` would serve now (for applications that embed the
+    /// worker and export metrics their own way, and for the benchmarks).
+    public var metricsPage: String { metrics.render() }
+
     public init(configuration: WorkerConfiguration, handlers: UpstreamHandlers,
                 logger: Logger = Logger(label: "fcm-worker"), observer: WorkerObserver? = nil) {
         self.configuration = configuration

@@ -195,6 +195,7 @@ struct UpstreamBench {
                          connections(for: mode),
                          result.ackedPerSecond, result.persistedPerSecond) + share)
             say("  ack latency (simulator-measured) \(result.ackLatency); receive-to-commit \(result.commitLatency)")
+            if let journal = result.journal { say("  journal: \(journal)") }
             say("  " + CPUAccount.describe(from: before, to: after, messages: messages, cores: ProcessInfo.processInfo.activeProcessorCount))
         }
 
@@ -244,6 +245,8 @@ struct UpstreamBench {
         var persistedPerSecond: Double
         var ackLatency: String
         var commitLatency: LatencySummary
+        /// Journal mode: its flushes, from the worker's metrics.
+        var journal: String?
     }
 
     private func throughputRun(url: String, mode: WorkerConfiguration.AckMode) async throws -> ThroughputResult {
@@ -260,7 +263,8 @@ struct UpstreamBench {
         let result = ThroughputResult(
             ackedPerSecond: Double(messages) / (ackedAt - started).seconds,
             persistedPerSecond: Double(messages) / (persisted - started).seconds,
-            ackLatency: stats, commitLatency: LatencySummary(microseconds: setup.committed.latencies))
+            ackLatency: stats, commitLatency: LatencySummary(microseconds: setup.committed.latencies),
+            journal: mode == .journal ? setup.journalFlushes() : nil)
         await setup.shutdown()
         return result
     }
@@ -364,6 +368,7 @@ final class Setup: Sendable {
     let committed = Commits()
     private let simulator: SimulatorProcess
     private let task = Mutex<Task<Void, any Error>?>(nil)
+    private let worker = Mutex<FCMWorker?>(nil)
 
     private init(simulator: SimulatorProcess) {
         self.simulator = simulator
@@ -393,8 +398,23 @@ final class Setup: Sendable {
                                    default: break
                                    }
                                })
+        setup.worker.withLock { $0 = worker }
         setup.task.withLock { $0 = Task { try await worker.run() } }
         return setup
+    }
+
+    /// Journal mode's flushes so far: how many, their mean time and size (from the metrics page).
+    func journalFlushes() -> String? {
+        guard let page = worker.withLock({ $0 })?.metricsPage else { return nil }
+        var values: [String: Double] = [:]
+        for line in page.split(separator: "\n") where line.hasPrefix("fcm_worker_journal_flush_") {
+            let parts = line.split(separator: " ")
+            if parts.count == 2, let value = Double(parts[1]) { values[String(parts[0])] = value }
+        }
+        guard let count = values["fcm_worker_journal_flush_seconds_count"], count > 0 else { return nil }
+        return String(format: "%.0f flushes, %.2f ms and %.1f messages each on average", count,
+                      (values["fcm_worker_journal_flush_seconds_sum"] ?? 0) / count * 1000,
+                      (values["fcm_worker_journal_flush_messages_sum"] ?? 0) / count)
     }
 
     /// When the worker's first connection was up.

@@ -121,6 +121,8 @@ enum SimulateCommand {
             let script = DemoScript(upstreamCount: load == nil ? upstreamCount : 0, interval: .milliseconds(interval),
                                     dropAfter: dropAfter.map { .milliseconds(Int64($0 * 1000)) })
             if load != nil { configuration.recordsEvents = false }
+            // Only a load run's figures use them; a simulator left running keeps none.
+            configuration.recordsAckLatencies = exitWhenAcked && load != nil
             configuration.onEvent = { event in
                 if load == nil && (!quiet || !event.isPerMessage) { logger.info(describe(event)) }
                 script.observe(event)

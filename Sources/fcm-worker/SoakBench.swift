@@ -80,6 +80,7 @@ struct SoakBench {
         var simulatorConfiguration = SimulatorConfiguration(senderID: "123456789012", serverKey: "soak-key",
                                                             identity: try authority.issueServerIdentity())
         simulatorConfiguration.recordsEvents = false
+        simulatorConfiguration.recordsAckLatencies = false
         simulatorConfiguration.onEvent = { event in
             if case .upstreamAcked(_, let messageID, _) = event, messageID.hasPrefix("soak-"), let number = Int(messageID.dropFirst(5)) {
                 acked.insert(number)
