@@ -75,7 +75,7 @@ public struct CCSConnectionPlan: Sendable {
     }
 
     public mutating func handle(_ event: Event) -> Action {
-        var generator = SystemRandomNumberGenerator()
+        var generator = SystemRandomGenerator()
         return handle(event, using: &generator)
     }
 

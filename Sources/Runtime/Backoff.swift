@@ -57,7 +57,7 @@ public struct Backoff: Sendable, Equatable {
 
     /// The delay for attempt n (from 0), from the system random source.
     public func delay(attempt n: Int) -> Duration {
-        var generator = SystemRandomNumberGenerator()
+        var generator = SystemRandomGenerator()
         return delay(attempt: n, using: &generator)
     }
 
@@ -69,7 +69,7 @@ public struct Backoff: Sendable, Equatable {
 
     /// The delay before the next attempt, from the system random source; advances the sequence.
     public mutating func next() -> Duration {
-        var generator = SystemRandomNumberGenerator()
+        var generator = SystemRandomGenerator()
         return next(using: &generator)
     }
 

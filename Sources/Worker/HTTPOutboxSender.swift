@@ -165,7 +165,7 @@ final class HTTPOutboxSender: Sendable {
             settleFailure(failure, row: row, message: message)
             return
         }
-        var generator = SystemRandomNumberGenerator()
+        var generator = SystemRandomGenerator()
         let settlement = OutboxSettlement.http(outcome, earlier: earlier, rowID: row.id, attempt: row.attempts + 1,
                                                age: .seconds(now.timeIntervalSince(row.createdAt)), timeToLive: message.timeToLive,
                                                policy: settings.retry, now: Date(), using: &generator)
@@ -184,7 +184,7 @@ final class HTTPOutboxSender: Sendable {
     private func settleFailure(_ failure: FCMHTTPClient.Failure, row: OutboxStore.ClaimedRow, message: DownstreamMessage) {
         let now = Date()
         func retry(code: String, notBefore: Duration?) -> OutboxUpdate {
-            var generator = SystemRandomNumberGenerator()
+            var generator = SystemRandomGenerator()
             switch settings.retry.decide(attempt: row.attempts + 1, age: .seconds(now.timeIntervalSince(row.createdAt)),
                                          timeToLive: message.timeToLive, using: &generator) {
             case .retry(let delay):

@@ -164,7 +164,7 @@ final class UpstreamPipeline: Sendable {
     /// A single message failed: retry it later, or dead-letter it.
     private func failed(_ work: UpstreamWork, error: any Error, in lane: Lane) async -> [UpstreamWork]? {
         let description = String(describing: error)
-        var generator = SystemRandomNumberGenerator()
+        var generator = SystemRandomGenerator()
         switch scheduler.failure(of: work, description: description, permanent: UpstreamDispatcher.isPermanent(error), now: .now, using: &generator) {
         case .deadLetter(let letter):
             logger.error("message \(work.messageID ?? "?") failed \(letter.attempts) time(s), dead-lettered: \(description)",

@@ -227,7 +227,7 @@ final class XMPPOutboxSender: Sendable {
             guard let (message, sentAt) = found else { return [] }
             metrics.downstreamRoundTrip.withLock { $0.observe((now - sentAt).seconds) }
             let age = Duration.seconds(max(0, date.timeIntervalSince(message.createdAt)))
-            var generator = SystemRandomNumberGenerator()
+            var generator = SystemRandomGenerator()
             let verdict: DownstreamVerdict
             switch answer {
             case .ack(_, let canonical):
