@@ -17,6 +17,9 @@ public final class CCSConnection: Sendable {
     /// A label for logs (`ccs#1.3`).
     public var label: String { connection.label }
 
+    /// The XMPP connection underneath (for tests that watch its lifetime).
+    var underlying: XMPPConnection<CCSInbound> { connection }
+
     private init(connection: XMPPConnection<CCSInbound>) {
         self.connection = connection
     }

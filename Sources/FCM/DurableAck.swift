@@ -64,10 +64,20 @@ public final class DurableAck: Sendable {
 /// The connection durable acks go back on, known once it is established. Journal mode can
 /// flush a message before `connect` has returned the connection: acks written that early
 /// wait here and go out at `bind`.
+///
+/// It holds the connection weakly: the connection's own thread holds this route (through
+/// its interceptor), so a strong reference would keep every ended connection, its buffers
+/// and its wake pipe alive for good (the soak found two descriptors more after every
+/// dropped or drained connection). An ack for a connection that is gone fails like one for
+/// a closed connection: CCS redelivers the message.
 final class CCSAckRoute: Sendable {
+    private struct WeakConnection {
+        weak var connection: XMPPConnection<CCSInbound>?
+    }
+
     private enum State {
         case unbound(early: String)
-        case bound(XMPPConnection<CCSInbound>)
+        case bound(WeakConnection)
     }
 
     let label: String
@@ -78,14 +88,14 @@ final class CCSAckRoute: Sendable {
     func bind(_ established: XMPPConnection<CCSInbound>) {
         let early = state.withLock { state -> String in
             guard case .unbound(let early) = state else { return "" }
-            state = .bound(established)
+            state = .bound(WeakConnection(connection: established))
             return early
         }
         if !early.isEmpty { try? established.sendWithoutWaiting(serialized: early) }
     }
 
     private var connection: XMPPConnection<CCSInbound>? {
-        state.withLock { if case .bound(let connection) = $0 { connection } else { nil } }
+        state.withLock { if case .bound(let bound) = $0 { bound.connection } else { nil } }
     }
 
     func write(_ acks: [DurableAck]) async throws {
@@ -95,15 +105,18 @@ final class CCSAckRoute: Sendable {
 
     func writeWithoutWaiting(_ acks: [DurableAck]) throws {
         let text = Self.text(of: acks)
-        let bound = state.withLock { state -> XMPPConnection<CCSInbound>? in
+        // nil: kept for `bind`; .some(nil): the connection is gone.
+        let target = state.withLock { state -> XMPPConnection<CCSInbound>?? in
             switch state {
-            case .bound(let connection): return connection
+            case .bound(let bound): return .some(bound.connection)
             case .unbound(let early):
                 state = .unbound(early: early + text)
                 return nil
             }
         }
-        try bound?.sendWithoutWaiting(serialized: text)
+        guard let target else { return }
+        guard let connection = target else { throw XMPPError.closedLocally }
+        try connection.sendWithoutWaiting(serialized: text)
     }
 
     private static func text(of acks: [DurableAck]) -> String {

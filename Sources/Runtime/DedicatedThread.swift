@@ -11,7 +11,7 @@ package final class DedicatedThread: Sendable {
         var jobs: [@Sendable () -> Void] = []
         var stopping = false
     }
-    private let state = Mutex(State())
+    private let state = BlockingLock(State())
     private let wakeup = NSCondition()
 
     package init(name: String) {

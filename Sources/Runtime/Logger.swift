@@ -68,7 +68,7 @@ public struct Logger: Sendable {
         self.sink = sink
     }
 
-    private static let standardErrorLock = Mutex(())
+    private static let standardErrorLock = BlockingLock(())
 
     /// The same sink and settings under another label.
     public func labeled(_ label: String) -> Logger {

@@ -63,7 +63,7 @@ public final class FCMHTTPSimulator: Sendable {
     private let onAnswer: (@Sendable (Request, Int) -> Void)?
     private let context: TLSContext
     private let listenFD: Int32
-    private let state = Mutex(State())
+    private let state = BlockingLock(State())
 
     /// `onAnswer` is called with each request and the status it was answered with (the
     /// `simulate` command logs them).

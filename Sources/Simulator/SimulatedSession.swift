@@ -1,3 +1,4 @@
+import Runtime
 import FCM
 import Foundation
 import Synchronization
@@ -16,7 +17,7 @@ enum SessionCommand: Sendable {
 
 /// Commands posted from any thread to one session's thread.
 final class SessionMailbox: Sendable {
-    private let commands = Mutex<[SessionCommand]>([])
+    private let commands = BlockingLock<[SessionCommand]>([])
     func post(_ command: SessionCommand) { commands.withLock { $0.append(command) } }
     func take() -> [SessionCommand] { commands.withLock { commands in defer { commands.removeAll() }; return commands } }
 }

@@ -51,7 +51,7 @@ package final class StreamLoop: @unchecked Sendable {
     let name: String
     private let wakeReadFD: Int32
     private let wakeWriteFD: Int32
-    private let closeRequest = Mutex<CloseRequest?>(nil)
+    private let closeRequest = BlockingLock<CloseRequest?>(nil)
     /// True while a wake byte is in the pipe (set by wakers, cleared by the loop before it
     /// looks at its queues, so no wakeup is lost).
     private let wakePending: WakePendingFlag

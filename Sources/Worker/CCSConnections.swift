@@ -287,7 +287,7 @@ final class CCSConnections: Sendable {
 /// link, the reader's own handling of the control message does it.)
 private final class DrainHook: Sendable {
     private let sender: XMPPOutboxSender
-    private let linked = Mutex<Int?>(nil)
+    private let linked = BlockingLock<Int?>(nil)
 
     init(sender: XMPPOutboxSender) { self.sender = sender }
 

@@ -118,7 +118,7 @@ struct DeadLetterReplay: Sendable {
             try await connection.execute("DELETE FROM processed_upstream WHERE message_id = ANY($1::text[]) AND outcome = 'dead_lettered'",
                                          [.array(messageIDs.map { .text($0) })])
         }
-        let deadAgain = Mutex(Set<String>())
+        let deadAgain = BlockingLock(Set<String>())
         var settings = configuration.pipeline
         settings.retryBase = .milliseconds(100)
         settings.retryCap = .seconds(2)

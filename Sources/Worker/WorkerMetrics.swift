@@ -58,17 +58,17 @@ final class WorkerMetrics: Sendable {
         var databaseConnections: @Sendable () -> (upstream: Int, outbox: Int) = { (0, 0) }
     }
 
-    let upstream = Mutex(Upstream())
-    let connections = Mutex(Connections())
-    let handlers = Mutex([String: HandlerCounts]())
-    let downstream = Mutex([DownstreamKey: Int]())
-    let downstreamErrors = Mutex([DownstreamKey: Int]())
-    let downstreamRoundTrip = Mutex(Histogram.seconds)
+    let upstream = BlockingLock(Upstream())
+    let connections = BlockingLock(Connections())
+    let handlers = BlockingLock([String: HandlerCounts]())
+    let downstream = BlockingLock([DownstreamKey: Int]())
+    let downstreamErrors = BlockingLock([DownstreamKey: Int]())
+    let downstreamRoundTrip = BlockingLock(Histogram.seconds)
     /// Journal mode: each group write and its `fdatasync`, and the messages it carried.
-    let journalFlushes = Mutex((seconds: Histogram.seconds, sizes: Histogram.sizes, failures: 0))
+    let journalFlushes = BlockingLock((seconds: Histogram.seconds, sizes: Histogram.sizes, failures: 0))
     let databaseErrors = Atomic(0)
-    let backlog = Mutex<[Backlog]>([])
-    let sources = Mutex(Sources())
+    let backlog = BlockingLock<[Backlog]>([])
+    let sources = BlockingLock(Sources())
     /// Kept by the health check: whether the last database probe succeeded, and whether the
     /// worker's loops still run.
     let databaseReachable = Atomic(false)

@@ -266,7 +266,7 @@ final class FixtureEvents: Sendable {
         var early: [UInt64: any Error] = [:]
     }
 
-    private let state = Mutex(Box())
+    private let state = BlockingLock(Box())
 
     var snapshot: State { state.withLock { $0.state } }
 

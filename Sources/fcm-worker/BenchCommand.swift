@@ -349,7 +349,7 @@ enum BenchDatabase {
 /// --exit-when-acked`), so this process's CPU profile and peak RSS are the worker's.
 final class Setup: Sendable {
     final class Commits: Sendable {
-        private let state = Mutex((count: 0, latencies: [UInt32](), firstConnection: ContinuousClock.Instant?.none))
+        private let state = BlockingLock((count: 0, latencies: [UInt32](), firstConnection: ContinuousClock.Instant?.none))
         var count: Int { state.withLock { $0.count } }
         var latencies: [UInt32] { state.withLock { $0.latencies } }
         var firstConnection: ContinuousClock.Instant? { state.withLock { $0.firstConnection } }
@@ -367,8 +367,8 @@ final class Setup: Sendable {
 
     let committed = Commits()
     private let simulator: SimulatorProcess
-    private let task = Mutex<Task<Void, any Error>?>(nil)
-    private let worker = Mutex<FCMWorker?>(nil)
+    private let task = BlockingLock<Task<Void, any Error>?>(nil)
+    private let worker = BlockingLock<FCMWorker?>(nil)
 
     private init(simulator: SimulatorProcess) {
         self.simulator = simulator

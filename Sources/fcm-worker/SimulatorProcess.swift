@@ -8,7 +8,7 @@ final class SimulatorProcess: Sendable {
     let directory: String
     let environment: [String: String]
     private let process: Process
-    private let captured = Mutex<String?>(nil)
+    private let captured = BlockingLock<String?>(nil)
 
     private init(directory: String, environment: [String: String], process: Process) {
         self.directory = directory

@@ -40,7 +40,7 @@ struct SoakBench {
 
     /// Acked upstream ids, one bit per message number.
     final class AckedSet: Sendable {
-        private let bits = Mutex([UInt64]())
+        private let bits = BlockingLock([UInt64]())
         private let distinct = Atomic(0)
 
         func insert(_ number: Int) {

@@ -1,3 +1,4 @@
+import Runtime
 import FCM
 import Foundation
 import Handlers
@@ -17,7 +18,7 @@ final class DownstreamLog: Sendable {
         let at: ContinuousClock.Instant
     }
 
-    private let entries = Mutex<[Entry]>([])
+    private let entries = BlockingLock<[Entry]>([])
     private let answer: @Sendable (DownstreamRequest, _ attempt: Int) -> DownstreamResponse
 
     /// `answer` decides from the request and which attempt of that message id it is (1…).

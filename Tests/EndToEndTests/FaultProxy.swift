@@ -1,3 +1,4 @@
+import Runtime
 import Foundation
 import Synchronization
 #if canImport(Glibc)
@@ -32,7 +33,7 @@ final class FaultProxy: Sendable {
     let port: Int
     private let listener: Int32
     private let targetPort: Int
-    private let state = Mutex(State())
+    private let state = BlockingLock(State())
 
     init(targetPort: Int) throws {
         self.targetPort = targetPort

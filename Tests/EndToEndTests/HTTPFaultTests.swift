@@ -1,3 +1,4 @@
+import Runtime
 import FCM
 import Foundation
 import Simulator
@@ -60,7 +61,7 @@ import Worker
     }
 
     @Test func aGroupMemberFCMCouldNotReachIsRetriedAloneAndNobodyGetsItTwice() async throws {
-        let attempts = Mutex<[String: Int]>([:])
+        let attempts = BlockingLock<[String: Int]>([:])
         let setup = try await setUp(tokenAnswer: { token in
             let attempt = attempts.withLock { $0[token, default: 0] += 1; return $0[token]! }
             return token == "tablet" && attempt == 1 ? .error("Unavailable") : .success()
@@ -81,7 +82,7 @@ import Worker
     }
 
     @Test func aMulticastFailingPartWayResendsOnlyWhatFailed() async throws {
-        let received = Mutex<[String: Int]>([:])
+        let received = BlockingLock<[String: Int]>([:])
         let setup = try await setUp(tokenAnswer: { token in
             received.withLock { $0[token, default: 0] += 1 }
             return .success()

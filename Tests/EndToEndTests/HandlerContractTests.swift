@@ -11,9 +11,9 @@ import WorkerTesting
 /// Counts calls per message id, can hold the first call until released, and refuses or
 /// fails the messages it is told to.
 private final class ScriptedHandler: UpstreamHandler, Sendable {
-    private let calls = Mutex<[String: Int]>([:])
-    private let gate = Mutex<CheckedContinuation<Void, Never>?>(nil)
-    private let held = Mutex(false)
+    private let calls = BlockingLock<[String: Int]>([:])
+    private let gate = BlockingLock<CheckedContinuation<Void, Never>?>(nil)
+    private let held = BlockingLock(false)
     let holdFirst: Bool
     let announced = Announcements()
 

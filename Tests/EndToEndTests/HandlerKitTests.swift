@@ -31,7 +31,7 @@ private struct PingHandler: UpstreamHandler {
 
 /// What `afterCommit` actions announced, in order.
 final class Announcements: Sendable {
-    private let items = Mutex<[String]>([])
+    private let items = BlockingLock<[String]>([])
     func add(_ item: String) { items.withLock { $0.append(item) } }
     var all: [String] { items.withLock { $0 } }
 }

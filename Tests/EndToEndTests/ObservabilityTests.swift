@@ -102,7 +102,7 @@ func parsePrometheus(_ page: String) throws -> [String: Double] {
         let port = events.all.compactMap { if case .serving(let port) = $0 { port } else { nil } }.first!
         try await ccs.simulator.waitForBoundSessions(1)
 
-        let lastReadiness = Mutex("")
+        let lastReadiness = BlockingLock("")
         func ready() async throws -> Bool {
             // A busy test process may miss a request's deadline: that is an answer of "not yet".
             guard let (status, body) = try? await httpGet(port: port, path: "/readyz") else { return false }
@@ -167,7 +167,7 @@ func parsePrometheus(_ page: String) throws -> [String: Double] {
 
     @Test func logLinesAreOneEntryEachAndJSONParses() throws {
         var lines: [String] = []
-        let collected = Mutex<[String]>([])
+        let collected = BlockingLock<[String]>([])
         let logger = Logger(label: "pipeline", minimumLevel: .trace, format: .json) { line in collected.withLock { $0.append(line) } }
         logger.warning("libpq said:\n\tFATAL: no\r\"quoted\" \\ \u{1}", metadata: ["message_id": "up-1", "connection": "ccs#1"])
         logger.trace("fine")

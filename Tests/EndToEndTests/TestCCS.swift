@@ -75,7 +75,7 @@ func startWorker(_ configuration: WorkerConfiguration, handlers: UpstreamHandler
 
 /// Collects worker events for assertions and lets a test wait on them.
 final class WorkerEvents: Sendable {
-    private let state = Mutex<[WorkerEvent]>([])
+    private let state = BlockingLock<[WorkerEvent]>([])
     var all: [WorkerEvent] { state.withLock { $0 } }
     func record(_ event: WorkerEvent) { state.withLock { $0.append(event) } }
 

@@ -1,3 +1,4 @@
+import Runtime
 import Foundation
 import Synchronization
 
@@ -5,7 +6,7 @@ import Synchronization
 /// runs), appended to `$FCM_TEST_LOG_DIR/lines.log` when `scripts/test` sets that folder,
 /// for `LogSweepTests` to read in the pass after.
 enum TestLog {
-    private static let file: Mutex<FileHandle?> = Mutex({
+    private static let file: BlockingLock<FileHandle?> = BlockingLock({
         guard let folder = ProcessInfo.processInfo.environment["FCM_TEST_LOG_DIR"], !folder.isEmpty else { return nil }
         let path = folder + "/lines.log"
         if !FileManager.default.fileExists(atPath: path) { _ = FileManager.default.createFile(atPath: path, contents: nil) }

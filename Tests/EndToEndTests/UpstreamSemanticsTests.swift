@@ -20,7 +20,7 @@ struct OrderRecorder: UpstreamHandler {
 /// Fails on purpose: `data.fail` = "always", or "N" to fail the first N attempts.
 final class FlakyHandler: UpstreamHandler {
     struct Planned: Error, CustomStringConvertible { let description: String }
-    private let attempts = Mutex<[String: Int]>([:])
+    private let attempts = BlockingLock<[String: Int]>([:])
 
     func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws {
         guard let plan = message.data["fail"] else { return }
@@ -188,7 +188,7 @@ final class FlakyHandler: UpstreamHandler {
         var configuration = try ccs.worker(database: database)
         configuration.ackMode = .durable
         configuration.connections = 3
-        let committed = Mutex(Set<String>())
+        let committed = BlockingLock(Set<String>())
         let (task, events) = startWorker(configuration)
         defer { task.cancel() }
         try await ccs.simulator.waitForBoundSessions(3)

@@ -1,3 +1,4 @@
+import Runtime
 import FCM
 import Testing
 
@@ -54,7 +55,7 @@ import Testing
 @Suite struct DownstreamRetryPolicyTests {
     @Test func backoffDoublesFromOneSecondWithJitterUpToTheCap() {
         let policy = DownstreamRetryPolicy()
-        var generator = SystemRandomNumberGenerator()
+        var generator = SystemRandomGenerator()
         for (attempt, ceiling) in [(1, 1), (2, 2), (3, 4), (4, 8), (12, 300), (40, 300)] {
             for _ in 0..<50 {
                 guard case .retry(let delay) = policy.decide(attempt: attempt, age: .zero, timeToLive: nil, using: &generator) else {
@@ -68,7 +69,7 @@ import Testing
 
     @Test func oldMessagesAndExpiredTimeToLiveAreNotRetried() {
         let policy = DownstreamRetryPolicy()
-        var generator = SystemRandomNumberGenerator()
+        var generator = SystemRandomGenerator()
         #expect(policy.decide(attempt: 1, age: .seconds(86_400), timeToLive: nil, using: &generator) == .giveUp)
         #expect(policy.decide(attempt: 1, age: .zero, timeToLive: 0, using: &generator) == .giveUp)
         #expect(policy.decide(attempt: 3, age: .seconds(2), timeToLive: 3, using: &generator) == .giveUp)

@@ -1,3 +1,4 @@
+import Runtime
 import Foundation
 import Postgres
 import Synchronization
@@ -263,7 +264,7 @@ import Testing
 
 /// Counts how many tasks hold a connection at once.
 final class InFlightGauge: Sendable {
-    private let state = Mutex((current: 0, maximum: 0))
+    private let state = BlockingLock((current: 0, maximum: 0))
     func enter() { state.withLock { $0.current += 1; $0.maximum = max($0.maximum, $0.current) } }
     func leave() { state.withLock { $0.current -= 1 } }
     var maximum: Int { state.withLock { $0.maximum } }

@@ -4,7 +4,7 @@ import Testing
 @Suite struct BackoffTests {
     @Test func delaysGrowExponentiallyWithFullJitterUpToTheCap() {
         var backoff = Backoff.reconnect(base: .seconds(1), cap: .seconds(8))
-        var generator = SystemRandomNumberGenerator()
+        var generator = SystemRandomGenerator()
         let ceilings: [Duration] = [.seconds(1), .seconds(2), .seconds(4), .seconds(8), .seconds(8), .seconds(8)]
         for ceiling in ceilings {
             #expect(backoff.currentCeiling == ceiling)
@@ -14,7 +14,7 @@ import Testing
     }
 
     @Test func jitterSpreadsAcrossTheWholeRange() {
-        var generator = SystemRandomNumberGenerator()
+        var generator = SystemRandomGenerator()
         var delays: [Duration] = []
         for _ in 0..<200 {
             var backoff = Backoff.reconnect(base: .seconds(1))
@@ -34,7 +34,7 @@ import Testing
     }
 
     @Test func eachJitterDrawsWithinItsRange() {
-        var generator = SystemRandomNumberGenerator()
+        var generator = SystemRandomGenerator()
         for attempt in 0..<8 {
             let ceiling = Backoff.outage(base: .milliseconds(250), cap: .seconds(10)).ceiling(forAttempt: attempt)
             #expect(Backoff.outage(base: .milliseconds(250), cap: .seconds(10)).delay(attempt: attempt, using: &generator) == ceiling)

@@ -18,7 +18,7 @@ import Testing
     }
 
     @Test func slicingByEightAgreesWithTheDefinitionAtEveryLengthAndAlignment() {
-        var generator = SystemRandomNumberGenerator()
+        var generator = SystemRandomGenerator()
         let bytes = (0..<300).map { _ in UInt8.random(in: 0...255, using: &generator) }
         for start in 0..<9 {
             for end in stride(from: start, through: bytes.count, by: 7) {

@@ -22,7 +22,7 @@ private struct RecordingService: Service {
 }
 
 private final class Journal: Sendable {
-    private let entries = Mutex<[String]>([])
+    private let entries = BlockingLock<[String]>([])
     func append(_ entry: String) { entries.withLock { $0.append(entry) } }
     var all: [String] { entries.withLock { $0 } }
 }

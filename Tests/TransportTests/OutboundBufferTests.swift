@@ -1,3 +1,4 @@
+import Runtime
 import Foundation
 import Synchronization
 import Testing
@@ -5,8 +6,8 @@ import Testing
 
 /// A shared, locked value for closures that outlive one scope.
 final class Locked<Value: Sendable>: Sendable {
-    private let mutex: Mutex<Value>
-    init(_ value: Value) { mutex = Mutex(value) }
+    private let mutex: BlockingLock<Value>
+    init(_ value: Value) { mutex = BlockingLock(value) }
     func withLock<R: Sendable>(_ body: (inout Value) -> R) -> R { mutex.withLock { body(&$0) } }
 }
 

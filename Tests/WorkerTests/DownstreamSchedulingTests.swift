@@ -1,3 +1,4 @@
+import Runtime
 import FCM
 import Foundation
 import Testing
@@ -88,7 +89,7 @@ private func message(_ row: Int64, to target: String = "token", attempt: Int = 1
 
 @Suite struct DownstreamVerdictTests {
     private func nack(_ code: String, attempt: Int = 1, age: Duration = .zero, timeToLive: Int? = nil) -> DownstreamVerdict {
-        var generator = SystemRandomNumberGenerator()
+        var generator = SystemRandomGenerator()
         return .nack(code: code, description: "d", attempt: attempt, age: age, timeToLive: timeToLive,
                      policy: DownstreamRetryPolicy(), using: &generator)
     }
@@ -126,7 +127,7 @@ private func message(_ row: Int64, to target: String = "token", attempt: Int = 1
     }
 
     @Test func stanzaErrorsAreFinalUnlessTheServerCouldNotCope() {
-        var generator = SystemRandomNumberGenerator()
+        var generator = SystemRandomGenerator()
         let policy = DownstreamRetryPolicy()
         #expect(DownstreamVerdict.stanzaError(condition: "bad-request", text: "InvalidJson", attempt: 1, age: .zero, timeToLive: nil,
                                               policy: policy, using: &generator)
