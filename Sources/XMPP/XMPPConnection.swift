@@ -14,6 +14,8 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
     /// A label for logs (`host:port#n`).
     public let label: String
     private let loop: StreamLoop
+    /// The stream's loop (for tests that watch its lifetime).
+    var streamLoop: StreamLoop { loop }
     private let inbox: StanzaInbox
     private let ending: OneShot<XMPPError>
 
@@ -137,7 +139,9 @@ extension XMPPConnection where Inbound == XMLElement {
 
 /// Lets the inbox wake a loop that is created after it.
 final class WakeRelay: @unchecked Sendable {
-    // Written once before the loop starts, read afterwards: no race.
-    var target: StreamLoop?
+    // Written once before the loop starts, read afterwards: no race. Weak: the loop holds
+    // its driver, which holds the inbox, which holds this relay; a strong reference closed
+    // that cycle and kept every ended connection's loop (its buffers and wake pipe) alive.
+    weak var target: StreamLoop?
     func fire() { target?.wake() }
 }

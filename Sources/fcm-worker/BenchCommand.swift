@@ -27,6 +27,7 @@ enum BenchCommand {
         var downstreamRate = 300
         var ackMode = CCSAckMode.journal
         var faultSeconds = 30
+        var faults = SoakBench.Fault.allCases
     }
 
     private static func positive(_ flag: String, placeholder: String = "N", default value: String, help: String,
@@ -86,6 +87,13 @@ enum BenchCommand {
         positive("--fault-every", placeholder: "SECONDS", default: "30",
                  help: "seconds between faults (in turn: a dropped connection, a drain, a nack burst, the database sessions ended)",
                  \.faultSeconds),
+        CommandOption("--faults", placeholder: "LIST", default: "drop,drain,nack,database", help: "the faults that take turns") { settings, text throws(ConfigurationError) in
+            let faults = text.split(separator: ",").map { SoakBench.Fault(rawValue: String($0)) }
+            guard !faults.isEmpty, faults.allSatisfy({ $0 != nil }) else {
+                throw ConfigurationError("bench: --faults takes a list of drop, drain, nack, database")
+            }
+            settings.faults = faults.compactMap { $0 }
+        },
         CommandOption("--ack-mode", placeholder: "MODE", default: "journal", help: "immediate, journal or durable") { settings, text throws(ConfigurationError) in
             guard let mode = CCSAckMode(rawValue: text) else { throw ConfigurationError("bench: --ack-mode takes immediate, journal or durable") }
             settings.ackMode = mode
@@ -120,7 +128,8 @@ enum BenchCommand {
                 if mode == "soak" {
                     let passed = try await SoakBench(databaseURL: settings.databaseURL, minutes: settings.minutes,
                                                      upstreamRate: settings.upstreamRate, downstreamRate: settings.downstreamRate,
-                                                     ackMode: settings.ackMode, faultInterval: .seconds(settings.faultSeconds)).run()
+                                                     ackMode: settings.ackMode, faultInterval: .seconds(settings.faultSeconds),
+                                                     faults: settings.faults).run()
                     return passed ? 0 : 1
                 } else if mode == "downstream" {
                     try await DownstreamBench(databaseURL: settings.databaseURL, runs: settings.runs, seconds: settings.seconds).run()
