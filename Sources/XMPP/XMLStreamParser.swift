@@ -120,6 +120,12 @@ public final class XMLStreamParser {
         let status = bytes.withMemoryRebound(to: CChar.self) { chars in
             XML_Parse(parser, chars.baseAddress, Int32(chars.count), 0)
         }
+        if failure == nil && status.rawValue == shim_XML_STATUS_ERROR() && depth >= 1
+            && XML_GetCurrentByteIndex(parser) - boundary > Int(maxStanzaBytes) {
+            // The stanza had passed the limit before the malformed bytes: what a split read
+            // reports (found by fuzzing: Fuzz/regressions/xml-limit-before-malformed-bytes).
+            failure = .stanzaTooLarge(limit: maxStanzaBytes)
+        }
         if failure == nil && status.rawValue == shim_XML_STATUS_ERROR() {
             let code = XML_GetErrorCode(parser)
             let reason = XML_ErrorString(code).map { String(cString: $0) } ?? "error \(code.rawValue)"
