@@ -108,24 +108,23 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
         guard whole == pieces else { throw FuzzFinding("the \(name) gives \(whole) in one read but \(pieces) in pieces") }
     }
 
-    /// The events of the stream, then the error that ended it (if any). Errors compare by
-    /// kind only for malformed XML: expat's reason and where it places it depend on how
-    /// much it was given at once (found by fuzzing: `Fuzz/regressions/xml-error-position-depends-on-the-split`,
-    /// `xml-error-reason-after-the-root-depends-on-the-split`, where bytes after the root
-    /// element are "invalid token" in one read but "junk after document element" in pieces),
-    /// and both only go to the log: the stream ends the same way.
+    /// The events of the stream, then the error that ended it (if any). Two results are
+    /// alike when their events are the same and both end with an error or neither does.
+    /// Which error may depend on the split where two are close: expat's wording and place
+    /// of a malformed-XML error depend on how much it was given at once
+    /// (`Fuzz/regressions/xml-error-position-depends-on-the-split`,
+    /// `xml-error-reason-after-the-root-depends-on-the-split`), and the size limit is
+    /// checked per read while expat's own checks run per token, so a stanza that passes
+    /// the limit inside a long tag that also nests too deep may end as either
+    /// (`xml-limit-before-too-deep`). The stream ends the same way whatever the error, and
+    /// the error only goes to the log.
     struct Events: Equatable, CustomStringConvertible {
         var events: [XMLStreamEvent] = []
         var error: XMLStreamError?
         var description: String { "\(events.count) event(s)\(error.map { ", then \($0)" } ?? "")" }
 
         static func == (a: Events, b: Events) -> Bool {
-            a.events == b.events && a.error.map(kind) == b.error.map(kind)
-        }
-
-        private static func kind(_ error: XMLStreamError) -> XMLStreamError {
-            guard case .malformed = error else { return error }
-            return .malformed("")
+            a.events == b.events && (a.error == nil) == (b.error == nil)
         }
     }
 

@@ -120,10 +120,7 @@ public final class XMLStreamParser {
         let status = bytes.withMemoryRebound(to: CChar.self) { chars in
             XML_Parse(parser, chars.baseAddress, Int32(chars.count), 0)
         }
-        if failure == nil && status.rawValue == shim_XML_STATUS_ERROR() && depth >= 1
-            && XML_GetCurrentByteIndex(parser) - boundary > Int(maxStanzaBytes) {
-            // The stanza had passed the limit before the malformed bytes: what a split read
-            // reports (found by fuzzing: Fuzz/regressions/xml-limit-before-malformed-bytes).
+        if failure == nil && status.rawValue == shim_XML_STATUS_ERROR() && passedTheLimit {
             failure = .stanzaTooLarge(limit: maxStanzaBytes)
         }
         if failure == nil && status.rawValue == shim_XML_STATUS_ERROR() {
@@ -185,8 +182,15 @@ public final class XMLStreamParser {
 
     private func fail(_ error: XMLStreamError) {
         guard failure == nil else { return }
-        failure = error
+        failure = passedTheLimit ? .stanzaTooLarge(limit: maxStanzaBytes) : error
         XML_StopParser(parser, shim_XML_FALSE())
+    }
+
+    /// Whether the stanza under way had passed the size limit before what expat is at now:
+    /// then that is the error, as a read split there would have reported it first (found by
+    /// fuzzing: Fuzz/regressions/xml-limit-before-malformed-bytes, xml-limit-before-too-deep).
+    private var passedTheLimit: Bool {
+        depth >= 1 && XML_GetCurrentByteIndex(parser) - boundary > Int(maxStanzaBytes)
     }
 
     private func startElement(_ rawName: UnsafePointer<CChar>?, _ rawAttributes: UnsafeMutablePointer<UnsafePointer<CChar>?>?) {
