@@ -212,22 +212,34 @@ package final class Spool: Sendable {
         let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw SpoolError("cannot open \(path): \(String(cString: strerror(errno)))") }
         defer { close(fd) }
-        try data.withUnsafeBytes { bytes in
-            var offset = 0
-            while offset < bytes.count {
-                let written = write(fd, bytes.baseAddress! + offset, bytes.count - offset)
-                if written < 0 {
-                    if errno == EINTR { continue }
-                    throw SpoolError("cannot write \(path): \(String(cString: strerror(errno)))")
-                }
-                offset += written
-            }
-        }
+        try data.withUnsafeBytes { try writeAll($0, to: fd, path: path) }
         guard fsync(fd) == 0 else { throw SpoolError("cannot flush \(path) to disk: \(String(cString: strerror(errno)))") }
+    }
+
+    /// Writes all of `bytes` to `fd` (the file at `path`), retrying partial and
+    /// interrupted writes. Shared with the journal.
+    static func writeAll(_ bytes: UnsafeRawBufferPointer, to fd: Int32, path: String) throws {
+        var offset = 0
+        while offset < bytes.count {
+            let written = write(fd, bytes.baseAddress! + offset, bytes.count - offset)
+            if written < 0 {
+                if errno == EINTR { continue }
+                throw SpoolError("cannot write \(path): \(String(cString: strerror(errno)))")
+            }
+            offset += written
+        }
     }
 
     /// Makes a file's creation or removal in the spool's folder durable.
     private func syncDirectory() throws {
+        try Self.syncFolder(of: path)
+    }
+
+    /// Makes the creation or removal of the file at `path` durable (fsyncs its folder).
+    /// Shared with the journal.
+    static func syncFolder(of path: String) throws {
+        let folder = (path as NSString).deletingLastPathComponent
+        let directory = folder.isEmpty ? "." : folder
         let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { throw SpoolError("cannot open the folder \(directory): \(String(cString: strerror(errno)))") }
         defer { close(fd) }

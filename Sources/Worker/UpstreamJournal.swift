@@ -268,33 +268,15 @@ final class UpstreamJournal: Service, CCSJournal {
             guard descriptor >= 0 else { throw SpoolError("cannot open \(path): \(String(cString: strerror(errno)))") }
             file.descriptor = descriptor
             file.segment = segment
-            try Self.syncFolder(of: path)
+            try Spool.syncFolder(of: path)
         }
         var bytes: [UInt8] = []
         bytes.reserveCapacity(records.count * 512)
         for record in records { Spool.appendRecord(record.entry, to: &bytes) }
-        try bytes.withUnsafeBytes { buffer in
-            var offset = 0
-            while offset < buffer.count {
-                let written = Glibc.write(file.descriptor, buffer.baseAddress! + offset, buffer.count - offset)
-                if written < 0 {
-                    if errno == EINTR { continue }
-                    throw SpoolError("cannot write \(path(of: segment)): \(String(cString: strerror(errno)))")
-                }
-                offset += written
-            }
-        }
+        try bytes.withUnsafeBytes { try Spool.writeAll($0, to: file.descriptor, path: path(of: segment)) }
         guard fdatasync(file.descriptor) == 0 else {
             throw SpoolError("cannot flush \(path(of: segment)) to disk: \(String(cString: strerror(errno)))")
         }
         return bytes.count
-    }
-
-    private static func syncFolder(of path: String) throws {
-        let folder = (path as NSString).deletingLastPathComponent
-        let descriptor = open(folder.isEmpty ? "." : folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard descriptor >= 0 else { throw SpoolError("cannot open the folder of \(path): \(String(cString: strerror(errno)))") }
-        defer { close(descriptor) }
-        guard fsync(descriptor) == 0 else { throw SpoolError("cannot flush the folder of \(path): \(String(cString: strerror(errno)))") }
     }
 }

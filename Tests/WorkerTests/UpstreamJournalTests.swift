@@ -56,9 +56,13 @@ import Testing
         #expect(metrics.render().contains("fcm_worker_journal_flush_seconds_count"))
         #expect(journal.outstanding == 5)
         journal.release(Array(repeating: first, count: 4))
-        try await Task.sleep(for: .milliseconds(50))
+        // A writer turn after the release (one more record, to the same segment): it would
+        // have deleted the segment if it took four releases for five.
+        let again = journal.append(records(100..<101))
+        #expect(again == first)
+        try await eventually("the writer's next turn") { (try? ids(in: path).count) == 6 }
         #expect(FileManager.default.fileExists(atPath: path), "a segment with an uncommitted message is kept")
-        journal.release([first])
+        journal.release([first, again])
         try await eventually("the committed segment deleted") { !FileManager.default.fileExists(atPath: path) }
         // Later records start a new segment.
         let third = journal.append(records(5..<6))
