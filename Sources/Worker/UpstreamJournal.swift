@@ -73,14 +73,21 @@ final class UpstreamJournal: Service, CCSJournal {
     private let wakeup = NSCondition()
     private let disk = DedicatedThread(name: "fcm-journal")
     private let file = SegmentFile()
+    /// The writer thread's nice value (the connection threads' `--io-niceness`): an ack in
+    /// journal mode waits for this thread's flush, so it must not queue behind database and
+    /// handler work any more than the connection thread that sends the ack does.
+    private let niceness: Int32?
 
     var name: String { "journal" }
 
     /// - Parameters:
     ///   - spoolPath: the spool file's path; the segments live beside it, under its lock.
     ///   - segmentBytes: the size after which a segment is closed for a new one.
-    init(spoolPath: String, segmentBytes: Int = 16 << 20, logger: Logger, observer: WorkerObserver?, metrics: WorkerMetrics) {
+    ///   - niceness: the writer thread's nice value, nil to leave it.
+    init(spoolPath: String, segmentBytes: Int = 16 << 20, niceness: Int32? = nil, logger: Logger, observer: WorkerObserver?,
+         metrics: WorkerMetrics) {
         self.spoolPath = spoolPath
+        self.niceness = niceness
         self.segmentBytes = segmentBytes
         self.logger = logger
         self.observer = observer
@@ -178,6 +185,7 @@ final class UpstreamJournal: Service, CCSJournal {
     /// left. Nothing here waits on the cooperative pool: an ack leaves a flush or two
     /// after its message arrived, however busy the pool is.
     private func writeUntilStopped() {
+        if let niceness { ThreadPriority.setCurrentThread(niceness: niceness) }
         while true {
             wakeup.lock()
             var turn: Turn?
