@@ -5,12 +5,14 @@ import Worker
 /// The built-in `store` handler: keeps every upstream message in
 /// `upstream_messages(message_id, from_token, category, data, received_at)`.
 ///
-/// A batch is written with one multi-row statement, so storing costs one statement per
-/// batch, not per message. It is also the example to copy for a handler of your own.
+/// A batch is written with one `COPY` (`BatchContext.copy`), PostgreSQL's bulk path: it
+/// costs the server about a third of what a multi-row INSERT of the same rows does, and
+/// goes in the batch's one simple query with its BEGIN, check and COMMIT. It is also the
+/// example to copy for a handler of your own.
 ///
-/// The batch statement is a plain INSERT, cheaper for PostgreSQL than `ON CONFLICT DO
-/// NOTHING` (no check before each row, one WAL record less). A stored row means the message
-/// was handled: the worker reads this table as a de-duplication record too (see
+/// Like a plain INSERT (and unlike `ON CONFLICT DO NOTHING`) COPY checks nothing before
+/// each row. A stored row means the message was handled: the worker reads this table as
+/// a de-duplication record too (see
 /// `RecordsUpstreamMessages`), so when `store` is the only handler it writes no other
 /// record, and a batch that meets a stored row fails with a unique violation, after which
 /// the worker tells the redeliveries apart. The single-message statement skips a row that
@@ -36,12 +38,10 @@ public struct StoreHandler: RecordsUpstreamMessages {
     }
 
     public func handle(batch messages: [UpstreamMessage], in context: BatchContext) async throws {
-        context.execute("""
-            INSERT INTO upstream_messages (message_id, from_token, category, data, received_at)
-            SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::timestamptz[])
-            """, [.array(messages.map { .text($0.messageID) }), .array(messages.map { .text($0.from) }),
-                  .array(messages.map { $0.category.map { .text($0) } ?? .null }),
-                  .array(messages.map { .jsonb($0.dataJSON) }),
-                  .array(messages.map { .timestamptz($0.receivedAt) })])
+        context.copy(into: "upstream_messages", columns: ["message_id", "from_token", "category", "data", "received_at"],
+                     rows: messages.map { message in
+                         [.text(message.messageID), .text(message.from), message.category.map { .text($0) } ?? .null,
+                          .jsonb(message.dataJSON), .timestamptz(message.receivedAt)]
+                     })
     }
 }

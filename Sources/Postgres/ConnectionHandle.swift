@@ -108,6 +108,9 @@ final class ConnectionHandle: @unchecked Sendable {
     // MARK: - Calls (this connection's thread only)
 
     func execute(_ statement: PostgresStatement, deadline: ContinuousClock.Instant?) throws(PostgresError) -> PostgresResult {
+        if statement.copyRows != nil {
+            return try pipeline([statement], deadline: deadline).first ?? PostgresResult(rows: [], affectedRows: 0)
+        }
         let connection = try live()
         statementInFlight = true
         defer { statementInFlight = false; noteTransactionStatus() }
@@ -147,6 +150,99 @@ final class ConnectionHandle: @unchecked Sendable {
     }
 
     func pipeline(_ statements: [PostgresStatement], deadline: ContinuousClock.Instant?) throws(PostgresError) -> [PostgresResult] {
+        guard statements.contains(where: { $0.copyRows != nil }) else {
+            return try pipelined(statements, numbered: Array(statements.indices), deadline: deadline)
+        }
+        // COPY cannot run in pipeline mode: each runs in a simple query with the statements
+        // without parameters around it; the others run pipelined between them.
+        var results: [PostgresResult] = []
+        results.reserveCapacity(statements.count)
+        for group in PipelineGroup.split(statements) {
+            switch group {
+            case .pipelined(let indices):
+                results += try pipelined(indices.map { statements[$0] }, numbered: indices, deadline: deadline)
+            case .simple(let indices):
+                results += try simpleWithCopies(indices.map { statements[$0] }, numbered: indices, deadline: deadline)
+            }
+        }
+        return results
+    }
+
+    /// Runs `statements` (parameterless ones and COPYs) as one simple query, sending each
+    /// COPY's rows when the server asks for them. `numbers`: their indexes in the caller's list.
+    private func simpleWithCopies(_ statements: [PostgresStatement], numbered numbers: [Int],
+                                  deadline: ContinuousClock.Instant?) throws(PostgresError) -> [PostgresResult] {
+        let connection = try live()
+        statementInFlight = true
+        defer { statementInFlight = false; noteTransactionStatus() }
+        let sql = statements.map(\.sql).joined(separator: ";\n")
+        guard PQsendQuery(connection, sql) == 1 else { throw connectionError("sending a query failed") }
+        try flush(deadline)
+        var results: [PostgresResult] = []
+        var firstError: PostgresError?
+        var position = 0
+        while let result = try nextResult(deadline) {
+            defer { PQclear(result) }
+            let status = PQresultStatus(result)
+            let index = min(position, statements.count - 1)
+            if status == PGRES_COPY_IN {
+                // The server waits for this COPY's rows (its completion is the next result).
+                do {
+                    try sendCopyData(statements[index].copyRows ?? [], deadline: deadline)
+                } catch {
+                    // Stuck in the middle of a COPY: nothing else can use this connection.
+                    healthy.value = false
+                    throw error
+                }
+                continue
+            }
+            position += 1
+            do {
+                results.append(try decodeStatus(status, of: result, statement: numbers[index]))
+            } catch {
+                if firstError == nil { firstError = error }
+            }
+        }
+        if let firstError { throw firstError }
+        return results
+    }
+
+    /// Sends a COPY's rows in the text format, then its end; waits for the socket when
+    /// libpq's buffer is full.
+    private func sendCopyData(_ rows: [[PostgresValue]], deadline: ContinuousClock.Instant?) throws(PostgresError) {
+        let connection = try live()
+        var chunk: [UInt8] = []
+        chunk.reserveCapacity(64 << 10)
+        func send() throws(PostgresError) {
+            guard !chunk.isEmpty else { return }
+            while true {
+                let sent = chunk.withUnsafeBufferPointer { bytes in
+                    bytes.withMemoryRebound(to: CChar.self) { PQputCopyData(connection, $0.baseAddress, Int32($0.count)) }
+                }
+                if sent == 1 { break }
+                if sent < 0 { throw connectionError("sending COPY data failed") }
+                try flush(deadline)
+            }
+            chunk.removeAll(keepingCapacity: true)
+        }
+        for row in rows {
+            PostgresCopyText.append(row: row, to: &chunk)
+            if chunk.count >= 64 << 10 { try send() }
+        }
+        try send()
+        while true {
+            let ended = PQputCopyEnd(connection, nil)
+            if ended == 1 { break }
+            if ended < 0 { throw connectionError("ending COPY data failed") }
+            try flush(deadline)
+        }
+        try flush(deadline)
+    }
+
+    /// Runs `statements` in one pipeline; `numbers` are their indexes in the caller's list
+    /// (for errors).
+    private func pipelined(_ statements: [PostgresStatement], numbered numbers: [Int],
+                           deadline: ContinuousClock.Instant?) throws(PostgresError) -> [PostgresResult] {
         let connection = try live()
         guard !statements.isEmpty else { return [] }
         guard PQenterPipelineMode(connection) == 1 else { throw connectionError("cannot enter pipeline mode") }
@@ -198,7 +294,7 @@ final class ConnectionHandle: @unchecked Sendable {
                     if PQresultStatus(result) == PGRES_COMMAND_OK {
                         prepared = true
                     } else if PQresultStatus(result) != PGRES_PIPELINE_ABORTED {
-                        do { _ = try decode(result, statement: index) } catch {
+                        do { _ = try decode(result, statement: numbers[index]) } catch {
                             if firstError == nil { firstError = error }
                         }
                     }
@@ -210,7 +306,7 @@ final class ConnectionHandle: @unchecked Sendable {
                 defer { PQclear(result) }
                 if PQresultStatus(result) == PGRES_PIPELINE_ABORTED { continue }
                 do {
-                    outcome = try decode(result, statement: index)
+                    outcome = try decode(result, statement: numbers[index])
                 } catch {
                     forgetIfStale(statements[index].sql, after: error)
                     if firstError == nil { firstError = error }
@@ -414,7 +510,11 @@ final class ConnectionHandle: @unchecked Sendable {
 
     private func decode(_ result: OpaquePointer?, statement index: Int) throws(PostgresError) -> PostgresResult {
         guard let result else { throw connectionError("no result") }
-        switch PQresultStatus(result) {
+        return try decodeStatus(PQresultStatus(result), of: result, statement: index)
+    }
+
+    private func decodeStatus(_ status: ExecStatusType, of result: OpaquePointer, statement index: Int) throws(PostgresError) -> PostgresResult {
+        switch status {
         case PGRES_TUPLES_OK, PGRES_COMMAND_OK, PGRES_EMPTY_QUERY:
             let rowCount = PQntuples(result), columnCount = PQnfields(result)
             var columns: [String] = []

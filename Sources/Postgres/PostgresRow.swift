@@ -115,14 +115,41 @@ public struct PostgresResult: Sendable, Equatable {
     }
 }
 
-/// One statement with its parameters.
+/// One statement with its parameters, or a `COPY … FROM STDIN` with its rows.
 public struct PostgresStatement: Sendable, Equatable {
     public var sql: String
     public var parameters: [PostgresValue]
+    /// The rows of a `COPY … FROM STDIN` statement (see `copy(into:columns:rows:)`), nil
+    /// for any other statement.
+    public private(set) var copyRows: [[PostgresValue]]?
 
     public init(_ sql: String, _ parameters: [PostgresValue] = []) {
         self.sql = sql
         self.parameters = parameters
+    }
+
+    /// `COPY table (columns) FROM STDIN` with `rows` as its data (each row one value per
+    /// column, in PostgreSQL's text format: NULL, quotes, tabs and newlines travel safely).
+    ///
+    /// COPY is PostgreSQL's cheapest way to add many rows: it inserts them in bulk (one WAL
+    /// record per page instead of one per row, no executor work per row) and costs it about
+    /// a third of what an `INSERT … SELECT FROM unnest(…)` of the same rows does. It has no
+    /// `ON CONFLICT`: a row that breaks a constraint fails the whole statement.
+    ///
+    /// In a pipeline (`PostgresConnection.pipeline`) a COPY runs as one simple query together
+    /// with the statements without parameters right before and after it (`BEGIN`, `COMMIT`,
+    /// SQL with literals), so that `BEGIN; COPY …; COMMIT` costs two round trips: libpq does
+    /// not allow COPY in pipeline mode, and the rows can only follow the server's go-ahead.
+    /// - Parameters:
+    ///   - table: the table's name, quoted here (pass it unquoted; a schema-qualified name
+    ///     as `schema.table` is quoted part by part).
+    ///   - columns: the column names, quoted here.
+    public static func copy(into table: String, columns: [String], rows: [[PostgresValue]]) -> PostgresStatement {
+        let name = table.split(separator: ".", omittingEmptySubsequences: false).map { PostgresConnection.quoteIdentifier(String($0)) }
+            .joined(separator: ".")
+        var statement = PostgresStatement("COPY \(name) (\(columns.map(PostgresConnection.quoteIdentifier).joined(separator: ", "))) FROM STDIN")
+        statement.copyRows = rows
+        return statement
     }
 }
 

@@ -31,6 +31,23 @@ public enum PostgresValue: Sendable, Equatable {
         }
     }
 
+    /// The value as an SQL literal, for a statement that must do without parameters (one
+    /// that goes in a simple query with a COPY, see `PostgresStatement.copy`): `NULL`, or the
+    /// text encoding between dollar quotes whose tag the text does not contain, so that no
+    /// character in it means anything to the parser (whatever `standard_conforming_strings`
+    /// says). Cast it in SQL (`… ::text[]`). Text holding a NUL character cannot be sent
+    /// this way (PostgreSQL's text holds none either).
+    public var sqlLiteral: String {
+        guard let text = textEncoding else { return "NULL" }
+        var tag = "$fcm$"
+        var number = 0
+        while text.contains(tag) {
+            number += 1
+            tag = "$fcm\(number)$"
+        }
+        return tag + text + tag
+    }
+
     private static func arrayLiteral(_ values: [PostgresValue]) -> String {
         var literal: [UInt8] = [UInt8(ascii: "{")]
         literal.reserveCapacity(values.count * 24)

@@ -34,6 +34,16 @@ public class BatchContext {
         transaction.enqueue(PostgresStatement(sql, parameters))
     }
 
+    /// Queues `rows` for `table` as one `COPY … FROM STDIN` in the transaction, sent like
+    /// `execute`'s statements: PostgreSQL's cheapest way to add many rows (about a third of
+    /// its CPU for a multi-row INSERT), for a batch handler that adds a row per message.
+    /// Each row holds one value per column. COPY has no `ON CONFLICT`: a row that breaks a
+    /// constraint fails the commit, and the batch is retried message by message as with any
+    /// failing statement. Table and column names are quoted here (pass them unquoted).
+    public func copy(into table: String, columns: [String], rows: [[PostgresValue]]) {
+        transaction.enqueue(.copy(into: table, columns: columns, rows: rows))
+    }
+
     /// `execute` with Swift values as parameters (`String`, `Int`, `Double`, `Bool`,
     /// `Date`, `Data`, `UUID`, arrays of them, optionals, or `PostgresValue`).
     public func execute(_ sql: String, _ first: any PostgresValueConvertible, _ rest: any PostgresValueConvertible...) {

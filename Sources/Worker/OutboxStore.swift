@@ -47,17 +47,20 @@ struct OutboxStore: Sendable {
     /// Claims up to `limit` rows that are due, oldest first.
     func claim(limit: Int) async throws -> [ClaimedRow] {
         let rows = try await pool.withConnection { connection in
+            // The picked ids go to the UPDATE as an array (`id = ANY(ARRAY(…))`), not as a
+            // join: the prepared statement's generic plan cannot know the LIMIT, guesses
+            // 10,000 rows, and joined by hashing the whole table, read in full at every claim
+            // (measured: 44 of a claim's 58 ms at 100,000 rows, growing with the table).
             try await connection.query("""
-                WITH picked AS (
-                    SELECT id FROM downstream_messages
-                    WHERE transport = $4 AND available_at <= now()
-                    ORDER BY available_at, id
-                    LIMIT $2
-                    FOR UPDATE SKIP LOCKED
-                ), claimed AS (
+                WITH claimed AS (
                     UPDATE downstream_messages AS d
                     SET status = 'sending', claimed_by = $1, available_at = now() + make_interval(secs => $3)
-                    FROM picked WHERE d.id = picked.id
+                    WHERE d.id = ANY(ARRAY(
+                        SELECT id FROM downstream_messages
+                        WHERE transport = $4 AND available_at <= now()
+                        ORDER BY available_at, id
+                        LIMIT $2
+                        FOR UPDATE SKIP LOCKED))
                     RETURNING d.id, d.target, d.condition, d.payload, d.attempts, d.created_at, d.registration_ids,
                               d.token_results
                 )

@@ -30,10 +30,12 @@ struct UpstreamInbox: Sendable {
     /// while other handlers were configured). The handlers' rows follow, then COMMIT.
     func openOptimistically(_ ids: [PostgresValue], into transaction: UpstreamTransaction) {
         transaction.enqueue(PostgresStatement("BEGIN"))
+        // The ids go as a literal, not a parameter: without parameters the check joins the
+        // handlers' COPY (the `store` handler's) in one simple query, one round trip less.
         transaction.enqueue(PostgresStatement("""
             INSERT INTO processed_upstream (message_id)
-            SELECT message_id FROM processed_upstream WHERE message_id = ANY($1::text[])
-            """, [.array(ids)]))
+            SELECT message_id FROM processed_upstream WHERE message_id = ANY(\(PostgresValue.array(ids).sqlLiteral)::text[])
+            """))
     }
 
     /// Opens the batch's transaction and records `ids` in `processed_upstream`

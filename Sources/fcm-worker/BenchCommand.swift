@@ -22,6 +22,7 @@ enum BenchCommand {
         var phases: Set<UpstreamBench.Phase> = [.ceiling, .immediate, .journal, .durable, .latency]
         var runs: [DownstreamBench.Run] = "1@20,4@20,16@20,16@1".split(separator: ",").compactMap(DownstreamBench.Run.init)
         var seconds = 5
+        var reference = 100_000
         var minutes = 30.0
         var upstreamRate = 1000
         var downstreamRate = 300
@@ -74,6 +75,11 @@ enum BenchCommand {
             settings.runs = runs.compactMap { $0 }
         },
         positive("--seconds", default: "5", help: "each run sends about this many seconds' worth of its bound", \.seconds),
+        CommandOption("--reference", placeholder: "N", default: "100000",
+                      help: "upstream messages stored first, whose CPU per message the runs are compared with (0: none)") { settings, text throws(ConfigurationError) in
+            guard let number = Int(text), number >= 0 else { throw ConfigurationError("bench: --reference takes a whole number") }
+            settings.reference = number
+        },
         databaseURL,
     ], finish: requireDatabase)
 
@@ -132,7 +138,8 @@ enum BenchCommand {
                                                      faults: settings.faults).run()
                     return passed ? 0 : 1
                 } else if mode == "downstream" {
-                    try await DownstreamBench(databaseURL: settings.databaseURL, runs: settings.runs, seconds: settings.seconds).run()
+                    try await DownstreamBench(databaseURL: settings.databaseURL, runs: settings.runs, seconds: settings.seconds,
+                                              referenceMessages: settings.reference).run()
                 } else {
                     try await UpstreamBench(databaseURL: settings.databaseURL, messages: settings.messages, connections: settings.connections,
                                             durableConnections: settings.durableConnections, concurrency: settings.concurrency,
@@ -173,18 +180,25 @@ struct UpstreamBench {
         // The ceiling is measured again right before each throughput run: this machine's
         // speed drifts by ±15% over minutes, and the ratio should compare like with like.
         var ceiling: Double?
+        /// PostgreSQL's CPU per row of the last COPY ceiling, in µs.
+        var copyRowCPU: Double?
         let cpu = await CPUAccount.locate(databaseURL: url)
         func measureCeiling() async throws {
             let count = min(messages, 200_000)
-            let before = cpu.sample()
-            let rows = try await rawCeiling(url: url, rows: count)
-            let after = cpu.sample()
-            var perRow = ""
-            if let start = before.postgres, let end = after.postgres {
-                perRow = String(format: "; PostgreSQL %.1f µs CPU per row", (end - start) / Double(count) * 1_000_000)
+            for form in [CeilingForm.insert, .copy] {
+                let before = cpu.sample()
+                let rows = try await rawCeiling(url: url, rows: count, form: form)
+                let after = cpu.sample()
+                var perRow = ""
+                if let start = before.postgres, let end = after.postgres {
+                    let micros = (end - start) / Double(count) * 1_000_000
+                    perRow = String(format: "; PostgreSQL %.1f µs CPU per row", micros)
+                    if form == .copy { copyRowCPU = micros }
+                }
+                say(String(format: "raw PostgreSQL ceiling: %.0f rows/s (%@, one connection%@)", rows, form.description, perRow))
+                if form == .insert { ceiling = rows }
+                try await truncate(url)
             }
-            say(String(format: "raw PostgreSQL ceiling: %.0f rows/s (100-row INSERT transactions, one connection%@)", rows, perRow))
-            ceiling = rows
         }
         let throughputPhases = [(Phase.immediate, WorkerConfiguration.AckMode.immediate), (.journal, .journal), (.durable, .durable)]
             .filter { phases.contains($0.0) }
@@ -206,6 +220,11 @@ struct UpstreamBench {
             say("  ack latency (simulator-measured) \(result.ackLatency); receive-to-commit \(result.commitLatency)")
             if let journal = result.journal { say("  journal: \(journal)") }
             say("  " + CPUAccount.describe(from: before, to: after, messages: messages, cores: ProcessInfo.processInfo.activeProcessorCount))
+            if let start = before.postgres, let end = after.postgres, let copyRowCPU {
+                let perMessage = (end - start) / Double(messages) * 1_000_000
+                say(String(format: "  PostgreSQL CPU per stored message %.1f µs = %.2f× its CPU per COPY-ceiling row (%.1f µs)",
+                           perMessage, perMessage / copyRowCPU, copyRowCPU))
+            }
         }
 
         guard phases.contains(.latency) else {
@@ -224,13 +243,36 @@ struct UpstreamBench {
 
     // MARK: Phases
 
-    private func rawCeiling(url: String, rows: Int) async throws -> Double {
+    /// How the ceiling writes its rows: the worker's old store statement, or its COPY.
+    enum CeilingForm: CustomStringConvertible {
+        case insert, copy
+        var description: String {
+            switch self {
+            case .insert: "100-row INSERT … SELECT FROM unnest transactions"
+            case .copy: "1000-row COPY transactions"
+            }
+        }
+    }
+
+    private func rawCeiling(url: String, rows: Int, form: CeilingForm) async throws -> Double {
         let connection = try await PostgresConnection.connect(url)
         defer { Task { await connection.close() } }
         let now = Date()
         let started = ContinuousClock.now
         var written = 0
         while written < rows {
+            if form == .copy {
+                let count = min(1000, rows - written)
+                let copy = PostgresStatement.copy(
+                    into: "upstream_messages", columns: ["message_id", "from_token", "category", "data", "received_at"],
+                    rows: (written..<(written + count)).map { number in
+                        [.text("ceiling-\(number)"), .text("device-\(number % 1000)"), .text("com.example.bench"),
+                         .jsonb("{\"n\":\"\(number)\",\"text\":\"benchmark payload\"}"), .timestamptz(now)]
+                    })
+                _ = try await connection.pipeline([PostgresStatement("BEGIN"), copy, PostgresStatement("COMMIT")])
+                written += count
+                continue
+            }
             let count = min(100, rows - written)
             let ids = (0..<count).map { PostgresValue.text("ceiling-\(written + $0)") }
             _ = try await connection.pipeline([
@@ -278,6 +320,21 @@ struct UpstreamBench {
         return result
     }
 
+    /// What storing an upstream message costs, for another benchmark's comparison in the
+    /// same session: an immediate-mode run of `messages` through the `store` handler into
+    /// `url`'s schema (its upstream tables emptied before and after).
+    static func storeReference(url: String, messages: Int) async throws -> CPUReference {
+        let bench = UpstreamBench(databaseURL: url, messages: messages, connections: 4, durableConnections: 8, concurrency: 4,
+                                  rate: 1, rateSeconds: 1, phases: [.immediate])
+        try await bench.truncate(url)
+        let cpu = await CPUAccount.locate(databaseURL: url)
+        let before = cpu.sample()
+        let result = try await bench.throughputRun(url: url, mode: .immediate)
+        let after = cpu.sample()
+        try await bench.truncate(url)
+        return CPUReference(messages: messages, persistedPerSecond: result.persistedPerSecond, before: before, after: after)
+    }
+
     /// The connections of a throughput run in `mode`.
     private func connections(for mode: WorkerConfiguration.AckMode) -> Int {
         mode == .durable ? durableConnections : connections
@@ -306,6 +363,22 @@ struct UpstreamBench {
         await connection.close()
     }
 
+}
+
+/// CPU per message of a reference run, for ratios within one session.
+struct CPUReference {
+    let messages: Int
+    let persistedPerSecond: Double
+    let before: CPUAccount.Sample
+    let after: CPUAccount.Sample
+
+    /// The worker's CPU per message, µs.
+    var worker: Double { (after.worker - before.worker) / Double(messages) * 1_000_000 }
+    /// PostgreSQL's CPU per message, µs (nil when the cluster is not local).
+    var postgres: Double? {
+        guard let start = before.postgres, let end = after.postgres else { return nil }
+        return (end - start) / Double(messages) * 1_000_000
+    }
 }
 
 /// The benchmark's own schema, and what it reads about this process.

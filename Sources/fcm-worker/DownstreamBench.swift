@@ -32,24 +32,46 @@ struct DownstreamBench {
     let runs: [Run]
     /// Each run sends about this many seconds' worth of its bound.
     let seconds: Int
+    /// Upstream messages stored before the runs, as the reference of their CPU ratios (0: none).
+    let referenceMessages: Int
 
     func run() async throws {
         say("fcm-worker bench downstream: \(runs.count) run(s) of about \(seconds) s, "
               + "\(ProcessInfo.processInfo.activeProcessorCount) cores; simulator in its own process, TLS on loopback")
         try await BenchDatabase.withSchema(in: databaseURL) { url in
-            for run in runs { try await report(run, url: url) }
+            var reference: CPUReference?
+            if referenceMessages > 0 {
+                let measured = try await UpstreamBench.storeReference(url: url, messages: referenceMessages)
+                say(String(format: "reference: %d upstream messages stored (immediate mode, 4 connections), %.0f msgs/s; "
+                               + "CPU per stored message: worker %.1f µs, PostgreSQL %@",
+                           measured.messages, measured.persistedPerSecond, measured.worker,
+                           measured.postgres.map { String(format: "%.1f µs", $0) } ?? "not measured"))
+                reference = measured
+            }
+            for run in runs { try await report(run, url: url, reference: reference) }
         }
         say("peak RSS of the worker process: \(BenchDatabase.peakResidentMegabytes()) MB")
     }
 
-    private func report(_ run: Run, url: String) async throws {
+    private func report(_ run: Run, url: String, reference: CPUReference?) async throws {
         let messages = max(5_000, min(500_000, Int(run.bound) * seconds))
         let result = try await measure(run, messages: messages, url: url)
         say(String(format: "%@: %d messages, sent %.0f msgs/s, acked %.0f msgs/s = %.0f%% of the bound %.0f msgs/s; "
                            + "ack round trip p50 %.1f ms, p99 %.1f ms",
                    run.description, messages, result.sentPerSecond, result.ackedPerSecond,
                    100 * result.ackedPerSecond / run.bound, run.bound, result.p50 * 1000, result.p99 * 1000))
-        say("  " + result.cpu)
+        say("  " + CPUAccount.describe(from: result.before, to: result.after, messages: messages,
+                                       cores: ProcessInfo.processInfo.activeProcessorCount))
+        say("  " + result.database)
+        guard let reference else { return }
+        let worker = (result.after.worker - result.before.worker) / Double(messages) * 1_000_000
+        var line = String(format: "  per message against a stored upstream message: worker %.1f / %.1f µs = %.2f×",
+                          worker, reference.worker, worker / reference.worker)
+        if let start = result.before.postgres, let end = result.after.postgres, let stored = reference.postgres {
+            let postgres = (end - start) / Double(messages) * 1_000_000
+            line += String(format: ", PostgreSQL %.1f / %.1f µs = %.2f×", postgres, stored, postgres / stored)
+        }
+        say(line)
     }
 
     struct Result {
@@ -57,8 +79,37 @@ struct DownstreamBench {
         var ackedPerSecond: Double
         var p50: Double
         var p99: Double
-        /// Where the CPU went, per message.
-        var cpu: String
+        /// CPU used so far, at the start and the end of the sending.
+        var before: CPUAccount.Sample
+        var after: CPUAccount.Sample
+        /// What the sending asked of PostgreSQL: transactions, row versions.
+        var database: String
+    }
+
+    /// The counters of this database and its outbox table that say how the sending used them.
+    private struct DatabaseCounters {
+        var commits: Int64
+        var updates: Int64
+        var hotUpdates: Int64
+
+        static func read(_ connection: PostgresConnection) async throws -> DatabaseCounters {
+            // The statistics a backend reports are its own until its transaction ends: clear the snapshot.
+            _ = try await connection.execute("SELECT pg_stat_clear_snapshot()")
+            let row = try await connection.query("""
+                SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
+                       coalesce((SELECT n_tup_upd FROM pg_stat_user_tables WHERE relid = 'downstream_messages'::regclass), 0),
+                       coalesce((SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'downstream_messages'::regclass), 0)
+                """).first
+            return DatabaseCounters(commits: row?.int(0) ?? 0, updates: row?.int(1) ?? 0, hotUpdates: row?.int(2) ?? 0)
+        }
+
+        /// "PostgreSQL: 0.04 commits, 2.00 row updates (0% HOT) per message".
+        static func describe(from start: DatabaseCounters, to end: DatabaseCounters, messages: Int) -> String {
+            let updates = end.updates - start.updates
+            return String(format: "PostgreSQL: %.3f commits and %.2f row updates per message (%.0f%% of the updates HOT)",
+                          Double(end.commits - start.commits) / Double(messages), Double(updates) / Double(messages),
+                          updates > 0 ? 100 * Double(end.hotUpdates - start.hotUpdates) / Double(updates) : 0)
+        }
     }
 
     private func measure(_ run: Run, messages: Int, url: String) async throws -> Result {
@@ -103,6 +154,7 @@ struct DownstreamBench {
         ])
         // From here: the sending (the rows' insert is the application's cost, not the sender's).
         let before = cpu.sample(liveChild: simulator.processIdentifier)
+        let countersBefore = try await DatabaseCounters.read(connection)
         let limit = ContinuousClock.now + .seconds(Int64(messages / 1000 + 120))
         while true {
             // An index probe, not a count: polling must not weigh on the database it measures.
@@ -114,6 +166,10 @@ struct DownstreamBench {
         let after = cpu.sample(liveChild: simulator.processIdentifier)
         task.cancel()
         _ = try? await task.value
+        // Backends hand their counters over when idle, at most once a second, and when they
+        // end (the worker's have, with its pools).
+        try await Task.sleep(for: .milliseconds(1100))
+        let countersAfter = try await DatabaseCounters.read(connection)
 
         let row = try await connection.query("""
             SELECT count(*) FILTER (WHERE status = 'acked'),
@@ -128,8 +184,7 @@ struct DownstreamBench {
         }
         return Result(sentPerSecond: Double(messages) / (row?.double(1) ?? .nan),
                       ackedPerSecond: Double(messages) / (row?.double(2) ?? .nan),
-                      p50: row?.double(3) ?? .nan, p99: row?.double(4) ?? .nan,
-                      cpu: CPUAccount.describe(from: before, to: after, messages: messages,
-                                               cores: ProcessInfo.processInfo.activeProcessorCount))
+                      p50: row?.double(3) ?? .nan, p99: row?.double(4) ?? .nan, before: before, after: after,
+                      database: DatabaseCounters.describe(from: countersBefore, to: countersAfter, messages: messages))
     }
 }

@@ -1,4 +1,5 @@
 import FCM
+import Handlers
 import Foundation
 import Postgres
 import Runtime
@@ -60,6 +61,19 @@ final class Announcements: Sendable {
         await recording.commit()
         #expect(announced.all == ["m1"])
         #expect(recording.statements.count == 2)
+    }
+
+    @Test func theStoreHandlerWritesABatchAsOneCopy() async throws {
+        let recording = RecordingTransaction()
+        let received = Date(timeIntervalSince1970: 1_764_500_000)
+        let messages = [UpstreamMessage(from: "phone-1", data: ["a": "1"], category: "com.example.chat", messageID: "m1", receivedAt: received),
+                        UpstreamMessage(from: "phone-2", data: [:], category: nil, messageID: "m2", receivedAt: received)]
+        try await StoreHandler().handle(batch: messages, in: recording.batchContext())
+        let copy = try #require(recording.queued.first)
+        #expect(recording.queued.count == 1)
+        #expect(copy.sql == "COPY \"upstream_messages\" (\"message_id\", \"from_token\", \"category\", \"data\", \"received_at\") FROM STDIN")
+        #expect(copy.copyRows == [[.text("m1"), .text("phone-1"), .text("com.example.chat"), .jsonb("{\"a\":\"1\"}"), .timestamptz(received)],
+                                  [.text("m2"), .text("phone-2"), .null, .jsonb("{}"), .timestamptz(received)]])
     }
 
     @Test func aReplyFCMWouldRefuseThrowsAtTheCallAndQueuesNothing() throws {
