@@ -553,14 +553,16 @@ extension TestCCS {
         try await ccs.simulator.waitForBoundSessions(1)
         let first = try await database.insertOutbox([("busy-device", #"{"data":{"n":"1"}}"#)])[0]
         try await database.waitForOutbox("status = 'retry'", count: 1)
-        let nackedAt = ContinuousClock.now
+        // The simulator nacked the first message when it got it: the slowdown starts after that.
+        let nackedAt = try #require(log.attempts(of: "ds-\(first)").first).at
+        let insertedAt = ContinuousClock.now
         // Later messages to that device wait out the slowdown (1 s × [0.5, 1.5)); others do not.
         let later = try await database.insertOutbox([("busy-device", #"{"data":{"n":"2"}}"#), ("calm-device", #"{"data":{"n":"3"}}"#)])
         try await database.waitForOutbox("status = 'acked'", count: 3, within: .seconds(10))
         let calm = try #require(log.attempts(of: "ds-\(later[1])").first)
         let busy = try #require(log.attempts(of: "ds-\(later[0])").first)
-        #expect(calm.at - nackedAt < .milliseconds(450), "the other device was held back too")
-        #expect(busy.at - nackedAt > .milliseconds(400), "the slowed-down device was not held back")
+        #expect(calm.at - insertedAt < .milliseconds(450), "the other device was held back too")
+        #expect(busy.at - nackedAt > .milliseconds(450), "the slowed-down device was not held back")
         #expect(log.attempts(of: "ds-\(first)").count == 2)
         #expect(log.attempts(of: "ds-\(later[0])").count == 1)
     }
