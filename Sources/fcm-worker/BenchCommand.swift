@@ -23,6 +23,7 @@ enum BenchCommand {
         var runs: [DownstreamBench.Run] = "1@20,4@20,16@20,16@1".split(separator: ",").compactMap(DownstreamBench.Run.init)
         var seconds = 5
         var reference = 100_000
+        var multicastRows = 200
         var minutes = 30.0
         var upstreamRate = 1000
         var downstreamRate = 300
@@ -79,6 +80,11 @@ enum BenchCommand {
                       help: "upstream messages stored first, whose CPU per message the runs are compared with (0: none)") { settings, text throws(ConfigurationError) in
             guard let number = Int(text), number >= 0 else { throw ConfigurationError("bench: --reference takes a whole number") }
             settings.reference = number
+        },
+        CommandOption("--multicast-rows", placeholder: "N", default: "200",
+                      help: "HTTP multicast rows of 1000 tokens each sent after the runs (0: none)") { settings, text throws(ConfigurationError) in
+            guard let number = Int(text), number >= 0 else { throw ConfigurationError("bench: --multicast-rows takes a whole number") }
+            settings.multicastRows = number
         },
         databaseURL,
     ], finish: requireDatabase)
@@ -139,7 +145,7 @@ enum BenchCommand {
                     return passed ? 0 : 1
                 } else if mode == "downstream" {
                     try await DownstreamBench(databaseURL: settings.databaseURL, runs: settings.runs, seconds: settings.seconds,
-                                              referenceMessages: settings.reference).run()
+                                              referenceMessages: settings.reference, multicastRows: settings.multicastRows).run()
                 } else {
                     try await UpstreamBench(databaseURL: settings.databaseURL, messages: settings.messages, connections: settings.connections,
                                             durableConnections: settings.durableConnections, concurrency: settings.concurrency,

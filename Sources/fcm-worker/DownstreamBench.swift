@@ -34,6 +34,9 @@ struct DownstreamBench {
     let seconds: Int
     /// Upstream messages stored before the runs, as the reference of their CPU ratios (0: none).
     let referenceMessages: Int
+    /// Rows of the HTTP multicast run, each to `multicastTokens` tokens (0: no such run).
+    let multicastRows: Int
+    let multicastTokens = 1000
 
     func run() async throws {
         say("fcm-worker bench downstream: \(runs.count) run(s) of about \(seconds) s, "
@@ -49,13 +52,39 @@ struct DownstreamBench {
                 reference = measured
             }
             for run in runs { try await report(run, url: url, reference: reference) }
+            if multicastRows > 0 { try await reportMulticast(url: url, reference: reference) }
         }
         say("peak RSS of the worker process: \(BenchDatabase.peakResidentMegabytes()) MB")
     }
 
+    /// HTTP multicast rows of `multicastTokens` tokens each: what a token costs.
+    private func reportMulticast(url: String, reference: CPUReference?) async throws {
+        let tokens = multicastRows * multicastTokens
+        let result = try await measure(connections: 1, rows: multicastRows, tokensPerRow: multicastTokens, url: url)
+        say(String(format: "HTTP multicast: %d rows of %d tokens, %.0f tokens/s", multicastRows, multicastTokens,
+                   Double(tokens) / result.ackSeconds))
+        say("  " + CPUAccount.describe(from: result.before, to: result.after, messages: tokens,
+                                       cores: ProcessInfo.processInfo.activeProcessorCount).replacingOccurrences(of: "per message", with: "per token"))
+        compare(result, units: tokens, unit: "token", with: reference)
+    }
+
+    /// "per token against a stored upstream message: worker …, PostgreSQL …".
+    private func compare(_ result: Result, units: Int, unit: String, with reference: CPUReference?) {
+        guard let reference else { return }
+        let worker = (result.after.worker - result.before.worker) / Double(units) * 1_000_000
+        var line = String(format: "  per %@ against a stored upstream message: worker %.1f / %.1f µs = %.2f×",
+                          unit, worker, reference.worker, worker / reference.worker)
+        if let start = result.before.postgres, let end = result.after.postgres, let stored = reference.postgres {
+            let postgres = (end - start) / Double(units) * 1_000_000
+            line += String(format: ", PostgreSQL %.2f / %.1f µs = %.2f×", postgres, stored, postgres / stored)
+        }
+        say(line)
+    }
+
     private func report(_ run: Run, url: String, reference: CPUReference?) async throws {
         let messages = max(5_000, min(500_000, Int(run.bound) * seconds))
-        let result = try await measure(run, messages: messages, url: url)
+        let result = try await measure(connections: run.connections, roundTripMilliseconds: run.roundTripMilliseconds,
+                                       rows: messages, url: url)
         say(String(format: "%@: %d messages, sent %.0f msgs/s, acked %.0f msgs/s = %.0f%% of the bound %.0f msgs/s; "
                            + "ack round trip p50 %.1f ms, p99 %.1f ms",
                    run.description, messages, result.sentPerSecond, result.ackedPerSecond,
@@ -63,15 +92,7 @@ struct DownstreamBench {
         say("  " + CPUAccount.describe(from: result.before, to: result.after, messages: messages,
                                        cores: ProcessInfo.processInfo.activeProcessorCount))
         say("  " + result.database)
-        guard let reference else { return }
-        let worker = (result.after.worker - result.before.worker) / Double(messages) * 1_000_000
-        var line = String(format: "  per message against a stored upstream message: worker %.1f / %.1f µs = %.2f×",
-                          worker, reference.worker, worker / reference.worker)
-        if let start = result.before.postgres, let end = result.after.postgres, let stored = reference.postgres {
-            let postgres = (end - start) / Double(messages) * 1_000_000
-            line += String(format: ", PostgreSQL %.1f / %.1f µs = %.2f×", postgres, stored, postgres / stored)
-        }
-        say(line)
+        compare(result, units: messages, unit: "message", with: reference)
     }
 
     struct Result {
@@ -79,6 +100,8 @@ struct DownstreamBench {
         var ackedPerSecond: Double
         var p50: Double
         var p99: Double
+        /// From the first send to the last answer.
+        var ackSeconds: Double
         /// CPU used so far, at the start and the end of the sending.
         var before: CPUAccount.Sample
         var after: CPUAccount.Sample
@@ -112,17 +135,21 @@ struct DownstreamBench {
         }
     }
 
-    private func measure(_ run: Run, messages: Int, url: String) async throws -> Result {
+    /// Sends `rows` outbox rows (to one token each, or multicasts of `tokensPerRow` over
+    /// HTTP) through a worker with `connections` CCS connections to a simulator that answers
+    /// after `roundTripMilliseconds`.
+    private func measure(connections: Int, roundTripMilliseconds: Int = 1, rows messages: Int, tokensPerRow: Int? = nil,
+                         url: String) async throws -> Result {
         let connection = try await PostgresConnection.connect(url)
         defer { Task { await connection.close() } }
         try await connection.execute("TRUNCATE downstream_messages, device_tokens")
         try await connection.execute("CHECKPOINT")
 
-        let simulator = try await SimulatorProcess.start(arguments: ["--ack-delay", "\(run.roundTripMilliseconds)", "--quiet"])
+        let simulator = try await SimulatorProcess.start(arguments: ["--ack-delay", "\(roundTripMilliseconds)", "--quiet"])
         defer { simulator.stop() }
         var configuration = try WorkerConfiguration.parse(arguments: [], environment: simulator.environment)
         configuration.databaseURL = url
-        configuration.connections = run.connections
+        configuration.connections = connections
         configuration.spoolFile = simulator.directory + "/spool"
         let connected = Atomic<Int>(0)
         let worker = FCMWorker(configuration: configuration, handlers: UpstreamHandlers(),
@@ -132,8 +159,8 @@ struct DownstreamBench {
         let task = Task { try await worker.run() }
         defer { task.cancel() }
         let deadline = ContinuousClock.now + .seconds(30)
-        while connected.load(ordering: .relaxed) < run.connections {
-            guard ContinuousClock.now < deadline else { throw SimulatorError("the worker did not connect \(run.connections) time(s)") }
+        while connected.load(ordering: .relaxed) < connections {
+            guard ContinuousClock.now < deadline else { throw SimulatorError("the worker did not connect \(connections) time(s)") }
             try await Task.sleep(for: .milliseconds(10))
         }
 
@@ -144,7 +171,14 @@ struct DownstreamBench {
         // first burst), which is not the steady state this measures.
         _ = try await connection.pipeline([
             PostgresStatement("BEGIN"),
-            PostgresStatement("""
+            tokensPerRow.map { tokens in
+                PostgresStatement("""
+                    INSERT INTO downstream_messages (registration_ids, payload)
+                    SELECT ARRAY(SELECT 'bench-token-' || g || '-' || t FROM generate_series(1, $2) AS t),
+                           '{"data":{"text":"benchmark payload"},"priority":"high"}'::jsonb
+                    FROM generate_series(1, $1) AS g
+                    """, [.int(Int64(messages)), .int(Int64(tokens))])
+            } ?? PostgresStatement("""
                 INSERT INTO downstream_messages (target, payload)
                 SELECT 'bench-token-' || (g % 10000), '{"data":{"text":"benchmark payload"},"priority":"high"}'::jsonb
                 FROM generate_series(1, $1) AS g
@@ -184,7 +218,8 @@ struct DownstreamBench {
         }
         return Result(sentPerSecond: Double(messages) / (row?.double(1) ?? .nan),
                       ackedPerSecond: Double(messages) / (row?.double(2) ?? .nan),
-                      p50: row?.double(3) ?? .nan, p99: row?.double(4) ?? .nan, before: before, after: after,
+                      p50: row?.double(3) ?? .nan, p99: row?.double(4) ?? .nan, ackSeconds: row?.double(2) ?? .nan,
+                      before: before, after: after,
                       database: DatabaseCounters.describe(from: countersBefore, to: countersAfter, messages: messages))
     }
 }
