@@ -175,7 +175,12 @@ final class ConnectionHandle: @unchecked Sendable {
         let connection = try live()
         statementInFlight = true
         defer { statementInFlight = false; noteTransactionStatus() }
-        let sql = statements.map(\.sql).joined(separator: ";\n")
+        // One result per statement: a statement's own trailing semicolon would add an empty one.
+        let sql = statements.map { statement in
+            var text = Substring(statement.sql)
+            while let last = text.last, last == ";" || last.isWhitespace { text = text.dropLast() }
+            return String(text)
+        }.joined(separator: ";\n")
         guard PQsendQuery(connection, sql) == 1 else { throw connectionError("sending a query failed") }
         try flush(deadline)
         var results: [PostgresResult] = []

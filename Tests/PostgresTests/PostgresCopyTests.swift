@@ -54,7 +54,7 @@ import Testing
             let results = try await connection.pipeline([
                 PostgresStatement("BEGIN"),
                 PostgresStatement("INSERT INTO \(table) VALUES ($1, 'param')", [.int(1)]),
-                PostgresStatement("INSERT INTO \(table) VALUES (2, 'literal')"),
+                PostgresStatement("INSERT INTO \(table) VALUES (2, 'literal');  \n"),
                 .copy(into: table, columns: ["n", "source"], rows: [[.int(3), .text("copy")], [.int(4), .text("copy")]]),
                 PostgresStatement("INSERT INTO \(table) SELECT n + 10000, 'after ' || source FROM \(table) WHERE n = $1", [.int(3)]),
                 .copy(into: table, columns: ["n", "source"], rows: (5..<5000).map { [.int(Int64($0)), .text(String(repeating: "x", count: 40))] }),
