@@ -216,9 +216,8 @@ struct UpstreamBench {
                 try await measureCeiling()
             }
             try await truncate(url)
-            let before = cpu.sample()
-            let result = try await throughputRun(url: url, mode: mode)
-            let after = cpu.sample()
+            let result = try await throughputRun(url: url, mode: mode, cpu: cpu)
+            let (before, after) = (result.cpuBefore, result.cpuAfter)
             let share = ceiling.map { String(format: " = %.0f%% of the ceiling", 100 * result.persistedPerSecond / $0) } ?? ""
             say(String(format: "%@ ack mode (%d connections): acked %.0f msgs/s, persisted %.0f msgs/s", mode.rawValue,
                          connections(for: mode),
@@ -304,9 +303,16 @@ struct UpstreamBench {
         var commitLatency: LatencySummary
         /// Journal mode: its flushes, from the worker's metrics.
         var journal: String?
+        /// CPU used so far, before the worker started and once the last message was stored.
+        var cpuBefore: CPUAccount.Sample
+        var cpuAfter: CPUAccount.Sample
     }
 
-    private func throughputRun(url: String, mode: WorkerConfiguration.AckMode) async throws -> ThroughputResult {
+    /// The CPU is sampled while the worker's database sessions are still open: a session's
+    /// server process counts (as the postmaster's reaped child) only once it has ended and
+    /// been reaped, which after the worker's shutdown may come after the sample.
+    private func throughputRun(url: String, mode: WorkerConfiguration.AckMode, cpu: CPUAccount) async throws -> ThroughputResult {
+        let cpuBefore = cpu.sample()
         let setup = try await Setup.start(url: url, connections: connections(for: mode),
                                           concurrency: concurrency, mode: mode, messages: messages, rate: 0)
         defer { setup.stop() }
@@ -317,11 +323,12 @@ struct UpstreamBench {
             try await Task.sleep(for: .milliseconds(1))
         }
         let persisted = ContinuousClock.now
+        let cpuAfter = cpu.sample()
         let result = ThroughputResult(
             ackedPerSecond: Double(messages) / (ackedAt - started).seconds,
             persistedPerSecond: Double(messages) / (persisted - started).seconds,
             ackLatency: stats, commitLatency: LatencySummary(microseconds: setup.committed.latencies),
-            journal: mode == .journal ? setup.journalFlushes() : nil)
+            journal: mode == .journal ? setup.journalFlushes() : nil, cpuBefore: cpuBefore, cpuAfter: cpuAfter)
         await setup.shutdown()
         return result
     }
@@ -334,11 +341,10 @@ struct UpstreamBench {
                                   rate: 1, rateSeconds: 1, phases: [.immediate])
         try await bench.truncate(url)
         let cpu = await CPUAccount.locate(databaseURL: url)
-        let before = cpu.sample()
-        let result = try await bench.throughputRun(url: url, mode: .immediate)
-        let after = cpu.sample()
+        let result = try await bench.throughputRun(url: url, mode: .immediate, cpu: cpu)
         try await bench.truncate(url)
-        return CPUReference(messages: messages, persistedPerSecond: result.persistedPerSecond, before: before, after: after)
+        return CPUReference(messages: messages, persistedPerSecond: result.persistedPerSecond, before: result.cpuBefore,
+                            after: result.cpuAfter)
     }
 
     /// The connections of a throughput run in `mode`.
