@@ -63,17 +63,32 @@ struct CPUAccount {
     }
 
     /// The postmaster's own and reaped children's time, plus every live child's.
+    ///
+    /// A child reaped between reading the postmaster's total and reading the children
+    /// would be counted nowhere (a session that ends right then, which made the first
+    /// ceiling of a run read 0.1 µs a row): the postmaster's total is read again after the
+    /// children, and the whole reading repeated when it changed.
     private static func clusterSeconds(_ postmaster: Int32) -> Double? {
-        guard let own = statFields(postmaster), own.count > 15 else { return nil }
         // Indexes: the command 0, state 1, ppid 2, … utime 12, stime 13, cutime 14, cstime 15.
-        var ticks = ownTicks(own) + (Double(own[14]) ?? 0) + (Double(own[15]) ?? 0)
-        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
-        for entry in entries {
-            guard let pid = Int32(entry), pid != postmaster, let fields = statFields(pid), fields.count > 13,
-                  fields[2] == String(postmaster) else { continue }
-            ticks += ownTicks(fields)
+        func postmasterTicks() -> (own: Double, reaped: Double)? {
+            guard let own = statFields(postmaster), own.count > 15 else { return nil }
+            return (ownTicks(own), (Double(own[14]) ?? 0) + (Double(own[15]) ?? 0))
         }
-        return ticks / ticksPerSecond
+        var total: Double?
+        for _ in 0..<10 {
+            guard let first = postmasterTicks() else { return nil }
+            var ticks = first.own + first.reaped
+            let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+            for entry in entries {
+                guard let pid = Int32(entry), pid != postmaster, let fields = statFields(pid), fields.count > 13,
+                      fields[2] == String(postmaster) else { continue }
+                ticks += ownTicks(fields)
+            }
+            total = ticks / ticksPerSecond
+            guard let again = postmasterTicks() else { return nil }
+            if again.reaped == first.reaped { break }
+        }
+        return total
     }
 
     /// A process's own user and system clock ticks (utime and stime) from `statFields`.
