@@ -132,9 +132,10 @@ public struct PostgresStatement: Sendable, Equatable {
     /// column, in PostgreSQL's text format: NULL, quotes, tabs and newlines travel safely).
     ///
     /// COPY is PostgreSQL's cheapest way to add many rows: it inserts them in bulk (one WAL
-    /// record per page instead of one per row, no executor work per row) and costs it about
-    /// a third of what an `INSERT … SELECT FROM unnest(…)` of the same rows does. It has no
-    /// `ON CONFLICT`: a row that breaks a constraint fails the whole statement.
+    /// record per page instead of one per row, no executor work per row). What it saves is
+    /// that per-row work, not the tables' index upkeep: on the worker's `upstream_messages`
+    /// (three indexes) it cost 14–20 % less than an `INSERT … SELECT FROM unnest(…)`. It
+    /// has no `ON CONFLICT`: a row that breaks a constraint fails the whole statement.
     ///
     /// In a pipeline (`PostgresConnection.pipeline`) a COPY runs as one simple query together
     /// with the statements without parameters right before and after it (`BEGIN`, `COMMIT`,
