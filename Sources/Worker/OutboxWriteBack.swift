@@ -40,6 +40,13 @@ final class OutboxWriteBack: Sendable {
     private let onCommit: @Sendable () -> Void
     /// How long a `sent` update waits for its answer before it is written on its own.
     let sentHold: Duration
+    /// How long a write waits for more updates to join it, unless `gatherRows` are there
+    /// (or the write-back is stopping). Sending does not wait for the write: a row's
+    /// answer is kept in memory and merged meanwhile; only its status in the table shows
+    /// it this much later. Measured: at 1 connection × 20 ms (5,000 msgs/s) PostgreSQL's
+    /// CPU per message 44 → 38 µs, the worker's 43 → 38 µs, against a 2 ms wait.
+    static let gatherTime: Duration = .milliseconds(10)
+    static let gatherRows = 500
 
     init(store: OutboxStore, logger: Logger, sentHold: Duration = .seconds(1), onCommit: @escaping @Sendable () -> Void = {}) {
         self.store = store
@@ -101,8 +108,14 @@ final class OutboxWriteBack: Sendable {
                 }
                 continue
             }
-            // Let a burst of answers gather into this batch.
-            await sleepUnlessCancelled(for: .milliseconds(2))
+            // Let answers gather into this batch: a transaction per write costs PostgreSQL
+            // far more than a row does, and at a moderate rate answers come a few at a
+            // time (a 2 ms wait made transactions of about 20 rows at 5,000 msgs/s).
+            let gatherUntil = ContinuousClock.now + Self.gatherTime
+            repeat {
+                await sleepUnlessCancelled(for: .milliseconds(2))
+            } while ContinuousClock.now < gatherUntil && !Task.isCancelled
+                && state.withLock({ !$0.stopped && $0.order.count < Self.gatherRows })
             let (updates, tokens) = takeBatch()
             guard !updates.isEmpty || !tokens.isEmpty else { continue }
             do {
