@@ -77,7 +77,7 @@ enum BenchCommand {
         },
         positive("--seconds", default: "5", help: "each run sends about this many seconds' worth of its bound", \.seconds),
         CommandOption("--reference", placeholder: "N", default: "100000",
-                      help: "upstream messages stored first, whose CPU per message the runs are compared with (0: none)") { settings, text throws(ConfigurationError) in
+                      help: "upstream messages stored before each run, whose CPU per message the run is compared with (0: none)") { settings, text throws(ConfigurationError) in
             guard let number = Int(text), number >= 0 else { throw ConfigurationError("bench: --reference takes a whole number") }
             settings.reference = number
         },

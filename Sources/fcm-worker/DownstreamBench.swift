@@ -42,19 +42,23 @@ struct DownstreamBench {
         say("fcm-worker bench downstream: \(runs.count) run(s) of about \(seconds) s, "
               + "\(ProcessInfo.processInfo.activeProcessorCount) cores; simulator in its own process, TLS on loopback")
         try await BenchDatabase.withSchema(in: databaseURL) { url in
-            var reference: CPUReference?
-            if referenceMessages > 0 {
-                let measured = try await UpstreamBench.storeReference(url: url, messages: referenceMessages)
-                say(String(format: "reference: %d upstream messages stored (immediate mode, 4 connections), %.0f msgs/s; "
-                               + "CPU per stored message: worker %.1f µs, PostgreSQL %@",
-                           measured.messages, measured.persistedPerSecond, measured.worker,
-                           measured.postgres.map { String(format: "%.1f µs", $0) } ?? "not measured"))
-                reference = measured
-            }
-            for run in runs { try await report(run, url: url, reference: reference) }
-            if multicastRows > 0 { try await reportMulticast(url: url, reference: reference) }
+            // The reference is measured again right before each run: the machine's speed
+            // drifts over minutes, and a ratio should compare like with like.
+            for run in runs { try await report(run, url: url, reference: try await reference(url: url)) }
+            if multicastRows > 0 { try await reportMulticast(url: url, reference: try await reference(url: url)) }
         }
         say("peak RSS of the worker process: \(BenchDatabase.peakResidentMegabytes()) MB")
+    }
+
+    /// Stores `referenceMessages` upstream messages and prints what one cost (nil when off).
+    private func reference(url: String) async throws -> CPUReference? {
+        guard referenceMessages > 0 else { return nil }
+        let measured = try await UpstreamBench.storeReference(url: url, messages: referenceMessages)
+        say(String(format: "reference: %d upstream messages stored (immediate mode, 4 connections), %.0f msgs/s; "
+                       + "CPU per stored message: worker %.1f µs, PostgreSQL %@",
+                   measured.messages, measured.persistedPerSecond, measured.worker,
+                   measured.postgres.map { String(format: "%.1f µs", $0) } ?? "not measured"))
+        return measured
     }
 
     /// HTTP multicast rows of `multicastTokens` tokens each: what a token costs.
