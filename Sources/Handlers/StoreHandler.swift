@@ -8,15 +8,14 @@ import Worker
 /// A batch is written with one `COPY` (`BatchContext.copy`), PostgreSQL's bulk path: it
 /// cost the server 14–20 % less per stored message than a multi-row INSERT (README,
 /// issue 16: most of what is left is the table's three indexes), and goes in the batch's
-/// one simple query with its BEGIN, check and COMMIT. It is also the
-/// example to copy for a handler of your own.
+/// one simple query with its BEGIN, check and COMMIT. It is also the example to copy for
+/// a handler of your own.
 ///
 /// Like a plain INSERT (and unlike `ON CONFLICT DO NOTHING`) COPY checks nothing before
 /// each row. A stored row means the message was handled: the worker reads this table as
-/// a de-duplication record too (see
-/// `RecordsUpstreamMessages`), so when `store` is the only handler it writes no other
-/// record, and a batch that meets a stored row fails with a unique violation, after which
-/// the worker tells the redeliveries apart. The single-message statement skips a row that
+/// a de-duplication record too (see `RecordsUpstreamMessages`), so when `store` is the
+/// only handler it writes no other record, and a batch that meets a stored row fails with
+/// a unique violation, after which the worker tells the redeliveries apart. The single-message statement skips a row that
 /// exists (say one written outside the worker).
 public struct StoreHandler: RecordsUpstreamMessages {
     public init() {}

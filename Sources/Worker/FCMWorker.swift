@@ -94,7 +94,8 @@ public struct FCMWorker: Sendable {
         guard !shutdown.isRequested else { return }
 
         let journal = configuration.ackMode == .journal
-            ? UpstreamJournal(spoolPath: spool.path, niceness: configuration.ioNiceness, logger: logger.labeled("journal"), observer: observer, metrics: metrics) : nil
+            ? UpstreamJournal(spoolPath: spool.path, niceness: configuration.ioNiceness, logger: logger.labeled("journal"),
+                              observer: observer, metrics: metrics) : nil
         let pipeline = UpstreamPipeline(pool: pools.upstream, handlers: handlers, settings: configuration.pipeline,
                                         logger: logger.labeled("pipeline"), observer: observer, metrics: metrics, journal: journal)
         let outbox = Outbox(pool: pools.outbox, client: httpClient, settings: configuration.downstream,

@@ -32,7 +32,7 @@ struct DownstreamBench {
     let runs: [Run]
     /// Each run sends about this many seconds' worth of its bound.
     let seconds: Int
-    /// Upstream messages stored before the runs, as the reference of their CPU ratios (0: none).
+    /// Upstream messages stored before each run, as the reference of its CPU ratios (0: none).
     let referenceMessages: Int
     /// Rows of the HTTP multicast run, each to `multicastTokens` tokens (0: no such run).
     let multicastRows: Int
@@ -120,7 +120,7 @@ struct DownstreamBench {
         var hotUpdates: Int64
 
         static func read(_ connection: PostgresConnection) async throws -> DatabaseCounters {
-            // The statistics a backend reports are its own until its transaction ends: clear the snapshot.
+            // A session may keep a snapshot of the counters (stats_fetch_consistency): read fresh ones.
             _ = try await connection.execute("SELECT pg_stat_clear_snapshot()")
             let row = try await connection.query("""
                 SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
