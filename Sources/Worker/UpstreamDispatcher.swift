@@ -33,10 +33,19 @@ struct UpstreamDispatcher: Sendable {
     }
 
     /// Runs every matching handler's `check` on each message of `batch`: the messages a
-    /// handler refused come back as dead letters in their place (with the refusal).
+    /// handler refused come back as dead letters in their place (with the refusal). Before
+    /// that, a message whose `message_id`, `from` or `category` holds U+0000 (JSON allows
+    /// `\u0000`; PostgreSQL's text holds none, and libpq would cut the text there, making
+    /// another message's id of it) is dead-lettered as unreadable.
     func check(_ batch: [UpstreamWork]) -> [UpstreamWork] {
         batch.map { work in
             guard case .message(let message) = work.kind else { return work }
+            if let field = Self.fieldHoldingNul(message) {
+                let shown = message.messageID.replacingOccurrences(of: "\u{0}", with: "\\u0000")
+                logger.warning("message \(shown) dead-lettered: its \(field) holds U+0000", metadata: ["message_id": shown])
+                return Self.unreadable(work, message, error: "its \(field) holds U+0000, which PostgreSQL text cannot hold "
+                                                            + "(message_id \(shown))")
+            }
             for route in handlers.routes where route.match.matches(message) {
                 do {
                     try route.handler.check(message)
@@ -48,6 +57,28 @@ struct UpstreamDispatcher: Sendable {
             }
             return work
         }
+    }
+
+    /// The first of `message_id`, `from` and `category` that holds U+0000, if any.
+    static func fieldHoldingNul(_ message: UpstreamMessage) -> String? {
+        func holdsNul(_ text: String) -> Bool { text.utf8.contains(0) }
+        if holdsNul(message.messageID) { return "message_id" }
+        if holdsNul(message.from) { return "from" }
+        if let category = message.category, holdsNul(category) { return "category" }
+        return nil
+    }
+
+    /// `work` as the dead letter of a message whose fields PostgreSQL cannot hold: only its
+    /// raw payload (JSON text, where U+0000 is the six characters `\u0000`) is kept, with
+    /// no `message_id`, so no de-duplication record is made of a cut one.
+    static func unreadable(_ work: UpstreamWork, _ message: UpstreamMessage, error: String) -> UpstreamWork {
+        var letter = work
+        letter.attempts = 1
+        func storable(_ text: String?) -> String? { text.flatMap { $0.utf8.contains(0) ? nil : $0 } }
+        letter.kind = .deadLetter(.init(messageID: nil, from: storable(message.from), category: storable(message.category),
+                                        rawPayload: message.rawPayload, reason: "unreadable", error: error,
+                                        attempts: 1, receivedAt: message.receivedAt))
+        return letter
     }
 
     /// `work` as the dead letter of a message a handler refused.

@@ -181,6 +181,37 @@ final class FlakyHandler: UpstreamHandler {
         #expect(try await database.count("upstream_messages") == 1)
     }
 
+    @Test func aMessageIDHoldingANulCharacterIsDeadLetteredNotStoredUnderACutID() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        var configuration = try ccs.worker(database: database)
+        configuration.pipeline.maxAttempts = 2
+        configuration.pipeline.retryBase = .milliseconds(50)
+        let (task, events) = startWorker(configuration)
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        // PostgreSQL's text holds no U+0000, and libpq cuts a C string there: stored, this id
+        // would become "cut", the id of the next message, which would then count as handled.
+        let nul = "{\"from\":\"device\",\"message_id\":\"cut\\u0000tail\",\"data\":{\"n\":\"1\"}}"
+        ccs.simulator.injectRaw(json: nul, messageID: "cut\u{0}tail", from: "device")
+        try await events.wait(for: "the dead letter", timeout: .seconds(20)) { events in
+            events.contains { if case .committed(_, _, let dead) = $0 { !dead.isEmpty } else { false } }
+        }
+        ccs.simulator.injectUpstream(from: "device", data: ["n": "2"], messageID: "cut")
+        try await events.wait(for: "the next message to commit", timeout: .seconds(20)) { events in
+            events.contains { if case .committed(let handled, _, _) = $0 { handled.contains { $0.0 == "cut" } } else { false } }
+        }
+        let stored = try await database.query("SELECT message_id, data->>'n' FROM upstream_messages")
+        #expect(stored.map { [$0.string(0), $0.string(1)] } == [["cut", "2"]])
+        let letters = try await database.query("SELECT reason, error, raw_payload FROM dead_letters")
+        #expect(letters.count == 1)
+        #expect(letters.first?.string(0) == "unreadable")
+        #expect(letters.first?.string(1)?.contains("U+0000") == true)
+        #expect(letters.first?.string(2) == nul, "the payload is kept as received")
+        try await ccs.simulator.wait(for: "its ack") { $0.acked.contains("cut\u{0}tail") }
+    }
+
     @Test func durableAcksLeaveAfterTheCommitOnTheConnectionEachMessageCameIn() async throws {
         let ccs = try TestCCS(configure: { $0.recordsEvents = true })
         defer { ccs.simulator.stop() }
