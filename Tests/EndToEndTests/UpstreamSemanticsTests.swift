@@ -185,10 +185,7 @@ final class FlakyHandler: UpstreamHandler {
         let ccs = try TestCCS(configure: { $0.recordsEvents = true })
         defer { ccs.simulator.stop() }
         let database = try await TestDatabase.make()
-        var configuration = try ccs.worker(database: database)
-        configuration.pipeline.maxAttempts = 2
-        configuration.pipeline.retryBase = .milliseconds(50)
-        let (task, events) = startWorker(configuration)
+        let (task, events) = startWorker(try ccs.worker(database: database))
         defer { task.cancel() }
         try await ccs.simulator.waitForBoundSessions(1)
         // PostgreSQL's text holds no U+0000, and libpq cuts a C string there: stored, this id
