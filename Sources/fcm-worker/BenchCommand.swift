@@ -192,18 +192,18 @@ struct UpstreamBench {
         func measureCeiling() async throws {
             let count = min(messages, 200_000)
             for form in [CeilingForm.insert, .copy] {
+                // Both forms write the same ids: each starts from an empty table.
+                try await truncate(url)
                 let before = cpu.sample()
                 let rows = try await rawCeiling(url: url, rows: count, form: form)
                 let after = cpu.sample()
                 var perRow = ""
-                if let start = before.postgres, let end = after.postgres {
-                    let micros = (end - start) / Double(count) * 1_000_000
+                if let micros = CPUAccount.Spent(from: before, to: after, units: count).postgres {
                     perRow = String(format: "; PostgreSQL %.1f µs CPU per row", micros)
                     if form == .copy { copyRowCPU = micros }
                 }
                 say(String(format: "raw PostgreSQL ceiling: %.0f rows/s (%@, one connection%@)", rows, form.description, perRow))
                 if form == .insert { ceiling = rows }
-                try await truncate(url)
             }
         }
         let throughputPhases = [(Phase.immediate, WorkerConfiguration.AckMode.immediate), (.journal, .journal), (.durable, .durable)]
@@ -211,10 +211,7 @@ struct UpstreamBench {
         if phases.contains(.ceiling) && throughputPhases.isEmpty { try await measureCeiling() }
 
         for (_, mode) in throughputPhases {
-            if phases.contains(.ceiling) {
-                try await truncate(url)
-                try await measureCeiling()
-            }
+            if phases.contains(.ceiling) { try await measureCeiling() }
             try await truncate(url)
             let result = try await throughputRun(url: url, mode: mode, cpu: cpu)
             let (before, after) = (result.cpuBefore, result.cpuAfter)
@@ -225,8 +222,7 @@ struct UpstreamBench {
             say("  ack latency (simulator-measured) \(result.ackLatency); receive-to-commit \(result.commitLatency)")
             if let journal = result.journal { say("  journal: \(journal)") }
             say("  " + CPUAccount.describe(from: before, to: after, messages: messages, cores: ProcessInfo.processInfo.activeProcessorCount))
-            if let start = before.postgres, let end = after.postgres, let copyRowCPU {
-                let perMessage = (end - start) / Double(messages) * 1_000_000
+            if let perMessage = CPUAccount.Spent(from: before, to: after, units: messages).postgres, let copyRowCPU {
                 say(String(format: "  PostgreSQL CPU per stored message %.1f µs = %.2f× its CPU per COPY-ceiling row (%.1f µs)",
                            perMessage, perMessage / copyRowCPU, copyRowCPU))
             }
@@ -343,8 +339,8 @@ struct UpstreamBench {
         let cpu = await CPUAccount.locate(databaseURL: url)
         let result = try await bench.throughputRun(url: url, mode: .immediate, cpu: cpu)
         try await bench.truncate(url)
-        return CPUReference(messages: messages, persistedPerSecond: result.persistedPerSecond, before: result.cpuBefore,
-                            after: result.cpuAfter)
+        return CPUReference(messages: messages, persistedPerSecond: result.persistedPerSecond,
+                            spent: CPUAccount.Spent(from: result.cpuBefore, to: result.cpuAfter, units: messages))
     }
 
     /// The connections of a throughput run in `mode`.
@@ -381,16 +377,8 @@ struct UpstreamBench {
 struct CPUReference {
     let messages: Int
     let persistedPerSecond: Double
-    let before: CPUAccount.Sample
-    let after: CPUAccount.Sample
-
-    /// The worker's CPU per message, µs.
-    var worker: Double { (after.worker - before.worker) / Double(messages) * 1_000_000 }
-    /// PostgreSQL's CPU per message, µs (nil when the cluster is not local).
-    var postgres: Double? {
-        guard let start = before.postgres, let end = after.postgres else { return nil }
-        return (end - start) / Double(messages) * 1_000_000
-    }
+    /// Per stored message.
+    let spent: CPUAccount.Spent
 }
 
 /// The benchmark's own schema, and what it reads about this process.

@@ -44,15 +44,27 @@ struct CPUAccount {
 
     private static var ticksPerSecond: Double { Double(sysconf(Int32(_SC_CLK_TCK))) }
 
+    /// The CPU spent between two samples, in µs per unit of work (a message, a row, a token).
+    struct Spent {
+        var worker: Double
+        var children: Double
+        /// Nil when the cluster's CPU was not measured.
+        var postgres: Double?
+
+        init(from start: Sample, to end: Sample, units: Int) {
+            func micros(_ seconds: Double) -> Double { seconds / Double(max(units, 1)) * 1_000_000 }
+            worker = micros(end.worker - start.worker)
+            children = micros(end.children - start.children)
+            postgres = start.postgres.flatMap { before in end.postgres.map { micros($0 - before) } }
+        }
+    }
+
     /// "worker 15.2 µs, simulator 7.3 µs, PostgreSQL 19.0 µs per message (…)".
     static func describe(from start: Sample, to end: Sample, messages: Int, cores: Int) -> String {
-        func micros(_ seconds: Double) -> Double { seconds / Double(max(messages, 1)) * 1_000_000 }
-        let worker = micros(end.worker - start.worker), simulator = micros(end.children - start.children)
-        var text = String(format: "CPU per message: worker %.1f µs, simulator %.1f µs", worker, simulator)
-        guard let before = start.postgres, let after = end.postgres else {
-            return text + ", PostgreSQL not measured (not a local cluster)"
-        }
-        let postgres = micros(after - before), total = worker + simulator + postgres
+        let spent = Spent(from: start, to: end, units: messages)
+        var text = String(format: "CPU per message: worker %.1f µs, simulator %.1f µs", spent.worker, spent.children)
+        guard let postgres = spent.postgres else { return text + ", PostgreSQL not measured (not a local cluster)" }
+        let total = spent.worker + spent.children + postgres
         text += String(format: ", PostgreSQL %.1f µs; %.1f µs in all, which %d cores could do %.0f times a second",
                        postgres, total, cores, Double(cores) * 1_000_000 / total)
         return text

@@ -56,8 +56,8 @@ struct DownstreamBench {
         let measured = try await UpstreamBench.storeReference(url: url, messages: referenceMessages)
         say(String(format: "reference: %d upstream messages stored (immediate mode, 4 connections), %.0f msgs/s; "
                        + "CPU per stored message: worker %.1f µs, PostgreSQL %@",
-                   measured.messages, measured.persistedPerSecond, measured.worker,
-                   measured.postgres.map { String(format: "%.1f µs", $0) } ?? "not measured"))
+                   measured.messages, measured.persistedPerSecond, measured.spent.worker,
+                   measured.spent.postgres.map { String(format: "%.1f µs", $0) } ?? "not measured"))
         return measured
     }
 
@@ -74,13 +74,12 @@ struct DownstreamBench {
 
     /// "per token against a stored upstream message: worker …, PostgreSQL …".
     private func compare(_ result: Result, units: Int, unit: String, with reference: CPUReference?) {
-        guard let reference else { return }
-        let worker = (result.after.worker - result.before.worker) / Double(units) * 1_000_000
+        guard let stored = reference?.spent else { return }
+        let spent = CPUAccount.Spent(from: result.before, to: result.after, units: units)
         var line = String(format: "  per %@ against a stored upstream message: worker %.1f / %.1f µs = %.2f×",
-                          unit, worker, reference.worker, worker / reference.worker)
-        if let start = result.before.postgres, let end = result.after.postgres, let stored = reference.postgres {
-            let postgres = (end - start) / Double(units) * 1_000_000
-            line += String(format: ", PostgreSQL %.2f / %.1f µs = %.2f×", postgres, stored, postgres / stored)
+                          unit, spent.worker, stored.worker, spent.worker / stored.worker)
+        if let postgres = spent.postgres, let storedPostgres = stored.postgres {
+            line += String(format: ", PostgreSQL %.2f / %.1f µs = %.2f×", postgres, storedPostgres, postgres / storedPostgres)
         }
         say(line)
     }

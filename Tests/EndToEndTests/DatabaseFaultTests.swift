@@ -134,12 +134,8 @@ import Worker
         defer { if second.isRunning { second.terminate() } }
         await database.waitForRows(in: "upstream_messages", count: 300, within: .seconds(30))
         _ = try await terminate(second, limit: .seconds(20))
-        let lost = acked.subtracting(try await storedIDs(database))
+        let lost = acked.subtracting(try await database.storedMessageIDs())
         #expect(lost.isEmpty, "\(lost.count) acked message(s) lost, e.g. \(lost.prefix(5))")
-    }
-
-    private func storedIDs(_ database: TestDatabase) async throws -> Set<String> {
-        Set(try await database.query("SELECT message_id FROM upstream_messages").compactMap { $0.string(0) })
     }
 
     @Test(arguments: ["refused", "hung"])
@@ -185,7 +181,7 @@ import Worker
         await database.waitForRows(in: "upstream_messages", count: 5_000, within: .seconds(60))
         _ = try await terminate(second, limit: .seconds(20))
         let secondLog = String(decoding: await readToEnd(secondErrors.fileHandleForReading), as: UTF8.self)
-        let lost = ackedBeforeRestart.subtracting(try await storedIDs(database))
+        let lost = ackedBeforeRestart.subtracting(try await database.storedMessageIDs())
         #expect(lost.isEmpty, "\(lost.count) acked message(s) lost, e.g. \(lost.prefix(5)); \(secondLog.suffix(2000))")
         #expect(try await database.count("upstream_messages") == 5_000)
     }

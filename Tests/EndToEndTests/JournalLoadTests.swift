@@ -7,10 +7,6 @@ import Testing
 /// `scripts/test` runs it on its own after the rest (with the timing tests it would skew
 /// their figures, with the busy pass it starves the in-process workers of other tests).
 @Suite struct JournalLoadTests {
-    private static func storedIDs(_ database: TestDatabase) async throws -> Set<String> {
-        Set(try await database.query("SELECT message_id FROM upstream_messages").compactMap { $0.string(0) })
-    }
-
     @Test func killDashNineInJournalModeUnderFullLoadLosesNothingAcked() async throws {
         let ccs = try TestCCS(configure: { $0.recordsEvents = true })
         defer { ccs.simulator.stop() }
@@ -24,7 +20,7 @@ import Testing
         kill(first.processIdentifier, SIGKILL)
         try await WorkerProcess.waitForExit(first)
         let ackedBeforeKill = Set(ccs.simulator.events.acked)
-        let storedAtKill = try await Self.storedIDs(database)
+        let storedAtKill = try await database.storedMessageIDs()
         #expect(!ackedBeforeKill.isEmpty)
 
         // The next start replays the journal, then CCS redelivers what was not acked.
@@ -36,7 +32,7 @@ import Testing
         try await WorkerProcess.waitForExit(second)
         let log = String(decoding: await readToEnd(errors.fileHandleForReading), as: UTF8.self)
         #expect(second.terminationStatus == 0, "\(log.suffix(2000))")
-        let stored = try await Self.storedIDs(database)
+        let stored = try await database.storedMessageIDs()
         let lost = ackedBeforeKill.subtracting(stored)
         #expect(lost.isEmpty, "\(lost.count) message(s) acked before the kill are missing, e.g. \(lost.prefix(5))")
         #expect(stored.count == total)

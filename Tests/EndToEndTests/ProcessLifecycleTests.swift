@@ -14,10 +14,6 @@ import Testing
         try await WorkerProcess.waitForExit(process, limit: limit)
     }
 
-    private func storedIDs(_ database: TestDatabase) async throws -> Set<String> {
-        Set(try await database.query("SELECT message_id FROM upstream_messages").compactMap { $0.string(0) })
-    }
-
     @Test func killDashNineInDurableModeLosesNothingAcked() async throws {
         let ccs = try TestCCS(configure: { $0.recordsEvents = true })
         defer { ccs.simulator.stop() }
@@ -32,7 +28,7 @@ import Testing
         let ackedBeforeKill = Set(ccs.simulator.events.acked)
         #expect(!ackedBeforeKill.isEmpty)
         // Every message acked before the kill was already committed.
-        let stored = try await storedIDs(database)
+        let stored = try await database.storedMessageIDs()
         let lostInKill = ackedBeforeKill.subtracting(stored)
         #expect(lostInKill.isEmpty, "\(lostInKill.count) acked message(s) missing, e.g. \(lostInKill.prefix(5))")
         #expect(!FileManager.default.fileExists(atPath: spool))
@@ -79,7 +75,7 @@ import Testing
         // Committed messages leave no journal behind (a message the worker journaled just
         // as reading stopped may stay for the next start: only if it is stored already).
         let left = UpstreamJournalFiles.messageIDs(beside: spool, prefix: "o")
-        #expect(left.isSubset(of: try await storedIDs(database)), "\(UpstreamJournalFiles.names(beside: spool)) \(log.suffix(3000))")
+        #expect(left.isSubset(of: try await database.storedMessageIDs()), "\(UpstreamJournalFiles.names(beside: spool)) \(log.suffix(3000))")
     }
 
     @Test func sigtermWithWorkInFlightCommitsEverythingAckedAndExitsZero() async throws {
@@ -96,7 +92,7 @@ import Testing
         let log = String(decoding: await readToEnd(errors.fileHandleForReading), as: UTF8.self)
         #expect(worker.terminationStatus == 0, "\(log.suffix(2000))")
         let acked = Set(ccs.simulator.events.acked)
-        let stored = try await storedIDs(database)
+        let stored = try await database.storedMessageIDs()
         let lost = acked.subtracting(stored)
         #expect(lost.isEmpty, "\(lost.count) acked message(s) neither stored nor spooled, e.g. \(lost.prefix(5))")
         #expect(!FileManager.default.fileExists(atPath: spool))

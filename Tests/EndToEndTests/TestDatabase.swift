@@ -65,6 +65,11 @@ struct TestDatabase {
         }
     }
 
+    /// The message ids in `upstream_messages` (what the `store` handler kept).
+    func storedMessageIDs() async throws -> Set<String> {
+        Set(try await query("SELECT message_id FROM upstream_messages").compactMap { $0.string(0) })
+    }
+
     func count(_ table: String, where condition: String = "true") async throws -> Int {
         Int(try await query("SELECT count(*) FROM \(table) WHERE \(condition)").first?.int(0) ?? -1)
     }
