@@ -112,6 +112,7 @@ final class ConnectionHandle: @unchecked Sendable {
             return try pipeline([statement], deadline: deadline).first ?? PostgresResult(rows: [], affectedRows: 0)
         }
         let connection = try live()
+        let encoded = try EncodedStatement(statement, index: 0)
         statementInFlight = true
         defer { statementInFlight = false; noteTransactionStatus() }
         // Statements with parameters are prepared on first use, as in `pipeline`.
@@ -125,10 +126,9 @@ final class ConnectionHandle: @unchecked Sendable {
             preparedNames[statement.sql] = candidate
             name = candidate
         }
-        let sent = withParameters(statement.parameters) { values in
-            if let name { return PQsendQueryPrepared(connection, name, Int32(values.count), values, nil, nil, 0) }
-            return PQsendQueryParams(connection, statement.sql, Int32(values.count), nil, values, nil, nil, 0)
-        }
+        let values = encoded.values
+        let sent = name.map { PQsendQueryPrepared(connection, $0, Int32(values.count), values, nil, nil, 0) }
+            ?? PQsendQueryParams(connection, statement.sql, Int32(values.count), nil, values, nil, nil, 0)
         guard sent == 1 else { throw connectionError("sending a statement failed") }
         try flush(deadline)
         do {
@@ -142,6 +142,7 @@ final class ConnectionHandle: @unchecked Sendable {
     /// Runs SQL text that may hold several statements and no parameters.
     func simpleQuery(_ sql: String, deadline: ContinuousClock.Instant?) throws(PostgresError) {
         let connection = try live()
+        try EncodedStatement.refuseNul(in: sql, what: "the SQL text", index: 0)
         statementInFlight = true
         defer { statementInFlight = false; noteTransactionStatus() }
         guard PQsendQuery(connection, sql) == 1 else { throw connectionError("sending a query failed") }
@@ -181,6 +182,9 @@ final class ConnectionHandle: @unchecked Sendable {
             while let last = text.last, last == ";" || last.isWhitespace { text = text.dropLast() }
             return String(text)
         }.joined(separator: ";\n")
+        for (statement, number) in zip(statements, numbers) {
+            try EncodedStatement.refuseNul(in: statement.sql, what: "the SQL text", index: number)
+        }
         guard PQsendQuery(connection, sql) == 1 else { throw connectionError("sending a query failed") }
         try flush(deadline)
         var results: [PostgresResult] = []
@@ -250,6 +254,10 @@ final class ConnectionHandle: @unchecked Sendable {
                            deadline: ContinuousClock.Instant?) throws(PostgresError) -> [PostgresResult] {
         let connection = try live()
         guard !statements.isEmpty else { return [] }
+        // Every value is encoded (and checked) before anything is sent.
+        var encoded: [EncodedStatement] = []
+        encoded.reserveCapacity(statements.count)
+        for (statement, number) in zip(statements, numbers) { encoded.append(try EncodedStatement(statement, index: number)) }
         guard PQenterPipelineMode(connection) == 1 else { throw connectionError("cannot enter pipeline mode") }
         statementInFlight = true
         defer {
@@ -264,23 +272,18 @@ final class ConnectionHandle: @unchecked Sendable {
         var preparingNames: [String: String] = [:]
         for (index, statement) in statements.enumerated() {
             let sent: Int32
+            let values = encoded[index].values
             if let name = preparedNames[statement.sql] ?? preparingNames[statement.sql] {
-                sent = withParameters(statement.parameters) { values in
-                    PQsendQueryPrepared(connection, name, Int32(values.count), values, nil, nil, 0)
-                }
+                sent = PQsendQueryPrepared(connection, name, Int32(values.count), values, nil, nil, 0)
             } else if let name = newPreparedName(for: statement, pending: preparing.count) {
                 preparingNames[statement.sql] = name
                 guard PQsendPrepare(connection, name, statement.sql, Int32(statement.parameters.count), nil) == 1 else {
                     throw connectionError("sending a pipelined statement failed")
                 }
                 preparing[index] = name
-                sent = withParameters(statement.parameters) { values in
-                    PQsendQueryPrepared(connection, name, Int32(values.count), values, nil, nil, 0)
-                }
+                sent = PQsendQueryPrepared(connection, name, Int32(values.count), values, nil, nil, 0)
             } else {
-                sent = withParameters(statement.parameters) { values in
-                    PQsendQueryParams(connection, statement.sql, Int32(values.count), nil, values, nil, nil, 0)
-                }
+                sent = PQsendQueryParams(connection, statement.sql, Int32(values.count), nil, values, nil, nil, 0)
             }
             guard sent == 1 else { throw connectionError("sending a pipelined statement failed") }
         }
@@ -576,11 +579,44 @@ private final class CancelRequest: @unchecked Sendable {
     }
 }
 
-/// Calls `body` with a C array of text-format parameters (NULL for SQL NULL).
-private func withParameters<R>(_ parameters: [PostgresValue], _ body: ([UnsafePointer<CChar>?]) -> R) -> R {
-    let storage: [UnsafeMutablePointer<CChar>?] = parameters.map { $0.textEncoding.map { strdup($0) } ?? nil }
-    defer { for pointer in storage { free(pointer) } }
-    return body(storage.map { $0.map { UnsafePointer($0) } })
+/// A statement's parameters as C strings in the text format (NULL for SQL NULL), freed
+/// with it; made before anything is sent.
+///
+/// libpq takes C strings, which end at a NUL: a value holding U+0000 (PostgreSQL's text
+/// holds none) would reach the server cut short, as another value. Such a statement fails
+/// here instead, alone, with an error that says why.
+private final class EncodedStatement {
+    let values: [UnsafePointer<CChar>?]
+    private let storage: [UnsafeMutablePointer<CChar>?]
+
+    init(_ statement: PostgresStatement, index: Int) throws(PostgresError) {
+        try Self.refuseNul(in: statement.sql, what: "the SQL text", index: index)
+        var storage: [UnsafeMutablePointer<CChar>?] = []
+        storage.reserveCapacity(statement.parameters.count)
+        for (number, parameter) in statement.parameters.enumerated() {
+            guard let text = parameter.textEncoding else {
+                storage.append(nil)
+                continue
+            }
+            do {
+                try Self.refuseNul(in: text, what: "parameter $\(number + 1)", index: index)
+            } catch {
+                for pointer in storage { free(pointer) }
+                throw error
+            }
+            storage.append(strdup(text))
+        }
+        self.storage = storage
+        values = storage.map { $0.map { UnsafePointer($0) } }
+    }
+
+    deinit { for pointer in storage { free(pointer) } }
+
+    static func refuseNul(in text: String, what: String, index: Int) throws(PostgresError) {
+        guard text.utf8.contains(0) else { return }
+        throw PostgresError(kind: .statement, message: "\(what) holds U+0000, which PostgreSQL's text cannot hold "
+                                + "(a C string would end there): not sent", statementIndex: index)
+    }
 }
 
 extension Duration {

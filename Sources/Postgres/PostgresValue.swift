@@ -35,8 +35,8 @@ public enum PostgresValue: Sendable, Equatable {
     /// that goes in a simple query with a COPY, see `PostgresStatement.copy`): `NULL`, or the
     /// text encoding between dollar quotes whose tag the text does not contain, so that no
     /// character in it means anything to the parser (whatever `standard_conforming_strings`
-    /// says). Cast it in SQL (`… ::text[]`). Text holding a NUL character cannot be sent
-    /// this way (PostgreSQL's text holds none either).
+    /// says). Cast it in SQL (`… ::text[]`). Text holding U+0000 makes its statement fail
+    /// before it is sent, as such a parameter does (PostgreSQL's text holds none).
     public var sqlLiteral: String {
         guard let text = textEncoding else { return "NULL" }
         var tag = "$fcm$"

@@ -48,6 +48,33 @@ import Testing
         #expect(rows.map { $0.string(0) } == ["a,b", "with \"quotes\" and \\", nil, "{brace}"])
     }
 
+    @Test func aValueHoldingNulIsRefusedBeforeAnythingIsSentNotCutShort() async throws {
+        let connection = try await connect()
+        defer { Task { await connection.close() } }
+        let table = "nul_test_\(UInt32.random(in: 0...UInt32.max))"
+        try await connection.execute("CREATE TABLE \(table) (t text)")
+        defer { Task { try? await connection.execute("DROP TABLE \(table)") } }
+        do {
+            _ = try await connection.query("SELECT $1::text", [.text("cut\u{0}tail")])
+            Issue.record("a parameter holding U+0000 was sent")
+        } catch let error as PostgresError {
+            #expect(error.kind == .statement)
+            #expect(error.message.contains("parameter $1 holds U+0000"), "\(error)")
+        }
+        // In a pipeline the statement is named, and nothing before it ran either.
+        do {
+            _ = try await connection.pipeline([
+                PostgresStatement("INSERT INTO \(table) VALUES ($1)", [.text("before")]),
+                PostgresStatement("INSERT INTO \(table) VALUES ($1)", [.array([.text("a"), .text("b\u{0}")])]),
+            ])
+            Issue.record("an array holding U+0000 was sent")
+        } catch let error as PostgresError {
+            #expect(error.statementIndex == 1)
+        }
+        await #expect(throws: PostgresError.self) { try await connection.simpleQuery("SELECT 1; SELECT '\u{0}'") }
+        #expect(try await connection.query("SELECT count(*) FROM \(table)").first?.int(0) == 0)
+    }
+
     @Test func parametersAreNeverSplicedIntoSQL() async throws {
         let connection = try await connect()
         defer { Task { await connection.close() } }
