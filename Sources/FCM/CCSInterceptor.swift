@@ -71,6 +71,12 @@ struct CCSInterceptor: StanzaInterceptor {
         }
     }
 
+    /// Journal mode: the messages of the read just parsed go to disk together (and then
+    /// their acks out).
+    func didInterceptRead() {
+        journal?.writeAppended()
+    }
+
     /// An unusable message, acked now or after its dead letter commits when it names
     /// itself (`message_id` and `from`).
     private func unusable(_ payload: String, reason: CCSUnusableMessage.Reason, detail: String,

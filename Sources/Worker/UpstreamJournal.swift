@@ -47,6 +47,8 @@ final class UpstreamJournal: Service, CCSJournal {
         var closed = Set<Int>()
         /// Set when the service is cancelled: write what is queued, then end.
         var stopping = false
+        /// The writer found nothing to do and waits to be woken.
+        var idle = false
     }
 
     /// The open segment file; touched only on the journal's own thread.
@@ -113,21 +115,32 @@ final class UpstreamJournal: Service, CCSJournal {
         spoolPath + ".journal-" + String(repeating: "0", count: max(0, 10 - String(number).count)) + String(number)
     }
 
+    /// A connection's message: the writer is woken by `writeAppended`, which the connection
+    /// calls once it has parsed the whole read the message came in.
     func append(payload: String, connection: String, receivedAt: Date, ack: DurableAck) -> Int {
-        append([Record(entry: Spool.Entry(connection: connection, payload: payload, receivedAt: receivedAt.timeIntervalSince1970),
-                       ack: ack)])
+        queue([Record(entry: Spool.Entry(connection: connection, payload: payload, receivedAt: receivedAt.timeIntervalSince1970),
+                      ack: ack)])
     }
 
     /// Queues `records` for the next write and returns the segment they go to: pass it to
     /// `release` once per record when the record's message has committed.
     func append(_ records: [Record]) -> Int {
-        let segment = state.withLock { state in
+        let segment = queue(records)
+        wake()
+        return segment
+    }
+
+    /// A connection has parsed a read: what it appended goes in the writer's next turn.
+    func writeAppended() {
+        wake()
+    }
+
+    private func queue(_ records: [Record]) -> Int {
+        state.withLock { state in
             state.pending += records
             state.outstanding[state.current, default: 0] += records.count
             return state.current
         }
-        wake()
-        return segment
     }
 
     /// Messages of these segments (one entry per message) committed: a segment whose
@@ -149,6 +162,9 @@ final class UpstreamJournal: Service, CCSJournal {
         }
         if wake { self.wake() }
     }
+
+    /// Whether the writer waits to be woken (for tests: what is appended now waits for a wake).
+    var writerIsIdle: Bool { state.withLock { $0.idle } }
 
     /// Messages queued or written but not committed yet.
     var outstanding: Int { state.withLock { $0.outstanding.values.reduce(0, +) } }
@@ -190,7 +206,11 @@ final class UpstreamJournal: Service, CCSJournal {
             wakeup.lock()
             var turn: Turn?
             while true {
-                turn = state.withLock(nextTurn)
+                turn = state.withLock { state in
+                    let turn = nextTurn(&state)
+                    state.idle = turn == nil
+                    return turn
+                }
                 if turn != nil { break }
                 wakeup.wait()
             }

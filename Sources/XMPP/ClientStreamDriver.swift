@@ -18,6 +18,8 @@ final class ClientStreamDriver: StreamDriver {
 
     /// The interceptor, its result type-erased for the inbox.
     private let intercept: (XMLElement) -> (reply: String?, inbound: any Sendable)
+    /// The interceptor's `didInterceptRead`.
+    private let readIntercepted: () -> Void
 
     init<Inbound>(configuration: XMPPClientConfiguration, interceptor: some StanzaInterceptor<Inbound>, inbox: StanzaInbox) {
         self.inbox = inbox
@@ -25,6 +27,7 @@ final class ClientStreamDriver: StreamDriver {
             let interception = interceptor.intercept(stanza)
             return (interception.reply, interception.inbound)
         }
+        self.readIntercepted = { interceptor.didInterceptRead() }
         self.reader = XMLStreamReader(maxStanzaBytes: configuration.maxStanzaBytes, maxDepth: configuration.maxDepth)
         self.negotiation = SessionNegotiation(credentials: configuration.credentials)
         self.liveness = LivenessMonitor(idleInterval: configuration.pingInterval, timeout: configuration.pingTimeout)
@@ -37,6 +40,7 @@ final class ClientStreamDriver: StreamDriver {
 
     func stream(_ loop: StreamLoop, didRead bytes: UnsafeRawBufferPointer) {
         reader.read(bytes, on: loop) { event in perform(negotiation.handle(event), on: loop) }
+        if established { readIntercepted() }
     }
 
     func streamDidWake(_ loop: StreamLoop) {

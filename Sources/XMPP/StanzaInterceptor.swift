@@ -8,6 +8,15 @@ public protocol StanzaInterceptor<Inbound>: Sendable {
     /// What the consumer gets for each stanza.
     associatedtype Inbound: Sendable
     func intercept(_ stanza: XMLElement) -> Interception<Inbound>
+    /// Called on the connection's thread after the stanzas of one read have been
+    /// intercepted: work the interceptor queued for them can start here, once per read
+    /// rather than once per stanza (journal mode wakes its journal's writer here, so that
+    /// one flush takes the whole read). Keep it fast and non-blocking, like `intercept`.
+    func didInterceptRead()
+}
+
+extension StanzaInterceptor {
+    public func didInterceptRead() {}
 }
 
 /// What an interceptor makes of one stanza.

@@ -73,6 +73,38 @@ import Testing
         #expect(UpstreamJournal.segments(beside: spool).map(\.number) == [third])
     }
 
+    /// A connection's messages wait for the end of its read (`writeAppended`), and the
+    /// whole read then goes in one flush: a writer woken by the first message of a read
+    /// would flush it alone, and the rest would wait for that flush and then their own.
+    @Test func aConnectionsReadIsWrittenInOneFlushOnceParsed() async throws {
+        let spool = try temporarySpoolPath()
+        let metrics = WorkerMetrics()
+        let journal = journal(spool, metrics: metrics)
+        let running = Task { await journal.run() }
+        defer { running.cancel() }
+        let route = CCSAckRoute(label: "ccs#test")
+        func read(_ indexes: Range<Int>) -> Set<Int> {
+            Set(indexes.map { index in
+                journal.append(payload: #"{"message_id":"r\#(index)","from":"d"}"#, connection: "ccs#test", receivedAt: Date(),
+                               ack: DurableAck(messageID: "r\(index)", stanza: "", route: route))
+            })
+        }
+        // A first read, written: the writer then waits for the next.
+        let segments = read(0..<1)
+        journal.writeAppended()
+        let path = journal.path(of: segments.first!)
+        try await eventually("the first read on disk") { (try? ids(in: path)) == ["r0"] }
+        try await eventually("the writer waiting") { journal.writerIsIdle }
+        #expect(read(1..<6) == segments)
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(try ids(in: path) == ["r0"], "written before the read was parsed to its end")
+        journal.writeAppended()
+        try await eventually("the second read on disk") { (try? ids(in: path)) == ["r0", "r1", "r2", "r3", "r4", "r5"] }
+        // The file shows a write before its flush is counted.
+        try await eventually("both flushes counted") { metrics.journalFlushes.withLock { $0.sizes.sum } == 6 }
+        #expect(metrics.journalFlushes.withLock { $0.sizes.count } == 2, "one flush per read")
+    }
+
     @Test func aFullSegmentIsClosedAndDeletedOnlyWhenItsOwnMessagesCommitted() async throws {
         let spool = try temporarySpoolPath()
         let journal = journal(spool, segmentBytes: 1)
