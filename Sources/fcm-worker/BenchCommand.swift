@@ -24,6 +24,7 @@ enum BenchCommand {
         var seconds = 5
         var reference = 100_000
         var multicastRows = 200
+        var floorRows = 100_000
         var minutes = 30.0
         var upstreamRate = 1000
         var downstreamRate = 300
@@ -86,6 +87,12 @@ enum BenchCommand {
             guard let number = Int(text), number >= 0 else { throw ConfigurationError("bench: --multicast-rows takes a whole number") }
             settings.multicastRows = number
         },
+        CommandOption("--statement-rows", placeholder: "N", default: "100000",
+                      help: "rows taken through the outbox's statements alone, without sending, and through the least any "
+                          + "design keeping each row's status could cost, after the runs (0: none)") { settings, text throws(ConfigurationError) in
+            guard let number = Int(text), number >= 0 else { throw ConfigurationError("bench: --statement-rows takes a whole number") }
+            settings.floorRows = number
+        },
         databaseURL,
     ], finish: requireDatabase)
 
@@ -145,7 +152,8 @@ enum BenchCommand {
                     return passed ? 0 : 1
                 } else if mode == "downstream" {
                     try await DownstreamBench(databaseURL: settings.databaseURL, runs: settings.runs, seconds: settings.seconds,
-                                              referenceMessages: settings.reference, multicastRows: settings.multicastRows).run()
+                                              referenceMessages: settings.reference, multicastRows: settings.multicastRows,
+                                              floorRows: settings.floorRows).run()
                 } else {
                     try await UpstreamBench(databaseURL: settings.databaseURL, messages: settings.messages, connections: settings.connections,
                                             durableConnections: settings.durableConnections, concurrency: settings.concurrency,

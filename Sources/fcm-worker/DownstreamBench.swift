@@ -37,6 +37,8 @@ struct DownstreamBench {
     /// Rows of the HTTP multicast run, each to `multicastTokens` tokens (0: no such run).
     let multicastRows: Int
     let multicastTokens = 1000
+    /// Rows of the database-cost runs (`OutboxDatabaseCost`; 0: none).
+    let floorRows: Int
 
     func run() async throws {
         say("fcm-worker bench downstream: \(runs.count) run(s) of about \(seconds) s, "
@@ -46,6 +48,7 @@ struct DownstreamBench {
             // drifts over minutes, and a ratio should compare like with like.
             for run in runs { try await report(run, url: url, reference: try await reference(url: url)) }
             if multicastRows > 0 { try await reportMulticast(url: url, reference: try await reference(url: url)) }
+            if floorRows > 0 { try await reportDatabaseCost(url: url, reference: try await reference(url: url)) }
         }
         say("peak RSS of the worker process: \(BenchDatabase.peakResidentMegabytes()) MB")
     }
@@ -70,6 +73,28 @@ struct DownstreamBench {
         say("  " + CPUAccount.describe(from: result.before, to: result.after, messages: tokens,
                                        cores: ProcessInfo.processInfo.activeProcessorCount).replacingOccurrences(of: "per message", with: "per token"))
         compare(result, units: tokens, unit: "token", with: reference)
+    }
+
+    /// What the outbox's statements cost PostgreSQL alone, without the sending, against a
+    /// stored upstream message: the worker's claim and write-back, and the two least costs of
+    /// any outbox that keeps each row's status in its row.
+    private func reportDatabaseCost(url: String, reference: CPUReference?) async throws {
+        let cpu = await CPUAccount.locate(databaseURL: url)
+        say("the outbox's statements alone (\(floorRows) rows, \(OutboxDatabaseCost.batch)-row transactions, "
+              + "one connection, nothing sent), PostgreSQL's CPU per row:")
+        for step in OutboxDatabaseCost.allCases {
+            try await OutboxDatabaseCost.prepare(rows: floorRows, databaseURL: url)
+            let before = cpu.sample()
+            let rows = try await step.run(databaseURL: url)
+            let after = cpu.sample()
+            guard let micros = CPUAccount.Spent(from: before, to: after, units: rows).postgres else {
+                say("  \(step): PostgreSQL not measured (not a local cluster)")
+                continue
+            }
+            var line = String(format: "  %@: %.1f µs", step.description, micros)
+            if let stored = reference?.spent.postgres { line += String(format: " = %.2f× a stored upstream message", micros / stored) }
+            say(line)
+        }
     }
 
     /// "per token against a stored upstream message: worker …, PostgreSQL …".

@@ -1,0 +1,88 @@
+import Foundation
+import Postgres
+import Runtime
+
+/// The database's part of sending outbox rows, without the sending: the worker's own claim
+/// and write-back statements run on rows that no connection sends, beside the two least
+/// things any outbox that keeps each row's status in its row must ask of PostgreSQL per
+/// message (locking the row while it is sent, and writing its final status once). For
+/// `bench downstream`, which measures PostgreSQL's CPU around each `run`: what the issue-16
+/// goals can reach depends on these, whatever the worker does around them.
+package enum OutboxDatabaseCost: CaseIterable, Sendable, CustomStringConvertible {
+    /// `OutboxStore.claim` then `OutboxStore.write` of an acked update, per batch: a
+    /// message's two row updates as the worker writes them.
+    case claimAndWriteBack
+    /// `SELECT … FOR UPDATE` of a batch in a transaction: the least a claim can cost that
+    /// other workers must respect.
+    case rowLock
+    /// One `UPDATE` per row of a batch that writes its final status (taking it out of the
+    /// claimable index): the least writing a row's outcome into the row can cost.
+    case statusUpdate
+
+    package var description: String {
+        switch self {
+        case .claimAndWriteBack: "the worker's claim and write-back (two row updates)"
+        case .rowLock: "a row lock alone (SELECT … FOR UPDATE)"
+        case .statusUpdate: "one in-place final-status update alone"
+        }
+    }
+
+    /// Rows per transaction: the claim's batch when the windows are busy.
+    package static let batch = 100
+
+    /// Empties the outbox and inserts `rows` rows due now, as `bench downstream` does
+    /// before a run (a checkpoint first, so that the measured writes find pages made after it).
+    package static func prepare(rows: Int, databaseURL: String) async throws {
+        let connection = try await PostgresConnection.connect(databaseURL)
+        defer { Task { await connection.close() } }
+        try await connection.execute("TRUNCATE downstream_messages, device_tokens")
+        try await connection.execute("CHECKPOINT")
+        try await connection.execute("""
+            INSERT INTO downstream_messages (target, payload)
+            SELECT 'bench-token-' || (g % 10000), '{"data":{"text":"benchmark payload"},"priority":"high"}'::jsonb
+            FROM generate_series(1, $1) AS g
+            """, [.int(Int64(rows))])
+        try await connection.execute("ANALYZE downstream_messages")
+    }
+
+    /// Takes every prepared row through this step, `batch` rows a transaction, on one
+    /// connection. Returns the rows it went through.
+    package func run(databaseURL: String) async throws -> Int {
+        let pool = PostgresPool(target: try PostgresConnectionString(databaseURL), size: 1)
+        defer { Task { await pool.close() } }
+        switch self {
+        case .claimAndWriteBack:
+            let store = OutboxStore(pool: pool, workerID: "bench-floor", lease: .seconds(300), transport: "xmpp")
+            var total = 0
+            while true {
+                let claimed = try await store.claim(limit: Self.batch)
+                guard !claimed.isEmpty else { return total }
+                let now = Date()
+                try await store.write(claimed.map {
+                    OutboxUpdate(rowID: $0.id, status: .acked, attempts: $0.attempts + 1, sentOn: "ccs#1", sentAt: now, ackedAt: now)
+                }, tokens: [])
+                total += claimed.count
+            }
+        case .rowLock, .statusUpdate:
+            let ids = try await pool.withConnection { connection in
+                try await connection.query("SELECT id FROM downstream_messages ORDER BY id").map { $0.int(0) ?? 0 }
+            }
+            let sql = self == .rowLock
+                ? "SELECT id FROM downstream_messages WHERE id = ANY($1::bigint[]) FOR UPDATE"
+                : """
+                  UPDATE downstream_messages SET status = 'acked', attempts = attempts + 1, sent_on = 'ccs#1',
+                      sent_at = now(), acked_at = now(), available_at = NULL
+                  WHERE id = ANY($1::bigint[])
+                  """
+            for start in stride(from: 0, to: ids.count, by: Self.batch) {
+                let batch = ids[start..<min(start + Self.batch, ids.count)]
+                _ = try await pool.withConnection { connection in
+                    try await connection.pipeline([PostgresStatement("BEGIN"),
+                                                   PostgresStatement(sql, [.array(batch.map { .int($0) })]),
+                                                   PostgresStatement("COMMIT")])
+                }
+            }
+            return ids.count
+        }
+    }
+}

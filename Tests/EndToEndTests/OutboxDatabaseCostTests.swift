@@ -1,0 +1,43 @@
+import Foundation
+import Postgres
+import Testing
+@testable import Worker
+
+/// `bench downstream`'s statement runs do to the outbox what they say they measure: the
+/// worker's claim and write-back end every row acked, a lock changes no row, the status
+/// update finishes every row in one update.
+@Suite struct OutboxDatabaseCostTests {
+    @Test func eachStepTakesEveryRowThroughWhatItNames() async throws {
+        let database = try await TestDatabase.make()
+        for step in OutboxDatabaseCost.allCases {
+            try await OutboxDatabaseCost.prepare(rows: 250, databaseURL: database.url)
+            let before = try await database.query("""
+                SELECT n_tup_upd FROM pg_stat_user_tables WHERE relid = 'downstream_messages'::regclass
+                """).first?.int(0) ?? 0
+            #expect(try await step.run(databaseURL: database.url) == 250, "\(step)")
+            switch step {
+            case .claimAndWriteBack:
+                #expect(try await database.count("downstream_messages", where: """
+                    status = 'acked' AND attempts = 1 AND claimed_by = 'bench-floor' AND acked_at IS NOT NULL AND available_at IS NULL
+                    """) == 250)
+            case .rowLock:
+                #expect(try await database.count("downstream_messages", where: "status = 'pending' AND available_at IS NOT NULL") == 250)
+            case .statusUpdate:
+                #expect(try await database.count("downstream_messages", where: "status = 'acked' AND available_at IS NULL") == 250)
+            }
+            // Two row updates a row for the worker's statements, one for the status update, none for a lock
+            // (the counters reach the statistics once a session ends or idles: give them a moment).
+            let expected: Int64 = step == .claimAndWriteBack ? 500 : step == .statusUpdate ? 250 : 0
+            var updates: Int64 = 0
+            for _ in 0..<40 {
+                _ = try await database.query("SELECT pg_stat_clear_snapshot()")
+                updates = (try await database.query("""
+                    SELECT n_tup_upd FROM pg_stat_user_tables WHERE relid = 'downstream_messages'::regclass
+                    """).first?.int(0) ?? 0) - before
+                if updates >= expected { break }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            #expect(updates == expected, "\(step): \(updates) row updates")
+        }
+    }
+}
