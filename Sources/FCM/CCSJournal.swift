@@ -17,3 +17,8 @@ public protocol CCSJournal: Sendable {
     /// runs of `scripts/bench upstream --phases latency`).
     func writeAppended()
 }
+
+extension CCSJournal {
+    /// For a journal that starts its writes in `append`.
+    public func writeAppended() {}
+}
