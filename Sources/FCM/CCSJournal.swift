@@ -13,8 +13,8 @@ public protocol CCSJournal: Sendable {
     /// Starts the write of what `append` queued (without waiting for it). Called once per
     /// read rather than once per message: a writer woken by the first message of a read
     /// would flush it alone, and the rest of the read would wait for that flush and then
-    /// their own (measured: journal-mode ack p99 16–25 % lower in three of four paired
-    /// runs of `scripts/bench upstream --phases latency`).
+    /// their own (measured in paired runs of `bench upstream --phases latency`: see
+    /// docs/reliability.md, "One wake per read").
     func writeAppended()
 }
 

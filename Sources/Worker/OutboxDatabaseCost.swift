@@ -49,7 +49,17 @@ package enum OutboxDatabaseCost: CaseIterable, Sendable, CustomStringConvertible
     /// connection. Returns the rows it went through.
     package func run(databaseURL: String) async throws -> Int {
         let pool = PostgresPool(target: try PostgresConnectionString(databaseURL), size: 1)
-        defer { Task { await pool.close() } }
+        do {
+            let rows = try await run(on: pool)
+            await pool.close()
+            return rows
+        } catch {
+            await pool.close()
+            throw error
+        }
+    }
+
+    private func run(on pool: PostgresPool) async throws -> Int {
         switch self {
         case .claimAndWriteBack:
             let store = OutboxStore(pool: pool, workerID: "bench-floor", lease: .seconds(300), transport: "xmpp")

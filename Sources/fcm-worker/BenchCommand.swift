@@ -24,7 +24,7 @@ enum BenchCommand {
         var seconds = 5
         var reference = 100_000
         var multicastRows = 200
-        var floorRows = 100_000
+        var statementRows = 100_000
         var minutes = 30.0
         var upstreamRate = 1000
         var downstreamRate = 300
@@ -91,7 +91,7 @@ enum BenchCommand {
                       help: "rows taken through the outbox's statements alone, without sending, and through the least any "
                           + "design keeping each row's status could cost, after the runs (0: none)") { settings, text throws(ConfigurationError) in
             guard let number = Int(text), number >= 0 else { throw ConfigurationError("bench: --statement-rows takes a whole number") }
-            settings.floorRows = number
+            settings.statementRows = number
         },
         databaseURL,
     ], finish: requireDatabase)
@@ -153,7 +153,7 @@ enum BenchCommand {
                 } else if mode == "downstream" {
                     try await DownstreamBench(databaseURL: settings.databaseURL, runs: settings.runs, seconds: settings.seconds,
                                               referenceMessages: settings.reference, multicastRows: settings.multicastRows,
-                                              floorRows: settings.floorRows).run()
+                                              statementRows: settings.statementRows).run()
                 } else {
                     try await UpstreamBench(databaseURL: settings.databaseURL, messages: settings.messages, connections: settings.connections,
                                             durableConnections: settings.durableConnections, concurrency: settings.concurrency,

@@ -38,7 +38,7 @@ struct DownstreamBench {
     let multicastRows: Int
     let multicastTokens = 1000
     /// Rows of the database-cost runs (`OutboxDatabaseCost`; 0: none).
-    let floorRows: Int
+    let statementRows: Int
 
     func run() async throws {
         say("fcm-worker bench downstream: \(runs.count) run(s) of about \(seconds) s, "
@@ -48,7 +48,7 @@ struct DownstreamBench {
             // drifts over minutes, and a ratio should compare like with like.
             for run in runs { try await report(run, url: url, reference: try await reference(url: url)) }
             if multicastRows > 0 { try await reportMulticast(url: url, reference: try await reference(url: url)) }
-            if floorRows > 0 { try await reportDatabaseCost(url: url, reference: try await reference(url: url)) }
+            if statementRows > 0 { try await reportDatabaseCost(url: url, reference: try await reference(url: url)) }
         }
         say("peak RSS of the worker process: \(BenchDatabase.peakResidentMegabytes()) MB")
     }
@@ -80,10 +80,10 @@ struct DownstreamBench {
     /// any outbox that keeps each row's status in its row.
     private func reportDatabaseCost(url: String, reference: CPUReference?) async throws {
         let cpu = await CPUAccount.locate(databaseURL: url)
-        say("the outbox's statements alone (\(floorRows) rows, \(OutboxDatabaseCost.batch)-row transactions, "
+        say("the outbox's statements alone (\(statementRows) rows, \(OutboxDatabaseCost.batch)-row transactions, "
               + "one connection, nothing sent), PostgreSQL's CPU per row:")
         for step in OutboxDatabaseCost.allCases {
-            try await OutboxDatabaseCost.prepare(rows: floorRows, databaseURL: url)
+            try await OutboxDatabaseCost.prepare(rows: statementRows, databaseURL: url)
             let before = cpu.sample()
             let rows = try await step.run(databaseURL: url)
             let after = cpu.sample()
