@@ -37,12 +37,18 @@ package enum OutboxDatabaseCost: CaseIterable, Sendable, CustomStringConvertible
         defer { Task { await connection.close() } }
         try await connection.execute("TRUNCATE downstream_messages, device_tokens")
         try await connection.execute("CHECKPOINT")
-        try await connection.execute("""
+        _ = try await connection.pipeline([insertRows(rows)])
+        try await connection.execute("ANALYZE downstream_messages")
+    }
+
+    /// Inserts `rows` outbox rows due now, each to one of 10,000 bench tokens, with the
+    /// benchmarks' payload: the rows `bench downstream` sends and these steps take through.
+    package static func insertRows(_ rows: Int) -> PostgresStatement {
+        PostgresStatement("""
             INSERT INTO downstream_messages (target, payload)
             SELECT 'bench-token-' || (g % 10000), '{"data":{"text":"benchmark payload"},"priority":"high"}'::jsonb
             FROM generate_series(1, $1) AS g
             """, [.int(Int64(rows))])
-        try await connection.execute("ANALYZE downstream_messages")
     }
 
     /// Takes every prepared row through this step, `batch` rows a transaction, on one

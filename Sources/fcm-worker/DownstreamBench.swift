@@ -206,11 +206,7 @@ struct DownstreamBench {
                            '{"data":{"text":"benchmark payload"},"priority":"high"}'::jsonb
                     FROM generate_series(1, $1) AS g
                     """, [.int(Int64(messages)), .int(Int64(tokens))])
-            } ?? PostgresStatement("""
-                INSERT INTO downstream_messages (target, payload)
-                SELECT 'bench-token-' || (g % 10000), '{"data":{"text":"benchmark payload"},"priority":"high"}'::jsonb
-                FROM generate_series(1, $1) AS g
-                """, [.int(Int64(messages))]),
+            } ?? OutboxDatabaseCost.insertRows(messages),
             PostgresStatement("ANALYZE downstream_messages"),
             PostgresStatement("COMMIT"),
         ])
