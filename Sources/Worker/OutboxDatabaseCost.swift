@@ -31,12 +31,14 @@ package enum OutboxDatabaseCost: CaseIterable, Sendable, CustomStringConvertible
     package static let batch = 100
 
     /// Empties the outbox and inserts `rows` rows due now, as `bench downstream` does
-    /// before a run (a checkpoint first, so that the measured writes find pages made after it).
-    package static func prepare(rows: Int, databaseURL: String) async throws {
+    /// before a run. `checkpoint`: a checkpoint first, so that the measured writes find pages
+    /// made after it (the benchmark; not on a cluster that other work shares, whose every
+    /// dirty page it would flush).
+    package static func prepare(rows: Int, databaseURL: String, checkpoint: Bool = true) async throws {
         let connection = try await PostgresConnection.connect(databaseURL)
         defer { Task { await connection.close() } }
         try await connection.execute("TRUNCATE downstream_messages, device_tokens")
-        try await connection.execute("CHECKPOINT")
+        if checkpoint { try await connection.execute("CHECKPOINT") }
         _ = try await connection.pipeline([insertRows(rows)])
         try await connection.execute("ANALYZE downstream_messages")
     }

@@ -10,7 +10,8 @@ import Testing
     @Test func eachStepTakesEveryRowThroughWhatItNames() async throws {
         let database = try await TestDatabase.make()
         for step in OutboxDatabaseCost.allCases {
-            try await OutboxDatabaseCost.prepare(rows: 250, databaseURL: database.url)
+            // No checkpoint: it would flush the dirty pages of every test running beside this one.
+            try await OutboxDatabaseCost.prepare(rows: 250, databaseURL: database.url, checkpoint: false)
             let before = try await database.query("""
                 SELECT n_tup_upd FROM pg_stat_user_tables WHERE relid = 'downstream_messages'::regclass
                 """).first?.int(0) ?? 0
