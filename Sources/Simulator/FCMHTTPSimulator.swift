@@ -53,6 +53,7 @@ public final class FCMHTTPSimulator: Sendable {
         var requests: [Request] = []
         var groups: [String: (key: String, tokens: [String])] = [:]
         var nextMessageID: Int64 = 1
+        var closedAfterAnswer = 0
         var stopped = false
     }
 
@@ -95,6 +96,10 @@ public final class FCMHTTPSimulator: Sendable {
 
     /// Every request so far.
     public var requests: [Request] { state.withLock { $0.requests } }
+
+    /// How many kept-alive connections were closed after an answer (`.answerThenClose`); the
+    /// close is on the wire when this counts it.
+    public var connectionsClosedAfterAnswer: Int { state.withLock { $0.closedAfterAnswer } }
 
     /// The device groups: name → (notification key, tokens).
     public var groups: [String: (key: String, tokens: [String])] { state.withLock { $0.groups } }
@@ -150,7 +155,14 @@ public final class FCMHTTPSimulator: Sendable {
                 return
             }
             if !request.keepsAlive { channel.close(); return }
-            if case .answerThenClose? = then { return }
+            if case .answerThenClose? = then {
+                // close_notify and FIN go out before the count moves, so a client that waits
+                // for the count finds the connection closed when it checks it.
+                channel.close()
+                _ = shutdown(channel.fd, Int32(SHUT_RDWR))
+                state.withLock { $0.closedAfterAnswer += 1 }
+                return
+            }
         }
     }
 

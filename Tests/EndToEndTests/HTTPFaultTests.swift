@@ -125,8 +125,15 @@ import Worker
         #expect(setup.client.outcomeUnknownCount == 1)
         // A kept-alive connection the server closed while idle is replaced before writing:
         // that request provably never reached it, so it goes out on a new connection.
+        // The test waits for the server's close: a request written before it arrives would
+        // meet the real race of keep-alive (closed after the request was sent: unknown).
         setup.http.scriptNext([.answerThenClose])
         _ = try await setup.client.send(LegacyHTTPMessage(target: .to("token")))
+        let deadline = ContinuousClock.now + .seconds(10)
+        while setup.http.connectionsClosedAfterAnswer < 1 && ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(2))
+        }
+        #expect(setup.http.connectionsClosedAfterAnswer == 1)
         _ = try await setup.client.send(LegacyHTTPMessage(target: .to("token")))
         #expect(setup.http.requests.count == 3)
         #expect(setup.client.outcomeUnknownCount == 1)
