@@ -289,9 +289,12 @@ public final class CCSSimulator: Sendable {
         }
     }
 
-    /// Waits until `count` sessions are bound and open; returns their ids.
+    /// Waits until `count` sessions are bound and open; returns their ids. The default
+    /// timeout is generous: a worker started while dozens of tests load two cores has been
+    /// seen to take more than 10 s to connect (the busy pass of `scripts/test`), and the
+    /// wait ends as soon as the sessions are there.
     @discardableResult
-    public func waitForBoundSessions(_ count: Int, timeout: Duration = .seconds(10)) async throws -> [Int] {
+    public func waitForBoundSessions(_ count: Int, timeout: Duration = .seconds(30)) async throws -> [Int] {
         try await wait(for: "\(count) bound sessions", timeout: timeout) { $0.openBoundSessions.count >= count }
         return boundSessions
     }
