@@ -259,9 +259,12 @@ public final class CCSSimulator: Sendable {
     public var boundSessions: [Int] { state.withLock { $0.boundSessions } }
 
     /// Waits until `predicate` holds for the event log. The predicate runs under the
-    /// simulator's lock: it may only look at the events it is given.
+    /// simulator's lock: it may only look at the events it is given. The default timeout
+    /// is an upper bound for a loaded machine, not a timing: the wait ends as soon as the
+    /// predicate holds, and a worker started while dozens of tests load two cores has been
+    /// seen to take more than 10 s to open a session (the busy pass of `scripts/test`).
     /// - Throws: `SimulatorError` naming `what` if it does not within `timeout`.
-    public func wait(for what: String, timeout: Duration = .seconds(10),
+    public func wait(for what: String, timeout: Duration = .seconds(30),
                      until predicate: @escaping @Sendable ([SimulatorEvent]) -> Bool) async throws {
         let id = state.withLock { state -> UInt64 in
             state.nextWaiterID += 1
@@ -289,10 +292,8 @@ public final class CCSSimulator: Sendable {
         }
     }
 
-    /// Waits until `count` sessions are bound and open; returns their ids. The default
-    /// timeout is generous: a worker started while dozens of tests load two cores has been
-    /// seen to take more than 10 s to connect (the busy pass of `scripts/test`), and the
-    /// wait ends as soon as the sessions are there.
+    /// Waits until `count` sessions are bound and open; returns their ids (the timeout as
+    /// in `wait(for:timeout:until:)`).
     @discardableResult
     public func waitForBoundSessions(_ count: Int, timeout: Duration = .seconds(30)) async throws -> [Int] {
         try await wait(for: "\(count) bound sessions", timeout: timeout) { $0.openBoundSessions.count >= count }
