@@ -32,8 +32,6 @@ final class HTTPOutboxSender: Sendable {
     private struct State {
         var claiming = true
         var refused = false
-        /// Rows claimed and not yet settled (their claim is renewed).
-        var inFlight: Set<Int64> = []
         /// Devices and topics that hit a rate limit, and until when their rows wait.
         var slowDowns = SlowDowns()
     }
@@ -55,18 +53,21 @@ final class HTTPOutboxSender: Sendable {
         writeBack.record(updates, tokens: tokens)
     }
 
-    /// The rows being sent, whose claim the outbox renews.
-    var heldRowIDs: [Int64] { state.withLock { Array($0.inFlight) } }
-
     /// Claims and sends until `stopClaiming()` and the rows under way are settled, or
     /// until cancelled: then the requests under way are abandoned and their rows handed
     /// back (FCM may have taken them: they may be sent twice, never zero times).
     func run() async {
         var outage = Backoff.outage(base: .milliseconds(100), cap: .seconds(10))
+        // Retries, rows handed back and the rows of expired claims are found by a sweep,
+        // every sweep interval.
+        var lastSweep: ContinuousClock.Instant?
         while state.withLock({ $0.claiming && !$0.refused }) && !Task.isCancelled {
             let rows: [OutboxStore.ClaimedRow]
             do {
-                rows = try await store.claim(limit: batch)
+                let now = ContinuousClock.now
+                let sweeping = lastSweep.map { now - $0 >= settings.sweepInterval } ?? true
+                rows = try await store.claim(limit: batch, sweeping: sweeping)
+                if sweeping { lastSweep = now }
                 outage.reset()
             } catch {
                 guard !Task.isCancelled else { return }
@@ -79,7 +80,6 @@ final class HTTPOutboxSender: Sendable {
                 await doorbell.wait(timeout: settings.sweepInterval)
                 continue
             }
-            state.withLock { $0.inFlight.formUnion(rows.map(\.id)) }
             await withTaskGroup(of: Void.self) { group in
                 for row in rows { group.addTask { await self.send(row) } }
             }
@@ -93,7 +93,6 @@ final class HTTPOutboxSender: Sendable {
     }
 
     private func send(_ row: OutboxStore.ClaimedRow) async {
-        defer { state.withLock { _ = $0.inFlight.remove(row.id) } }
         let now = Date()
         let message: DownstreamMessage
         switch row.message(id: "http", validating: false, maximumAge: settings.retry.maximumAge, now: now) {

@@ -6,8 +6,8 @@ import Runtime
 /// The outbox: every row of `downstream_messages` is claimed under a lease, sent over
 /// XMPP (`xmpp`) or FCM's legacy HTTP protocol (`http`), and its fate written back.
 ///
-/// Both transports share one claim store per transport (`FOR UPDATE SKIP LOCKED`, a lease
-/// renewed every third of itself while the worker holds the row), one LISTEN, one
+/// Both transports share one claim store per transport (claims per batch, `OutboxStore`, a
+/// lease renewed every third of itself while the worker holds a claim), one LISTEN, one
 /// settlement of answers into row updates (`OutboxSettlement`) and one write-back; each
 /// transport is a thin shell that claims and sends.
 ///
@@ -29,8 +29,9 @@ final class Outbox: Sendable {
 
     init(pool: PostgresPool, client: FCMHTTPClient, settings: DownstreamSettings, logger: Logger, observer: WorkerObserver?,
          metrics: WorkerMetrics) {
-        let xmppStore = OutboxStore(pool: pool, workerID: settings.workerID, lease: settings.lease, transport: "xmpp")
-        let httpStore = OutboxStore(pool: pool, workerID: settings.workerID, lease: settings.lease, transport: "http")
+        let ledger = ClaimLedger()
+        let xmppStore = OutboxStore(pool: pool, workerID: settings.workerID, lease: settings.lease, transport: "xmpp", ledger: ledger)
+        let httpStore = OutboxStore(pool: pool, workerID: settings.workerID, lease: settings.lease, transport: "http", ledger: ledger)
         let xmppDoorbell = Doorbell(), httpDoorbell = Doorbell()
         // A written XMPP retry may be due already: let its claim loop look. (The HTTP sender
         // finds its retries with its sweep: waking it on every write would cost PostgreSQL
@@ -98,18 +99,20 @@ final class Outbox: Sendable {
         }
     }
 
-    /// Renews the lease on every row either transport holds, every third of the lease,
+    /// Renews the lease of every claim either transport holds, every third of the lease,
     /// until cancelled.
     private func renewLeases() async {
         let period = settings.lease / 3
         while await sleepUnlessCancelled(for: period) {
-            let ids = xmpp.heldRowIDs + http.heldRowIDs
-            guard !ids.isEmpty else { continue }
             do {
-                try await stores[0].renew(ids)
+                let lost = try await stores[0].renewClaims()
+                if lost > 0 {
+                    logger.warning("the claims on \(lost) outbox row(s) expired and were taken over by another worker; "
+                                   + "what this worker learns of them is not written")
+                }
             } catch {
                 guard !Task.isCancelled else { return }
-                logger.warning("could not renew the claim on \(ids.count) outbox row(s): \(error)")
+                logger.warning("could not renew this worker's claims on outbox rows: \(error)")
             }
         }
     }

@@ -37,7 +37,7 @@ package enum OutboxDatabaseCost: CaseIterable, Sendable, CustomStringConvertible
     package static func prepare(rows: Int, databaseURL: String, checkpoint: Bool = true) async throws {
         let connection = try await PostgresConnection.connect(databaseURL)
         defer { Task { await connection.close() } }
-        try await connection.execute("TRUNCATE downstream_messages, device_tokens")
+        try await connection.execute("TRUNCATE downstream_messages, device_tokens, outbox_claims")
         if checkpoint { try await connection.execute("CHECKPOINT") }
         _ = try await connection.pipeline([insertRows(rows)])
         try await connection.execute("ANALYZE downstream_messages")

@@ -4,13 +4,17 @@ import Postgres
 import Runtime
 import XMPP
 
-/// The outbox table as the sender uses it: claiming rows under a lease, writing their
-/// delivery state back, renewing and handing back claims, and marking tokens.
+/// The outbox table as the sender uses it: claiming rows in batches under a lease, writing
+/// their delivery state back, renewing and releasing claims, and marking tokens.
 ///
-/// Claims use `FOR UPDATE SKIP LOCKED`, so several workers on one database never claim
-/// the same row at once; a claim lasts `lease` unless renewed, after which another
-/// worker takes the row over (its worker crashed, or lost the database for that long).
-/// State is written back only where this worker still holds the claim.
+/// A claim is a row of `outbox_claims` naming a batch of rows (`fcm_outbox_claim`: rows no
+/// claim saw yet; `fcm_outbox_sweep`: rows due again behind them, and the rows of expired
+/// claims); the rows themselves are written once, with their answer. Claims of a transport
+/// are made one at a time, so several workers on one database never claim the same row; a
+/// claim lasts `lease` unless renewed, after which another worker's sweep takes its rows
+/// over (its worker crashed, or lost the database for that long). State is written back
+/// only for rows whose claim this worker still holds (receipts excepted); a write that
+/// settles a claim's last rows deletes the claim. Migration 0007 has the details.
 struct OutboxStore: Sendable {
     let pool: PostgresPool
     /// Who claims: written to `claimed_by`.
@@ -18,12 +22,15 @@ struct OutboxStore: Sendable {
     let lease: Duration
     /// The rows this store claims: `xmpp` or `http`.
     var transport: String
+    /// This worker's claims, shared by both transports' stores.
+    let ledger: ClaimLedger
 
-    init(pool: PostgresPool, workerID: String, lease: Duration, transport: String) {
+    init(pool: PostgresPool, workerID: String, lease: Duration, transport: String, ledger: ClaimLedger = ClaimLedger()) {
         self.pool = pool
         self.workerID = workerID
         self.lease = lease
         self.transport = transport
+        self.ledger = ledger
     }
 
     /// A claimed row, with what `device_tokens` knows about its target.
@@ -44,44 +51,31 @@ struct OutboxStore: Sendable {
         let tokenResults: String?
     }
 
-    /// The claim: $1 the worker, $2 the limit, $3 the lease in seconds, $4 the transport.
-    ///
-    /// The picked ids go to the UPDATE as an array (`id = ANY(ARRAY(…))`), not as a
-    /// join: the prepared statement's generic plan cannot know the LIMIT, guesses
-    /// 10,000 rows, and joined by hashing the whole table, read in full at every claim
-    /// (measured: 44 of a claim's 58 ms at 100,000 rows, growing with the table).
-    static let claimSQL = """
-        WITH claimed AS (
-            UPDATE downstream_messages AS d
-            SET status = 'sending', claimed_by = $1, available_at = now() + make_interval(secs => $3)
-            WHERE d.id = ANY(ARRAY(
-                SELECT id FROM downstream_messages
-                WHERE transport = $4 AND available_at <= now()
-                ORDER BY available_at, id
-                LIMIT $2
-                FOR UPDATE SKIP LOCKED))
-            RETURNING d.id, d.target, d.condition, d.payload, d.attempts, d.created_at, d.registration_ids,
-                      d.token_results
-        )
-        SELECT c.id, c.target, c.condition, c.payload::text, c.attempts,
-               extract(epoch FROM c.created_at)::float8, t.state, t.error_code, t.canonical_token,
-               c.registration_ids, c.token_results::text
-        FROM claimed AS c LEFT JOIN device_tokens AS t ON t.token = c.target
-        ORDER BY c.id
-        """
-
-    /// Claims up to `limit` rows that are due, oldest first.
-    func claim(limit: Int) async throws -> [ClaimedRow] {
-        let rows = try await pool.withConnection { connection in
-            try await connection.query(Self.claimSQL, [.text(workerID), .int(Int64(limit)), .double(lease.seconds), .text(transport)])
+    /// Claims up to `limit` due rows: when `sweeping`, first those due again behind the
+    /// claims' frontier (retries, rows handed back, rows of expired claims: a sender sweeps
+    /// every sweep interval and when a retry falls due), then rows no claim saw yet.
+    func claim(limit: Int, sweeping: Bool = false) async throws -> [ClaimedRow] {
+        let parameters: [PostgresValue] = [.text(workerID), .text(transport), .int(Int64(limit)), .double(lease.seconds)]
+        var rows = try await pool.withConnection { connection in
+            sweeping ? try await connection.query("SELECT * FROM fcm_outbox_sweep($1, $2, $3, $4)", parameters) : []
         }
-        return rows.map { row in
-            ClaimedRow(id: row.int(0) ?? 0, target: row.string(1), condition: row.string(2), payload: row.string(3) ?? "{}",
-                       attempts: Int(row.int(4) ?? 0), createdAt: Date(timeIntervalSince1970: row.double(5) ?? 0),
-                       tokenState: row.string(6).flatMap(TokenMark.State.init(rawValue:)), tokenErrorCode: row.string(7),
-                       canonicalToken: row.string(8), registrationIDs: row.strings(9),
-                       tokenResults: row.string(10))
+        if rows.count < limit {
+            let fresh: [PostgresValue] = [.text(workerID), .text(transport), .int(Int64(limit - rows.count)), .double(lease.seconds)]
+            rows += try await pool.withConnection { connection in
+                try await connection.query("SELECT * FROM fcm_outbox_claim($1, $2, $3, $4)", fresh)
+            }
         }
+        var claims: [Int64: [Int64]] = [:]
+        let claimed = rows.map { row in
+            let id = row.int(1) ?? 0
+            if let claim = row.int(0) { claims[claim, default: []].append(id) }
+            return ClaimedRow(id: id, target: row.string(2), condition: row.string(3), payload: row.string(4) ?? "{}",
+                              attempts: Int(row.int(5) ?? 0), createdAt: Date(timeIntervalSince1970: row.double(6) ?? 0),
+                              tokenState: row.string(7).flatMap(TokenMark.State.init(rawValue:)), tokenErrorCode: row.string(8),
+                              canonicalToken: row.string(9), registrationIDs: row.strings(10), tokenResults: row.string(11))
+        }
+        for (claim, ids) in claims { ledger.add(claim: claim, rows: ids) }
+        return claimed
     }
 
     /// Writes `updates` (one per row) and `tokens` (one per token) in one transaction.
@@ -92,9 +86,14 @@ struct OutboxStore: Sendable {
             func column<T>(_ value: (OutboxUpdate) -> T?, _ encode: (T) -> PostgresValue) -> PostgresValue {
                 .array(updates.map { value($0).map(encode) ?? .null })
             }
+            let claims = ledger.claims(of: updates.map(\.rowID))
+            // The claims are held FOR SHARE: a sweep taking them over waits for this write
+            // (and then finds its rows written); after a takeover, nothing is written.
             statements.append(PostgresStatement("""
+                WITH live AS (SELECT c.id FROM outbox_claims AS c WHERE c.id = ANY($14::bigint[]) AND c.worker = $12 FOR SHARE)
                 UPDATE downstream_messages AS d SET
                     status = u.status,
+                    claimed_by = CASE WHEN u.claim IS NULL THEN d.claimed_by ELSE $12 END,
                     attempts = greatest(d.attempts, coalesce(u.attempts, 0)),
                     sent_on = coalesce(u.sent_on, d.sent_on),
                     sent_at = coalesce(to_timestamp(u.sent_at), d.sent_at),
@@ -105,14 +104,14 @@ struct OutboxStore: Sendable {
                     canonical_token = coalesce(u.canonical_token, d.canonical_token),
                     token_results = coalesce(u.token_results::jsonb, d.token_results),
                     available_at = CASE WHEN u.status = 'delivered' THEN NULL
-                                        -- A held-back `sent` carries the lease of its send: never shorten a renewal.
-                                        WHEN u.status = 'sent' THEN greatest(d.available_at, to_timestamp(u.available_at))
+                                        -- Still in flight: its claim keeps it from other claims.
+                                        WHEN u.status = 'sent' THEN d.available_at
                                         ELSE to_timestamp(u.available_at) END
                 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::float8[], $6::float8[],
-                            $7::float8[], $8::text[], $9::text[], $10::text[], $11::float8[], $13::text[])
+                            $7::float8[], $8::text[], $9::text[], $10::text[], $11::float8[], $13::text[], $14::bigint[])
                     AS u(id, status, attempts, sent_on, sent_at, acked_at, delivered_at, error_code, error_description,
-                         canonical_token, available_at, token_results)
-                WHERE d.id = u.id AND (d.claimed_by = $12 OR u.status = 'delivered')
+                         canonical_token, available_at, token_results, claim)
+                WHERE d.id = u.id AND (u.claim IN (SELECT id FROM live) OR u.status = 'delivered')
                 """, [
                     .array(updates.map { .int($0.rowID) }), .array(updates.map { .text($0.status.rawValue) }),
                     column(\.attempts) { .int(Int64($0)) }, column(\.sentOn) { .text($0) },
@@ -121,8 +120,26 @@ struct OutboxStore: Sendable {
                     column(\.deliveredAt) { .double($0.timeIntervalSince1970) }, column(\.errorCode) { .text($0) },
                     column(\.errorDescription) { .text($0) }, column(\.canonicalToken) { .text($0) },
                     column(\.availableAt) { .double($0.timeIntervalSince1970) }, .text(workerID),
-                    column(\.tokenResults) { .text($0) },
+                    column(\.tokenResults) { .text($0) }, .array(claims.map { $0.map { .int($0) } ?? .null }),
                 ]))
+            let emptied = ledger.claimsEmptied(by: updates)
+            if !emptied.isEmpty {
+                statements.append(PostgresStatement("DELETE FROM outbox_claims WHERE id = ANY($1::bigint[]) AND worker = $2",
+                                                    [.array(emptied.map { .int($0) }), .text(workerID)]))
+            }
+            // A row due again (a retry, a hand-back) leaves a claim that lives on, so that a
+            // sweep can take it before the claim's other rows are answered.
+            let emptiedSet = Set(emptied)
+            let dueAgain = zip(updates, claims).filter { update, claim in
+                (update.status == .retry || update.status == .pending) && claim.map { !emptiedSet.contains($0) } == true
+            }
+            if !dueAgain.isEmpty {
+                statements.append(PostgresStatement("""
+                    UPDATE outbox_claims SET row_ids = ARRAY(SELECT r FROM unnest(row_ids) AS r WHERE r <> ALL($1::bigint[]))
+                    WHERE id = ANY($2::bigint[]) AND worker = $3
+                    """, [.array(dueAgain.map { .int($0.0.rowID) }), .array(Set(dueAgain.compactMap(\.1)).sorted().map { .int($0) }),
+                          .text(workerID)]))
+            }
         }
         if !tokens.isEmpty {
             // One mark per token (an upsert may not touch a row twice).
@@ -148,16 +165,23 @@ struct OutboxStore: Sendable {
                 throw error
             }
         }
+        ledger.written(updates)
     }
 
-    /// Extends this worker's lease on `ids` (rows it holds unsent, unanswered or in flight).
-    func renew(_ ids: [Int64]) async throws {
-        guard !ids.isEmpty else { return }
-        _ = try await pool.withConnection { connection in
-            try await connection.execute("""
-                UPDATE downstream_messages SET available_at = now() + make_interval(secs => $3)
-                WHERE id = ANY($1::bigint[]) AND claimed_by = $2 AND status IN ('sending', 'sent')
-                """, [.array(ids.map { .int($0) }), .text(workerID), .double(lease.seconds)])
+    /// Extends the lease of every claim this worker holds. Returns the rows of claims that
+    /// were gone (expired and taken over by another worker's sweep): they are forgotten, and
+    /// what is written for those rows later changes nothing.
+    @discardableResult
+    func renewClaims() async throws -> Int {
+        let claims = ledger.claimIDs
+        guard !claims.isEmpty else { return 0 }
+        let renewed = try await pool.withConnection { connection in
+            try await connection.query("""
+                UPDATE outbox_claims SET expires_at = now() + make_interval(secs => $3)
+                WHERE id = ANY($1::bigint[]) AND worker = $2 RETURNING id
+                """, [.array(claims.map { .int($0) }), .text(workerID), .double(lease.seconds)])
         }
+        let alive = Set(renewed.compactMap { $0.int(0) })
+        return ledger.forget(claims.filter { !alive.contains($0) })
     }
 }

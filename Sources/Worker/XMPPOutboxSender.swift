@@ -7,9 +7,9 @@ import XMPP
 /// Sends the outbox rows of transport `xmpp` over the worker's CCS connections with FCM's
 /// rules: the XMPP shell of the `Outbox`.
 ///
-/// - Claims due rows (`OutboxStore`), woken by NOTIFY and by a periodic sweep, never more
-///   than the open windows can take plus a read-ahead (the outbox renews its lease on
-///   what it holds: `heldRowIDs`).
+/// - Claims due rows (`OutboxStore`), woken by NOTIFY, never more than the open windows
+///   can take plus a read-ahead; sweeps for rows due again (retries, rows handed back,
+///   expired claims) every sweep interval and when a retry it wrote falls due.
 /// - Places them with a `DownstreamScheduler`: at most 100 pending per connection, a slot
 ///   freed only by that message's ack, nack or stanza error; a draining connection takes
 ///   nothing more; what was pending on a closed connection is sent again on another.
@@ -61,8 +61,10 @@ final class XMPPOutboxSender: Sendable {
         /// When unanswered messages were last looked for.
         var lastExpiryCheck = ContinuousClock.now
         var statistics = Statistics()
-        /// When scheduled retries fall due: the claim loop wakes for each.
+        /// When scheduled retries fall due: the claim loop wakes for each, and sweeps.
         var retryTimes = DueTimes()
+        /// A retry fell due: the next claim sweeps.
+        var sweepWanted = true
         /// The connection label of each link (for metrics).
         var labels: [Int: String] = [:]
     }
@@ -110,9 +112,6 @@ final class XMPPOutboxSender: Sendable {
         metrics.downstream(updates, transport: "xmpp")
         return writeBack.record(updates, tokens: tokens)
     }
-
-    /// The rows this sender holds (waiting or unanswered), whose claim the outbox renews.
-    var heldRowIDs: [Int64] { state.withLock { $0.scheduler.heldRowIDs } }
 
     // MARK: - Shutdown
 
@@ -400,6 +399,7 @@ final class XMPPOutboxSender: Sendable {
     /// Claims rows as the windows make room, until `finish` or cancellation.
     func claimLoop() async {
         var outage = Backoff.outage(base: .milliseconds(100), cap: .seconds(10))
+        var lastSweep: ContinuousClock.Instant?
         while state.withLock({ $0.claiming }) && !Task.isCancelled {
             expireUnanswered()
             let wanted = state.withLock { self.wanted($0) }
@@ -410,7 +410,18 @@ final class XMPPOutboxSender: Sendable {
             let limit = min(wanted, 2000)
             let rows: [OutboxStore.ClaimedRow]
             do {
-                rows = try await store.claim(limit: limit)
+                let now = ContinuousClock.now
+                let sweeping = state.withLock { state in
+                    defer { state.sweepWanted = false }
+                    return state.sweepWanted || lastSweep.map { now - $0 >= settings.sweepInterval } ?? true
+                }
+                do {
+                    rows = try await store.claim(limit: limit, sweeping: sweeping)
+                } catch {
+                    if sweeping { state.withLock { $0.sweepWanted = true } }
+                    throw error
+                }
+                if sweeping { lastSweep = now }
                 outage.reset()
             } catch {
                 guard !Task.isCancelled else { return }
@@ -453,7 +464,10 @@ final class XMPPOutboxSender: Sendable {
         state.withLock { state in
             // A few milliseconds late, so that the row's write-back has landed.
             let (passed, next) = state.retryTimes.popPassed(before: .now, written: writeBack.committed)
-            if passed { return .zero }
+            if passed {
+                state.sweepWanted = true
+                return .zero
+            }
             guard let next else { return settings.sweepInterval }
             // A retry due but not yet written: the write's commit rings the doorbell.
             return min(settings.sweepInterval, max(.milliseconds(20), next - .now))

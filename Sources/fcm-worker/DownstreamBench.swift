@@ -170,7 +170,7 @@ struct DownstreamBench {
                          url: String) async throws -> Result {
         let connection = try await PostgresConnection.connect(url)
         defer { Task { await connection.close() } }
-        try await connection.execute("TRUNCATE downstream_messages, device_tokens")
+        try await connection.execute("TRUNCATE downstream_messages, device_tokens, outbox_claims")
         try await connection.execute("CHECKPOINT")
 
         let simulator = try await SimulatorProcess.start(arguments: ["--ack-delay", "\(roundTripMilliseconds)", "--quiet"])

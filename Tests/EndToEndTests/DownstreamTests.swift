@@ -218,8 +218,8 @@ extension TestCCS {
         try await ccs.simulator.wait(for: "50 on session 1") {
             $0.count { if case .downstreamReceived(1, _) = $0 { true } else { false } } >= 50
         }
-        // Claimed and in flight (`sent` is written once the answer is a second late).
-        #expect(try await database.count("downstream_messages", where: "status IN ('sending', 'sent')") == 50)
+        // Claimed and in flight: named by a claim (migration 0007; the rows are written with their answer).
+        #expect(try await database.count("downstream_messages_in_flight") == 50)
         ccs.simulator.drop(session: 1)
         try await database.waitForOutbox("status = 'acked'", count: 50)
         for id in ids {

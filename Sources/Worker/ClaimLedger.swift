@@ -1,0 +1,85 @@
+import Runtime
+
+/// The worker's live claims on outbox rows (rows of `outbox_claims`), and which claim holds
+/// each row: what the write-back names when it writes a row (a write counts only while its
+/// claim lives), which claims a write empties (deleted in the same transaction), and what
+/// the outbox renews. One ledger serves both transports' stores.
+///
+/// A row is released from its claim by any update that gives it up: an answer that settles
+/// it (acked, failed, expired, retry, or delivered with its ack), or a hand-back (pending).
+/// A `sent` update, or a receipt alone, keeps it.
+final class ClaimLedger: Sendable {
+    private struct State {
+        var claimOfRow: [Int64: Int64] = [:]
+        var rowsOfClaim: [Int64: Set<Int64>] = [:]
+    }
+
+    private let state = BlockingLock(State())
+
+    init() {}
+
+    /// Records a claim the store just made.
+    func add(claim: Int64, rows: [Int64]) {
+        state.withLock { state in
+            for row in rows {
+                if let earlier = state.claimOfRow.updateValue(claim, forKey: row) { state.rowsOfClaim[earlier]?.remove(row) }
+            }
+            state.rowsOfClaim[claim, default: []].formUnion(rows)
+        }
+    }
+
+    /// The claim holding each of `rows` (nil: none known to this worker).
+    func claims(of rows: [Int64]) -> [Int64?] {
+        state.withLock { state in rows.map { state.claimOfRow[$0] } }
+    }
+
+    /// Whether `update` gives its row up.
+    static func releases(_ update: OutboxUpdate) -> Bool {
+        switch update.status {
+        case .sent: false
+        case .delivered: update.ackedAt != nil
+        case .pending, .acked, .failed, .retry, .expired: true
+        }
+    }
+
+    /// The claims that writing `updates` would leave without rows.
+    func claimsEmptied(by updates: [OutboxUpdate]) -> [Int64] {
+        state.withLock { state in
+            var released: [Int64: Int] = [:]
+            for update in updates where Self.releases(update) {
+                if let claim = state.claimOfRow[update.rowID] { released[claim, default: 0] += 1 }
+            }
+            return released.compactMap { claim, count in state.rowsOfClaim[claim]?.count == count ? claim : nil }.sorted()
+        }
+    }
+
+    /// `updates` are written: the rows they give up leave their claims, and claims left
+    /// without rows are forgotten (the write deleted them).
+    func written(_ updates: [OutboxUpdate]) {
+        state.withLock { state in
+            for update in updates where Self.releases(update) {
+                guard let claim = state.claimOfRow.removeValue(forKey: update.rowID) else { continue }
+                state.rowsOfClaim[claim]?.remove(update.rowID)
+                if state.rowsOfClaim[claim]?.isEmpty == true { state.rowsOfClaim[claim] = nil }
+            }
+        }
+    }
+
+    /// Every live claim, for renewal.
+    var claimIDs: [Int64] { state.withLock { $0.rowsOfClaim.keys.sorted() } }
+
+    /// Forgets `claims` (they expired and another worker's sweep took them over); returns
+    /// how many rows they held.
+    @discardableResult
+    func forget(_ claims: [Int64]) -> Int {
+        state.withLock { state in
+            var rows = 0
+            for claim in claims {
+                guard let held = state.rowsOfClaim.removeValue(forKey: claim) else { continue }
+                rows += held.count
+                for row in held where state.claimOfRow[row] == claim { state.claimOfRow[row] = nil }
+            }
+            return rows
+        }
+    }
+}

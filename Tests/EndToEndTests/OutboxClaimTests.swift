@@ -1,0 +1,161 @@
+import Foundation
+import Postgres
+import Testing
+@testable import Worker
+
+/// Claims per batch (migration 0007): a claim names rows without writing them, takes rows
+/// whose transactions commit after it passed their ids, never names a row another live
+/// claim names; a sweep takes over expired claims and rows due again; a write counts only
+/// under a live claim and deletes the claims it settles.
+@Suite struct OutboxClaimTests {
+    private static func insert(_ count: Int, on connection: PostgresConnection) async throws -> [Int64] {
+        try await connection.query("""
+            INSERT INTO downstream_messages (target, payload)
+            SELECT 'token-' || g, '{"data":{"n":"1"}}'::jsonb FROM generate_series(1, $1) AS g RETURNING id
+            """, [.int(Int64(count))]).compactMap { $0.int(0) }
+    }
+
+    private static func claim(_ worker: String, _ limit: Int, on connection: PostgresConnection, sweep: Bool = false,
+                              lease: Double = 60) async throws -> (claims: Set<Int64>, ids: [Int64]) {
+        let rows = try await connection.query("SELECT * FROM \(sweep ? "fcm_outbox_sweep" : "fcm_outbox_claim")($1, 'xmpp', $2, $3)",
+                                               [.text(worker), .int(Int64(limit)), .double(lease)])
+        return (Set(rows.compactMap { $0.int(0) }), rows.compactMap { $0.int(1) })
+    }
+
+    @Test func aClaimNamesABatchInIdOrderAndLeavesTheRowsUnwritten() async throws {
+        let database = try await TestDatabase.make()
+        let connection = try await database.connect()
+        defer { Task { await connection.close() } }
+        let ids = try await Self.insert(250, on: connection)
+        let first = try await Self.claim("worker-1", 100, on: connection)
+        let second = try await Self.claim("worker-2", 100, on: connection)
+        #expect(first.ids == Array(ids[0..<100]) && second.ids == Array(ids[100..<200]))
+        #expect(first.claims.count == 1 && second.claims.count == 1 && first.claims != second.claims)
+        let named = try await database.query("SELECT worker, row_ids FROM outbox_claims ORDER BY id")
+        #expect(named.map { $0.string(0) } == ["worker-1", "worker-2"])
+        #expect(named.first?.ints(1) == Array(ids[0..<100]))
+        #expect(try await database.count("downstream_messages", where: "status = 'pending' AND claimed_by IS NULL") == 250,
+                "a claim writes no row")
+        #expect(try await database.count("downstream_messages_in_flight") == 200)
+        // Nothing behind the frontier is due and unclaimed: a sweep takes nothing, a claim the rest.
+        #expect(try await Self.claim("worker-3", 100, on: connection, sweep: true).ids.isEmpty)
+        #expect(try await Self.claim("worker-3", 100, on: connection).ids == Array(ids[200...]))
+    }
+
+    @Test func aRowCommittedAfterAClaimPassedItsIdIsTakenByTheNextClaim() async throws {
+        let database = try await TestDatabase.make()
+        let slow = try await database.connect(), fast = try await database.connect(), claimer = try await database.connect()
+        defer { Task { await slow.close(); await fast.close(); await claimer.close() } }
+        _ = try await slow.execute("BEGIN")
+        let late = try await Self.insert(1, on: slow)
+        let early = try await Self.insert(3, on: fast)
+        #expect(try await Self.claim("worker-1", 100, on: claimer).ids == early, "the uncommitted row is passed")
+        let gaps = try await database.query("SELECT gap_ids FROM outbox_cursors WHERE transport = 'xmpp'").first?.ints(0)
+        #expect(gaps == late, "and remembered")
+        _ = try await slow.execute("COMMIT")
+        #expect(try await Self.claim("worker-1", 100, on: claimer).ids == late, "taken by a claim, without waiting for a sweep")
+        // A rolled-back id holds nothing up, and is forgotten once the transactions of its time ended.
+        _ = try await slow.execute("BEGIN")
+        _ = try await Self.insert(1, on: slow)
+        let after = try await Self.insert(2, on: fast)
+        #expect(try await Self.claim("worker-1", 100, on: claimer).ids == after)
+        _ = try await slow.execute("ROLLBACK")
+        var forgotten = false
+        for _ in 0..<150 where !forgotten {
+            _ = try await Self.claim("worker-1", 100, on: claimer)
+            forgotten = try await database.query("SELECT cardinality(gap_ids) FROM outbox_cursors WHERE transport = 'xmpp'")
+                .first?.int(0) == 0
+            if !forgotten { try await Task.sleep(for: .milliseconds(100)) }
+        }
+        #expect(forgotten, "the gap is forgotten (at the latest 10 s after it was seen)")
+    }
+
+    @Test func aSweepTakesOverExpiredClaimsAndRowsDueAgainButNoRowOfALiveClaim() async throws {
+        let database = try await TestDatabase.make()
+        let connection = try await database.connect()
+        defer { Task { await connection.close() } }
+        let ids = try await Self.insert(30, on: connection)
+        let crashed = try await Self.claim("crashed", 10, on: connection)
+        let alive = try await Self.claim("alive", 10, on: connection)
+        let retried = try await Self.claim("retried", 10, on: connection)
+        // The third worker settles its batch: one row due again, the rest acked; its claim ends.
+        _ = try await connection.execute("""
+            UPDATE downstream_messages SET status = CASE WHEN id = $1 THEN 'retry' ELSE 'acked' END,
+                available_at = CASE WHEN id = $1 THEN now() - interval '1 hour' END
+            WHERE id = ANY($2::bigint[])
+            """, [.int(ids[20]), .array(retried.ids.map { .int($0) })])
+        _ = try await connection.execute("DELETE FROM outbox_claims WHERE worker = 'retried'")
+        _ = try await connection.execute("UPDATE outbox_claims SET expires_at = now() - interval '1 s' WHERE worker = 'crashed'")
+        let oldest = try await Self.claim("taker", 1, on: connection, sweep: true)
+        #expect(oldest.ids == [ids[20]], "oldest due first")
+        let swept = try await Self.claim("taker", 100, on: connection, sweep: true)
+        #expect(swept.ids == crashed.ids, "then the expired claim's rows, not the live claim's")
+        #expect(try await database.count("outbox_claims", where: "worker = 'crashed'") == 0, "the expired claim is deleted")
+        #expect(Set(alive.ids).isDisjoint(with: swept.ids))
+    }
+
+    @Test func aWriteCountsOnlyUnderALiveClaimAndDeletesTheClaimsItSettles() async throws {
+        let database = try await TestDatabase.make()
+        let connection = try await database.connect()
+        defer { Task { await connection.close() } }
+        let ids = try await Self.insert(4, on: connection)
+        let pool = PostgresPool(target: try PostgresConnectionString(database.url), size: 1)
+        let first = OutboxStore(pool: pool, workerID: "first", lease: .seconds(60), transport: "xmpp")
+        let second = OutboxStore(pool: pool, workerID: "second", lease: .seconds(60), transport: "xmpp")
+        #expect(try await first.claim(limit: 10).map(\.id) == ids)
+        // The first worker's claim expires and the second takes the rows over.
+        _ = try await connection.execute("UPDATE outbox_claims SET expires_at = now() - interval '1 s'")
+        #expect(try await second.claim(limit: 10, sweeping: true).map(\.id) == ids)
+        let now = Date()
+        try await first.write([OutboxUpdate(rowID: ids[0], status: .acked, attempts: 1, sentOn: "old", sentAt: now, ackedAt: now)],
+                              tokens: [])
+        #expect(try await database.count("downstream_messages", where: "status = 'pending'") == 4, "a write after a takeover changes nothing")
+        #expect(try await first.renewClaims() == 3, "the lost claim is forgotten at renewal (the acked row had left it)")
+        #expect(first.ledger.claimIDs.isEmpty && second.ledger.claimIDs.count == 1)
+        // The second worker: a receipt-less sent keeps the claim, a retry leaves it, the last answer ends it.
+        try await second.write([OutboxUpdate(rowID: ids[0], status: .sent, attempts: 1, sentOn: "ccs#1", sentAt: now)], tokens: [])
+        try await second.write([OutboxUpdate(rowID: ids[1], status: .retry, attempts: 1, availableAt: now)], tokens: [])
+        let claim = try await database.query("SELECT row_ids FROM outbox_claims WHERE worker = 'second'")
+        #expect(claim.first?.ints(0) == [ids[0], ids[2], ids[3]], "the retry left the claim")
+        #expect(try await database.count("downstream_messages", where: "status = 'sent' AND claimed_by = 'second'") == 1)
+        try await second.write([ids[0], ids[2], ids[3]].map {
+            OutboxUpdate(rowID: $0, status: .acked, attempts: 1, sentOn: "ccs#1", sentAt: now, ackedAt: now)
+        }, tokens: [])
+        #expect(try await database.count("outbox_claims") == 0, "the write that settled its last rows deleted the claim")
+        #expect(try await database.count("downstream_messages", where: """
+            status = 'acked' AND claimed_by = 'second' AND sent_on = 'ccs#1' AND attempts = 1 AND available_at IS NULL
+            """) == 3)
+        // A delivery receipt is written whoever holds the row.
+        try await first.write([OutboxUpdate(rowID: ids[2], status: .delivered, deliveredAt: now)], tokens: [])
+        #expect(try await database.count("downstream_messages", where: "status = 'delivered'") == 1)
+        await pool.close()
+    }
+
+    /// The functions' plans are generic (made once per session): they must find rows through
+    /// indexes, never by reading the outbox, which grows with every message until pruned.
+    @Test func claimsAndSweepsReadIndexesNotTheWholeTable() async throws {
+        let database = try await TestDatabase.make()
+        let connection = try await database.connect()
+        defer { Task { await connection.close() } }
+        _ = try await Self.insert(20000, on: connection)
+        _ = try await connection.execute("ANALYZE downstream_messages")
+        func sequentialScans() async throws -> Int64 {
+            // The claiming session's counters reach the shared statistics once it idles.
+            _ = try await connection.query("SELECT pg_stat_force_next_flush()")
+            _ = try await connection.query("SELECT 1")
+            _ = try await database.query("SELECT pg_stat_clear_snapshot()")
+            return try await database.query("SELECT seq_scan FROM pg_stat_user_tables WHERE relid = 'downstream_messages'::regclass")
+                .first?.int(0) ?? -1
+        }
+        let before = try await sequentialScans()
+        for _ in 0..<10 {
+            #expect(try await Self.claim("worker-1", 100, on: connection).ids.count == 100)
+            #expect(try await Self.claim("worker-1", 100, on: connection, sweep: true).ids.isEmpty)
+        }
+        #expect(try await sequentialScans() == before, "no claim or sweep read the whole table")
+    }
+}
+
+private extension PostgresRow {
+    func ints(_ index: Int) -> [Int64]? { strings(index)?.compactMap { Int64($0) } }
+}
