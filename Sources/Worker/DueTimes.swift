@@ -16,6 +16,9 @@ struct DueTimes {
         for neighbour in [low - 1, low] where entries.indices.contains(neighbour) {
             let gap = entries[neighbour].at - instant
             if gap < .milliseconds(5) && gap > .milliseconds(-5) {
+                // The later of the two: at the earlier one the other row is not due yet, and
+                // only the sweep this wakes would find it.
+                entries[neighbour].at = max(entries[neighbour].at, instant)
                 entries[neighbour].written = max(entries[neighbour].written, written)
                 return
             }
