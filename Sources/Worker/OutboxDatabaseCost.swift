@@ -10,7 +10,8 @@ import Runtime
 /// goals can reach depends on these, whatever the worker does around them.
 package enum OutboxDatabaseCost: CaseIterable, Sendable, CustomStringConvertible {
     /// `OutboxStore.claim` then `OutboxStore.write` of an acked update, per batch: a
-    /// message's two row updates as the worker writes them.
+    /// message's claim (a claim row per batch) and its one row update, as the worker
+    /// writes them.
     case claimAndWriteBack
     /// `SELECT … FOR UPDATE` of a batch in a transaction: the least a claim can cost that
     /// other workers must respect.
@@ -21,7 +22,7 @@ package enum OutboxDatabaseCost: CaseIterable, Sendable, CustomStringConvertible
 
     package var description: String {
         switch self {
-        case .claimAndWriteBack: "the worker's claim and write-back (two row updates)"
+        case .claimAndWriteBack: "the worker's claim and write-back (a claim per batch, one row update)"
         case .rowLock: "a row lock alone (SELECT … FOR UPDATE)"
         case .statusUpdate: "one in-place final-status update alone"
         }

@@ -55,15 +55,9 @@ struct OutboxStore: Sendable {
     /// claims' frontier (retries, rows handed back, rows of expired claims: a sender sweeps
     /// every sweep interval and when a retry falls due), then rows no claim saw yet.
     func claim(limit: Int, sweeping: Bool = false) async throws -> [ClaimedRow] {
-        let parameters: [PostgresValue] = [.text(workerID), .text(transport), .int(Int64(limit)), .double(lease.seconds)]
-        var rows = try await pool.withConnection { connection in
-            sweeping ? try await connection.query("SELECT * FROM fcm_outbox_sweep($1, $2, $3, $4)", parameters) : []
-        }
-        if rows.count < limit {
-            let fresh: [PostgresValue] = [.text(workerID), .text(transport), .int(Int64(limit - rows.count)), .double(lease.seconds)]
-            rows += try await pool.withConnection { connection in
-                try await connection.query("SELECT * FROM fcm_outbox_claim($1, $2, $3, $4)", fresh)
-            }
+        let rows = try await pool.withConnection { connection in
+            try await connection.query(sweeping ? "SELECT * FROM fcm_outbox_sweep($1, $2, $3, $4)" : "SELECT * FROM fcm_outbox_claim($1, $2, $3, $4)",
+                                       [.text(workerID), .text(transport), .int(Int64(limit)), .double(lease.seconds)])
         }
         var claims: [Int64: [Int64]] = [:]
         let claimed = rows.map { row in
