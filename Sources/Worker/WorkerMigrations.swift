@@ -228,12 +228,43 @@ CREATE VIEW downstream_messages_in_flight AS
     FROM outbox_claims AS c CROSS JOIN LATERAL unnest(c.row_ids) AS r(id)
     WHERE c.expires_at > now();
 
+-- A claimed row as the claim functions return it, with what device_tokens knows of its target.
+CREATE TYPE fcm_outbox_claimed_row AS (claim_id bigint, id bigint, target text, condition text, payload text,
+    attempts integer, created_at float8, token_state text, token_error_code text, canonical_token text,
+    registration_ids text[], token_results text);
+
+-- Claims the rows p_ids (sorted) for p_worker for p_lease seconds, and returns them with
+-- what device_tokens knows of their targets: the end of fcm_outbox_claim and fcm_outbox_sweep.
+CREATE FUNCTION fcm_outbox_take(p_worker text, p_transport text, p_lease float8, p_ids bigint[])
+RETURNS SETOF fcm_outbox_claimed_row
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan AS $$
+BEGIN
+    RETURN QUERY
+    WITH claims AS (
+        -- At most 200 rows a claim: its row stays under the size at which PostgreSQL would
+        -- compress it into TOAST (1.7 ms for a claim of 1,260 rows).
+        INSERT INTO outbox_claims (worker, transport, row_ids, first_id, last_id, expires_at)
+        SELECT p_worker, p_transport, array_agg(t.id ORDER BY t.id), min(t.id), max(t.id), now() + make_interval(secs => p_lease)
+        FROM unnest(p_ids) WITH ORDINALITY AS t(id, n) GROUP BY (t.n - 1) / 200
+        RETURNING outbox_claims.id AS claim, outbox_claims.first_id, outbox_claims.last_id
+    )
+    SELECT c.claim, d.id, d.target, d.condition, d.payload::text, d.attempts, extract(epoch FROM d.created_at)::float8,
+           t.state, t.error_code, t.canonical_token, d.registration_ids, d.token_results::text
+    -- The claims hold consecutive runs of the sorted ids: a row's claim is the one whose
+    -- range holds it. (Rows found through the list, not `d.id = ANY(p_ids)`: the generic
+    -- plan scanned each claim's id range and searched the list for every row in it.)
+    FROM unnest(p_ids) AS k(id) JOIN downstream_messages AS d ON d.id = k.id
+         JOIN claims AS c ON k.id BETWEEN c.first_id AND c.last_id
+         LEFT JOIN device_tokens AS t ON t.token = d.target
+    ORDER BY d.id;
+END
+$$;
+
 -- Claims up to p_limit due rows of p_transport that no claim saw yet (and rows of gaps that
 -- became visible), for p_worker, for p_lease seconds.
 CREATE FUNCTION fcm_outbox_claim(p_worker text, p_transport text, p_limit integer, p_lease float8)
-RETURNS TABLE (claim_id bigint, id bigint, target text, condition text, payload text, attempts integer,
-               created_at float8, token_state text, token_error_code text, canonical_token text,
-               registration_ids text[], token_results text)
+RETURNS SETOF fcm_outbox_claimed_row
 LANGUAGE plpgsql
 -- Plans made once per session: custom plans were made again at every call (4 ms of a 5 ms
 -- claim). The sweep's set of claimed ids is hashed (work_mem bounds that).
@@ -310,24 +341,7 @@ BEGIN
     IF cardinality(taken) = 0 THEN
         RETURN;
     END IF;
-    RETURN QUERY
-    WITH claims AS (
-        -- At most 200 rows a claim: its row stays under the size at which PostgreSQL would
-        -- compress it into TOAST (1.7 ms for a claim of 1,260 rows).
-        INSERT INTO outbox_claims (worker, transport, row_ids, first_id, last_id, expires_at)
-        SELECT p_worker, p_transport, array_agg(t.id ORDER BY t.id), min(t.id), max(t.id), now() + make_interval(secs => p_lease)
-        FROM unnest(taken) WITH ORDINALITY AS t(id, n) GROUP BY (t.n - 1) / 200
-        RETURNING outbox_claims.id AS claim, outbox_claims.first_id, outbox_claims.last_id
-    )
-    SELECT c.claim, d.id, d.target, d.condition, d.payload::text, d.attempts, extract(epoch FROM d.created_at)::float8,
-           t.state, t.error_code, t.canonical_token, d.registration_ids, d.token_results::text
-    -- The claims hold consecutive runs of the sorted ids: a row's claim is the one whose
-    -- range holds it. (Rows found through the list, not `d.id = ANY(taken)`: the generic
-    -- plan scanned each claim's id range and searched the list for every row in it.)
-    FROM unnest(taken) AS k(id) JOIN downstream_messages AS d ON d.id = k.id
-         JOIN claims AS c ON k.id BETWEEN c.first_id AND c.last_id
-         LEFT JOIN device_tokens AS t ON t.token = d.target
-    ORDER BY d.id;
+    RETURN QUERY SELECT * FROM fcm_outbox_take(p_worker, p_transport, p_lease, taken);
 END
 $$;
 
@@ -336,9 +350,7 @@ $$;
 -- rows of transactions that committed after their gap was forgotten), oldest due first,
 -- and up to p_limit in all with fcm_outbox_claim: one round trip.
 CREATE FUNCTION fcm_outbox_sweep(p_worker text, p_transport text, p_limit integer, p_lease float8)
-RETURNS TABLE (claim_id bigint, id bigint, target text, condition text, payload text, attempts integer,
-               created_at float8, token_state text, token_error_code text, canonical_token text,
-               registration_ids text[], token_results text)
+RETURNS SETOF fcm_outbox_claimed_row
 LANGUAGE plpgsql
 -- Plans made once per session: custom plans were made again at every call (4 ms of a 5 ms
 -- claim). The sweep's set of claimed ids is hashed (work_mem bounds that).
@@ -364,24 +376,7 @@ BEGIN
         ORDER BY d.available_at, d.id LIMIT p_limit) AS s;
     taken := ARRAY(SELECT x FROM unnest(taken) AS x ORDER BY x);
     IF cardinality(taken) > 0 THEN
-        RETURN QUERY
-        WITH claims AS (
-            -- At most 200 rows a claim: its row stays under the size at which PostgreSQL would
-            -- compress it into TOAST (1.7 ms for a claim of 1,260 rows).
-            INSERT INTO outbox_claims (worker, transport, row_ids, first_id, last_id, expires_at)
-            SELECT p_worker, p_transport, array_agg(t.id ORDER BY t.id), min(t.id), max(t.id), now() + make_interval(secs => p_lease)
-            FROM unnest(taken) WITH ORDINALITY AS t(id, n) GROUP BY (t.n - 1) / 200
-            RETURNING outbox_claims.id AS claim, outbox_claims.first_id, outbox_claims.last_id
-        )
-        SELECT c.claim, d.id, d.target, d.condition, d.payload::text, d.attempts, extract(epoch FROM d.created_at)::float8,
-               t.state, t.error_code, t.canonical_token, d.registration_ids, d.token_results::text
-        -- The claims hold consecutive runs of the sorted ids: a row's claim is the one whose
-        -- range holds it. (Rows found through the list, not `d.id = ANY(taken)`: the generic
-        -- plan scanned each claim's id range and searched the list for every row in it.)
-        FROM unnest(taken) AS k(id) JOIN downstream_messages AS d ON d.id = k.id
-             JOIN claims AS c ON k.id BETWEEN c.first_id AND c.last_id
-             LEFT JOIN device_tokens AS t ON t.token = d.target
-        ORDER BY d.id;
+        RETURN QUERY SELECT * FROM fcm_outbox_take(p_worker, p_transport, p_lease, taken);
     END IF;
     -- Then fresh rows, after this claim is in: a gap's row the sweep took is not taken twice.
     IF cardinality(taken) < p_limit THEN
