@@ -22,7 +22,10 @@ final class ClaimLedger: Sendable {
     func add(claim: Int64, rows: [Int64]) {
         state.withLock { state in
             for row in rows {
-                if let earlier = state.claimOfRow.updateValue(claim, forKey: row) { state.rowsOfClaim[earlier]?.remove(row) }
+                // A row this worker held under a claim that expired and is gone, taken again.
+                guard let earlier = state.claimOfRow.updateValue(claim, forKey: row), earlier != claim else { continue }
+                state.rowsOfClaim[earlier]?.remove(row)
+                if state.rowsOfClaim[earlier]?.isEmpty == true { state.rowsOfClaim[earlier] = nil }
             }
             state.rowsOfClaim[claim, default: []].formUnion(rows)
         }
