@@ -45,23 +45,35 @@ final class ClaimLedger: Sendable {
         }
     }
 
-    /// The claims that writing `updates` would leave without rows.
-    func claimsEmptied(by updates: [OutboxUpdate]) -> [Int64] {
+    /// What a write of `updates` names, read in one step: the claim of each update's row
+    /// (the write counts only under it) and the claims the write leaves without rows.
+    struct WritePlan: Equatable {
+        var claims: [Int64?]
+        var emptied: [Int64]
+    }
+
+    /// The plan for writing `updates` (see `WritePlan`).
+    func plan(_ updates: [OutboxUpdate]) -> WritePlan {
         state.withLock { state in
-            var released: [Int64: Int] = [:]
-            for update in updates where Self.releases(update) {
-                if let claim = state.claimOfRow[update.rowID] { released[claim, default: 0] += 1 }
+            let claims = updates.map { state.claimOfRow[$0.rowID] }
+            var released: [Int64: Set<Int64>] = [:]
+            for (update, claim) in zip(updates, claims) where Self.releases(update) {
+                if let claim { released[claim, default: []].insert(update.rowID) }
             }
-            return released.compactMap { claim, count in state.rowsOfClaim[claim]?.count == count ? claim : nil }.sorted()
+            let emptied = released.compactMap { claim, rows in state.rowsOfClaim[claim]?.count == rows.count ? claim : nil }
+            return WritePlan(claims: claims, emptied: emptied.sorted())
         }
     }
 
-    /// `updates` are written: the rows they give up leave their claims, and claims left
-    /// without rows are forgotten (the write deleted them).
-    func written(_ updates: [OutboxUpdate]) {
+    /// `updates` are written under `plan`: the rows they give up leave the claims the write
+    /// named, and claims left without rows are forgotten (the write deleted them). A row
+    /// this worker took again under a new claim meanwhile (a sweep right after the write's
+    /// commit found it due) stays with the new claim: its answer is written under that one.
+    func written(_ updates: [OutboxUpdate], under plan: WritePlan) {
         state.withLock { state in
-            for update in updates where Self.releases(update) {
-                guard let claim = state.claimOfRow.removeValue(forKey: update.rowID) else { continue }
+            for (update, claim) in zip(updates, plan.claims) where Self.releases(update) {
+                guard let claim, state.claimOfRow[update.rowID] == claim else { continue }
+                state.claimOfRow[update.rowID] = nil
                 state.rowsOfClaim[claim]?.remove(update.rowID)
                 if state.rowsOfClaim[claim]?.isEmpty == true { state.rowsOfClaim[claim] = nil }
             }

@@ -17,7 +17,7 @@ package enum OutboxDatabaseCost: CaseIterable, Sendable, CustomStringConvertible
     /// other workers must respect.
     case rowLock
     /// One `UPDATE` per row of a batch that writes its final status (taking it out of the
-    /// claimable index): the least writing a row's outcome into the row can cost.
+    /// unfinished index): the least writing a row's outcome into the row can cost.
     case statusUpdate
 
     package var description: String {

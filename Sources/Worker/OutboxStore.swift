@@ -76,11 +76,12 @@ struct OutboxStore: Sendable {
     func write(_ updates: [OutboxUpdate], tokens: [TokenMark]) async throws {
         guard !updates.isEmpty || !tokens.isEmpty else { return }
         var statements = [PostgresStatement("BEGIN")]
+        let plan = ledger.plan(updates)
         if !updates.isEmpty {
             func column<T>(_ value: (OutboxUpdate) -> T?, _ encode: (T) -> PostgresValue) -> PostgresValue {
                 .array(updates.map { value($0).map(encode) ?? .null })
             }
-            let claims = ledger.claims(of: updates.map(\.rowID))
+            let claims = plan.claims
             // The claims are held FOR SHARE: a sweep taking them over waits for this write
             // (and then finds its rows written); after a takeover, nothing is written.
             statements.append(PostgresStatement("""
@@ -116,7 +117,7 @@ struct OutboxStore: Sendable {
                     column(\.availableAt) { .double($0.timeIntervalSince1970) }, .text(workerID),
                     column(\.tokenResults) { .text($0) }, .array(claims.map { $0.map { .int($0) } ?? .null }),
                 ]))
-            let emptied = ledger.claimsEmptied(by: updates)
+            let emptied = plan.emptied
             if !emptied.isEmpty {
                 statements.append(PostgresStatement("DELETE FROM outbox_claims WHERE id = ANY($1::bigint[]) AND worker = $2",
                                                     [.array(emptied.map { .int($0) }), .text(workerID)]))
@@ -159,7 +160,7 @@ struct OutboxStore: Sendable {
                 throw error
             }
         }
-        ledger.written(updates)
+        ledger.written(updates, under: plan)
     }
 
     /// Extends the lease of every claim this worker holds. Returns the rows of claims that

@@ -219,8 +219,10 @@ SELECT t, coalesce((SELECT min(id) - 1 FROM downstream_messages WHERE available_
                    (SELECT max(id) FROM downstream_messages), 0)
 FROM unnest(ARRAY['xmpp', 'http']) AS t;
 
--- The claims' path: unfinished rows by id.
+-- The claims' path: unfinished rows by id. It replaces the claimable index (by due time),
+-- which no claim uses any more: one index fewer to write at every insert and retry.
 CREATE INDEX downstream_messages_unfinished ON downstream_messages (transport, id) WHERE available_at IS NOT NULL;
+DROP INDEX downstream_messages_claimable;
 
 -- The rows in flight: named by a live claim (status and metrics show them as 'sending').
 CREATE VIEW downstream_messages_in_flight AS

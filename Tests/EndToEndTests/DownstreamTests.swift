@@ -69,7 +69,10 @@ extension TestDatabase {
         }
         let states = try await query("SELECT status, count(*) FROM downstream_messages GROUP BY 1 ORDER BY 1")
             .map { "\($0.string(0)!)=\($0.string(1)!)" }
-        Issue.record("timed out waiting for \(count) outbox rows where \(condition); rows by status: \(states)")
+        // The claims, to tell a row nobody holds from one a claim still names.
+        let claims = try await query("SELECT id, worker, transport, row_ids::text, expires_at > now() FROM outbox_claims ORDER BY id")
+            .map { "claim \($0.string(0)!) of \($0.string(1)!) (\($0.string(2)!), live \($0.string(4)!)): \($0.string(3)!)" }
+        Issue.record("timed out waiting for \(count) outbox rows where \(condition); rows by status: \(states); claims: \(claims)")
     }
 
     /// The outbox row `id` as column name → text value.

@@ -7,21 +7,44 @@ import Testing
         OutboxUpdate(rowID: row, status: status, ackedAt: acked ? Date() : nil)
     }
 
+    private func emptied(_ ledger: ClaimLedger, _ updates: [OutboxUpdate]) -> [Int64] {
+        ledger.plan(updates).emptied
+    }
+
     @Test func aWriteEmptiesAClaimOnlyWhenItGivesUpEveryRowOfIt() {
         let ledger = ClaimLedger()
         ledger.add(claim: 1, rows: [10, 11, 12])
         ledger.add(claim: 2, rows: [20])
         #expect(ledger.claims(of: [10, 20, 99]) == [1, 2, nil])
+        #expect(ledger.plan([update(10, .acked), update(20, .sent), update(99, .acked)]).claims == [1, 2, nil])
         // `sent` and a receipt without its ack keep their rows; the others give them up.
-        #expect(ledger.claimsEmptied(by: [update(10, .acked), update(11, .sent), update(12, .retry)]).isEmpty)
-        #expect(ledger.claimsEmptied(by: [update(10, .acked), update(11, .failed), update(12, .pending)]) == [1])
-        #expect(ledger.claimsEmptied(by: [update(20, .delivered)]).isEmpty)
-        #expect(ledger.claimsEmptied(by: [update(20, .delivered, acked: true)]) == [2])
+        #expect(emptied(ledger, [update(10, .acked), update(11, .sent), update(12, .retry)]).isEmpty)
+        #expect(emptied(ledger, [update(10, .acked), update(11, .failed), update(12, .pending)]) == [1])
+        #expect(emptied(ledger, [update(20, .delivered)]).isEmpty)
+        #expect(emptied(ledger, [update(20, .delivered, acked: true)]) == [2])
+        // Two updates of one row count once.
+        #expect(emptied(ledger, [update(10, .acked), update(10, .acked), update(11, .acked)]).isEmpty)
         // Written: rows leave, an emptied claim is forgotten, the others stay for renewal.
-        ledger.written([update(10, .acked), update(11, .sent), update(20, .expired)])
+        let updates = [update(10, .acked), update(11, .sent), update(20, .expired)]
+        ledger.written(updates, under: ledger.plan(updates))
         #expect(ledger.claimIDs == [1])
         #expect(ledger.claims(of: [10, 11, 12, 20]) == [nil, 1, 1, nil])
-        #expect(ledger.claimsEmptied(by: [update(11, .acked), update(12, .acked)]) == [1])
+        #expect(emptied(ledger, [update(11, .acked), update(12, .acked)]) == [1])
+    }
+
+    @Test func aRowTakenAgainRightAfterItsRetryWasCommittedStaysWithItsNewClaim() {
+        let ledger = ClaimLedger()
+        ledger.add(claim: 1, rows: [10])
+        let retry = [update(10, .retry)]
+        let plan = ledger.plan(retry)
+        #expect(plan == .init(claims: [1], emptied: [1]))
+        // The retry is committed (claim 1 deleted with it); a sweep takes the row, due
+        // again, under claim 2 before the write-back gets to record its write.
+        ledger.add(claim: 2, rows: [10])
+        ledger.written(retry, under: plan)
+        #expect(ledger.claims(of: [10]) == [2], "the answer to the second send is written under claim 2")
+        #expect(ledger.claimIDs == [2], "claim 2 is renewed")
+        #expect(emptied(ledger, [update(10, .acked)]) == [2])
     }
 
     @Test func aLostClaimIsForgottenAndARowTakenAgainMovesToItsNewClaim() {
