@@ -9,7 +9,8 @@ import Synchronization
 /// Counting costs little: the upstream path takes one lock per read batch and one per
 /// committed batch (never per message); downstream counts are taken per written update.
 /// Gauges are read when scraped, from the parts that hold them (`Sources`), and the
-/// outbox backlog from the database by the health check, at most every 5 s.
+/// outbox backlog from the database by the health probe, every 10 s while `/metrics` is
+/// served (`ObservabilityService.backlogInterval`).
 final class WorkerMetrics: Sendable {
     struct Upstream: Sendable {
         var received = 0

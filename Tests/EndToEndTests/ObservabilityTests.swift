@@ -96,6 +96,11 @@ func parsePrometheus(_ page: String) throws -> [String: Double] {
         configuration.metricsAddress = "127.0.0.1:0"
         configuration.reconnectBase = .milliseconds(50)
         configuration.reconnectCap = .milliseconds(200)
+        // A row due in an hour: the backlog gauge counts it (read by the first probe).
+        _ = try await database.query("""
+            INSERT INTO downstream_messages (target, payload, status, available_at)
+            VALUES ('tok-later', '{"data": {}}', 'retry', now() + interval '1 hour')
+            """)
         let (task, events) = startWorker(configuration)
         defer { task.cancel() }
         try await events.wait(for: "the metrics listener") { $0.contains { if case .serving = $0 { true } else { false } } }
@@ -126,6 +131,8 @@ func parsePrometheus(_ page: String) throws -> [String: Double] {
         #expect(before["fcm_worker_upstream_received_total"] == 0)
         #expect(before["fcm_worker_ccs_connections{state=\"open\"}"] == 1)
         #expect(before["fcm_worker_build_info{version=\"\(WorkerMain.version)\"}"] == 1)
+        #expect(before["fcm_worker_outbox_rows{transport=\"xmpp\",status=\"retry\"}"] == 1)
+        #expect(before["fcm_worker_outbox_oldest_due_age_seconds{transport=\"xmpp\"}"] == 0, "not due yet")
         for index in 0..<20 { ccs.simulator.injectUpstream(from: "device-\(index % 3)", messageID: "m\(index)") }
         _ = try await database.query("INSERT INTO downstream_messages (target, payload) VALUES ('tok-1', '{\"data\": {\"a\": \"b\"}}')")
         try await events.wait(for: "20 handled") { events in
