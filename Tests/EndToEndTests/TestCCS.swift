@@ -80,7 +80,7 @@ final class WorkerEvents: Sendable {
     func record(_ event: WorkerEvent) { state.withLock { $0.append(event) } }
 
     /// Polls the collected events until `predicate` holds (worker events have no waiters).
-    func wait(for what: String, timeout: Duration = .seconds(10), until predicate: ([WorkerEvent]) -> Bool) async throws {
+    func wait(for what: String, timeout: Duration = .seconds(30), until predicate: ([WorkerEvent]) -> Bool) async throws {
         let deadline = ContinuousClock.now + timeout
         while !predicate(all) {
             guard ContinuousClock.now < deadline else { throw SimulatorError("timed out waiting for \(what): \(all)") }
