@@ -636,8 +636,13 @@ struct ReplyingHandler: UpstreamHandler {
             ccs.simulator.injectUpstream(from: "device-\(index)", messageID: "close-\(index)")
             try await Task.sleep(for: .milliseconds(20))
         }
-        await database.waitForRows(in: "upstream_messages", count: 5, within: .seconds(10))
-        let commits = events.all.compactMap { if case .committed(let handled, _, _) = $0 { handled.map(\.0) } else { nil } }
+        // The worker's events, not the rows: the rows are visible from the commit on, the
+        // event is recorded a moment after it (CI once read the events in between).
+        func committed(_ events: [WorkerEvent]) -> [[String]] {
+            events.compactMap { if case .committed(let handled, _, _) = $0 { handled.map(\.0) } else { nil } }
+        }
+        try await events.wait(for: "5 messages committed") { committed($0).joined().count >= 5 }
+        let commits = committed(events.all)
         // Without the linger the first message commits alone while the others arrive.
         #expect(commits == [(0..<5).map { "close-\($0)" }])
     }
