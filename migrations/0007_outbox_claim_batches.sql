@@ -28,7 +28,7 @@
 -- flight; claimed_by, sent_on, sent_at and attempts are written with its answer (or, for a
 -- message unanswered after a second, with status 'sent'). Rows in flight are those named by
 -- outbox_claims (the view downstream_messages_in_flight; `fcm-worker status` and the metrics
--- show them as 'sending', as before). 'sending' is no longer written.
+-- show them as 'sending', as before: the view downstream_messages_shown). 'sending' is no longer written.
 CREATE TABLE outbox_claims (
     id         bigserial PRIMARY KEY,
     worker     text NOT NULL,
@@ -64,6 +64,14 @@ CREATE VIEW downstream_messages_in_flight AS
     SELECT r.id, c.id AS claim_id, c.worker, c.expires_at
     FROM outbox_claims AS c CROSS JOIN LATERAL unnest(c.row_ids) AS r(id)
     WHERE c.expires_at > now();
+
+-- Every row as `fcm-worker status` and the metrics show it: a pending or retry row in
+-- flight as 'sending'; due: waiting for a claim now (not in flight, its time come).
+CREATE VIEW downstream_messages_shown AS
+    SELECT d.id, d.transport, d.available_at,
+           CASE WHEN f.id IS NULL OR d.status = 'sent' OR d.available_at IS NULL THEN d.status ELSE 'sending' END AS status,
+           f.id IS NULL AND d.available_at <= now() AS due
+    FROM downstream_messages AS d LEFT JOIN downstream_messages_in_flight AS f ON f.id = d.id;
 
 -- A claimed row as the claim functions return it, with what device_tokens knows of its target.
 CREATE TYPE fcm_outbox_claimed_row AS (claim_id bigint, id bigint, target text, condition text, payload text,

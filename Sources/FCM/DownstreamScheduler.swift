@@ -80,12 +80,6 @@ public struct DownstreamScheduler: Sendable {
     }
     /// Messages pending on `link`.
     public func pendingCount(on link: Int) -> Int { links[link]?.window.count ?? 0 }
-    /// The outbox rows of every message waiting or pending (the rows whose claim to keep).
-    public var heldRowIDs: [Int64] {
-        var ids: [Int64] = []
-        for link in links.values { ids += link.messages.values.map(\.rowID) }
-        return ids + ready.elements.map(\.rowID)
-    }
     /// Every open link with its pending count and whether it drains.
     public var linkStates: [(link: Int, pending: Int, draining: Bool)] {
         links.map { (link: $0.key, pending: $0.value.window.count, draining: $0.value.draining) }.sorted { $0.link < $1.link }

@@ -31,11 +31,6 @@ final class ClaimLedger: Sendable {
         }
     }
 
-    /// The claim holding each of `rows` (nil: none known to this worker).
-    func claims(of rows: [Int64]) -> [Int64?] {
-        state.withLock { state in rows.map { state.claimOfRow[$0] } }
-    }
-
     /// Whether `update` gives its row up.
     static func releases(_ update: OutboxUpdate) -> Bool {
         switch update.status {

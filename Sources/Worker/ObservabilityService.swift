@@ -115,11 +115,9 @@ struct ObservabilityService: Service {
 
     static func backlog(on connection: PostgresConnection) async throws -> [WorkerMetrics.Backlog] {
         try await connection.query("""
-            SELECT d.transport, CASE WHEN f.id IS NULL OR d.status = 'sent' THEN d.status ELSE 'sending' END, count(*)::bigint,
-                   coalesce(extract(epoch FROM now() - min(d.available_at) FILTER (WHERE d.available_at <= now() AND f.id IS NULL)),
-                            0)::float8
-            FROM downstream_messages AS d LEFT JOIN downstream_messages_in_flight AS f ON f.id = d.id
-            WHERE d.available_at IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2
+            SELECT transport, status, count(*)::bigint,
+                   coalesce(extract(epoch FROM now() - min(available_at) FILTER (WHERE due)), 0)::float8
+            FROM downstream_messages_shown WHERE available_at IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2
             """).map { row in
             WorkerMetrics.Backlog(transport: row.string(0) ?? "", status: row.string(1) ?? "", rows: Int(row.int(2) ?? 0),
                                   oldestDueAge: row.double(3) ?? 0)

@@ -28,12 +28,8 @@ struct StatusReport: Sendable {
                                 outbox: [], deadLetters: [:], tokens: [:])
         }
         let outbox = try await connection.query("""
-            SELECT d.transport,
-                   CASE WHEN f.id IS NULL OR d.status = 'sent' OR d.available_at IS NULL THEN d.status ELSE 'sending' END,
-                   count(*)::bigint,
-                   extract(epoch FROM now() - min(d.available_at) FILTER (WHERE d.available_at <= now() AND f.id IS NULL))::float8
-            FROM downstream_messages AS d LEFT JOIN downstream_messages_in_flight AS f ON f.id = d.id
-            GROUP BY 1, 2 ORDER BY 1, 2
+            SELECT transport, status, count(*)::bigint, extract(epoch FROM now() - min(available_at) FILTER (WHERE due))::float8
+            FROM downstream_messages_shown GROUP BY 1, 2 ORDER BY 1, 2
             """).map { OutboxGroup(transport: $0.string(0) ?? "", status: $0.string(1) ?? "", rows: Int($0.int(2) ?? 0), oldestDueAge: $0.double(3)) }
         var letters: [String: (open: Int, all: Int)] = [:]
         for row in try await connection.query("""

@@ -37,6 +37,9 @@ import Testing
         #expect(try await database.count("downstream_messages", where: "status = 'pending' AND claimed_by IS NULL") == 250,
                 "a claim writes no row")
         #expect(try await database.count("downstream_messages_in_flight") == 200)
+        // As status and the metrics show them: the claimed ones sending, the others due.
+        #expect(try await database.count("downstream_messages_shown", where: "status = 'sending' AND NOT due") == 200)
+        #expect(try await database.count("downstream_messages_shown", where: "status = 'pending' AND due") == 50)
         // Nothing behind the frontier is due and unclaimed: a sweep goes on to fresh rows.
         #expect(try await Self.claim("worker-3", 100, on: connection, sweep: true).ids == Array(ids[200...]))
         #expect(try await Self.claim("worker-3", 100, on: connection).ids.isEmpty)

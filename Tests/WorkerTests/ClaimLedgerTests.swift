@@ -11,11 +11,16 @@ import Testing
         ledger.plan(updates).emptied
     }
 
+    /// The claim a write of `rows` would name for each.
+    private func claims(_ ledger: ClaimLedger, of rows: [Int64]) -> [Int64?] {
+        ledger.plan(rows.map { update($0, .sent) }).claims
+    }
+
     @Test func aWriteEmptiesAClaimOnlyWhenItGivesUpEveryRowOfIt() {
         let ledger = ClaimLedger()
         ledger.add(claim: 1, rows: [10, 11, 12])
         ledger.add(claim: 2, rows: [20])
-        #expect(ledger.claims(of: [10, 20, 99]) == [1, 2, nil])
+        #expect(claims(ledger, of: [10, 20, 99]) == [1, 2, nil])
         #expect(ledger.plan([update(10, .acked), update(20, .sent), update(99, .acked)]).claims == [1, 2, nil])
         // `sent` and a receipt without its ack keep their rows; the others give them up.
         #expect(emptied(ledger, [update(10, .acked), update(11, .sent), update(12, .retry)]).isEmpty)
@@ -28,7 +33,7 @@ import Testing
         let updates = [update(10, .acked), update(11, .sent), update(20, .expired)]
         ledger.written(updates, under: ledger.plan(updates))
         #expect(ledger.claimIDs == [1])
-        #expect(ledger.claims(of: [10, 11, 12, 20]) == [nil, 1, 1, nil])
+        #expect(claims(ledger, of: [10, 11, 12, 20]) == [nil, 1, 1, nil])
         #expect(emptied(ledger, [update(11, .acked), update(12, .acked)]) == [1])
     }
 
@@ -42,7 +47,7 @@ import Testing
         // again, under claim 2 before the write-back gets to record its write.
         ledger.add(claim: 2, rows: [10])
         ledger.written(retry, under: plan)
-        #expect(ledger.claims(of: [10]) == [2], "the answer to the second send is written under claim 2")
+        #expect(claims(ledger, of: [10]) == [2], "the answer to the second send is written under claim 2")
         #expect(ledger.claimIDs == [2], "claim 2 is renewed")
         #expect(emptied(ledger, [update(10, .acked)]) == [2])
     }
@@ -52,10 +57,10 @@ import Testing
         ledger.add(claim: 1, rows: [10, 11])
         ledger.add(claim: 2, rows: [20, 21])
         #expect(ledger.forget([2, 7]) == 2, "the rows of the claims it knew")
-        #expect(ledger.claimIDs == [1] && ledger.claims(of: [20]) == [nil])
+        #expect(ledger.claimIDs == [1] && claims(ledger, of: [20]) == [nil])
         // Claim 1 expired and was swept by this worker again: its rows now belong to claim 3.
         ledger.add(claim: 3, rows: [10, 11])
         #expect(ledger.claimIDs == [3], "the emptied claim is not renewed any more")
-        #expect(ledger.claims(of: [10, 11]) == [3, 3])
+        #expect(claims(ledger, of: [10, 11]) == [3, 3])
     }
 }
