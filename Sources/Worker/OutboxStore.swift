@@ -78,45 +78,14 @@ struct OutboxStore: Sendable {
         var statements = [PostgresStatement("BEGIN")]
         let plan = ledger.plan(updates)
         if !updates.isEmpty {
-            func column<T>(_ value: (OutboxUpdate) -> T?, _ encode: (T) -> PostgresValue) -> PostgresValue {
-                .array(updates.map { value($0).map(encode) ?? .null })
-            }
             let claims = plan.claims
-            // The claims are held FOR SHARE: a sweep taking them over waits for this write
-            // (and then finds its rows written); after a takeover, nothing is written.
-            statements.append(PostgresStatement("""
-                WITH live AS (SELECT c.id FROM outbox_claims AS c WHERE c.id = ANY($14::bigint[]) AND c.worker = $12 FOR SHARE)
-                UPDATE downstream_messages AS d SET
-                    status = u.status,
-                    claimed_by = CASE WHEN u.claim IS NULL THEN d.claimed_by ELSE $12 END,
-                    attempts = greatest(d.attempts, coalesce(u.attempts, 0)),
-                    sent_on = coalesce(u.sent_on, d.sent_on),
-                    sent_at = coalesce(to_timestamp(u.sent_at), d.sent_at),
-                    acked_at = coalesce(to_timestamp(u.acked_at), d.acked_at),
-                    delivered_at = coalesce(to_timestamp(u.delivered_at), d.delivered_at),
-                    error_code = coalesce(u.error_code, d.error_code),
-                    error_description = coalesce(u.error_description, d.error_description),
-                    canonical_token = coalesce(u.canonical_token, d.canonical_token),
-                    token_results = coalesce(u.token_results::jsonb, d.token_results),
-                    available_at = CASE WHEN u.status = 'delivered' THEN NULL
-                                        -- Still in flight: its claim keeps it from other claims.
-                                        WHEN u.status = 'sent' THEN d.available_at
-                                        ELSE to_timestamp(u.available_at) END
-                FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::float8[], $6::float8[],
-                            $7::float8[], $8::text[], $9::text[], $10::text[], $11::float8[], $13::text[], $14::bigint[])
-                    AS u(id, status, attempts, sent_on, sent_at, acked_at, delivered_at, error_code, error_description,
-                         canonical_token, available_at, token_results, claim)
-                WHERE d.id = u.id AND (u.claim IN (SELECT id FROM live) OR u.status = 'delivered')
-                """, [
-                    .array(updates.map { .int($0.rowID) }), .array(updates.map { .text($0.status.rawValue) }),
-                    column(\.attempts) { .int(Int64($0)) }, column(\.sentOn) { .text($0) },
-                    // Times as Unix seconds: far cheaper for the server to read than timestamp text.
-                    column(\.sentAt) { .double($0.timeIntervalSince1970) }, column(\.ackedAt) { .double($0.timeIntervalSince1970) },
-                    column(\.deliveredAt) { .double($0.timeIntervalSince1970) }, column(\.errorCode) { .text($0) },
-                    column(\.errorDescription) { .text($0) }, column(\.canonicalToken) { .text($0) },
-                    column(\.availableAt) { .double($0.timeIntervalSince1970) }, .text(workerID),
-                    column(\.tokenResults) { .text($0) }, .array(claims.map { $0.map { .int($0) } ?? .null }),
-                ]))
+            // Most answers are plain acks: written by a statement that reads five columns
+            // instead of thirteen (parsing the text arrays was about 2.5 µs a row), and sets
+            // no column it leaves as it was. Everything else goes through the general one.
+            let plain = zip(updates, claims).filter { Self.isPlainAck($0.0, claim: $0.1) }
+            let other = zip(updates, claims).filter { !Self.isPlainAck($0.0, claim: $0.1) }
+            if !plain.isEmpty { statements.append(plainAcks(plain.map(\.0), claims: plain.compactMap(\.1))) }
+            if !other.isEmpty { statements.append(general(other.map(\.0), claims: other.map(\.1))) }
             let emptied = plan.emptied
             if !emptied.isEmpty {
                 statements.append(PostgresStatement("DELETE FROM outbox_claims WHERE id = ANY($1::bigint[]) AND worker = $2",
@@ -161,6 +130,75 @@ struct OutboxStore: Sendable {
             }
         }
         ledger.written(updates, under: plan)
+    }
+
+    /// Whether `update` is a plain ack of a claimed row: what `plainAcks` writes.
+    static func isPlainAck(_ update: OutboxUpdate, claim: Int64?) -> Bool {
+        update.status == .acked && claim != nil && update.attempts != nil && update.sentOn != nil && update.sentAt != nil
+            && update.ackedAt != nil && update.deliveredAt == nil && update.errorCode == nil && update.errorDescription == nil
+            && update.canonicalToken == nil && update.tokenResults == nil && update.availableAt == nil
+    }
+
+    /// Writes acks (`isPlainAck`) of rows whose claims this worker still holds; the claims
+    /// are held FOR SHARE, as in `general`.
+    private func plainAcks(_ updates: [OutboxUpdate], claims: [Int64]) -> PostgresStatement {
+        PostgresStatement("""
+            WITH live AS (SELECT c.id FROM outbox_claims AS c WHERE c.id = ANY($6::bigint[]) AND c.worker = $7 FOR SHARE)
+            UPDATE downstream_messages AS d SET
+                status = 'acked', claimed_by = $7, attempts = greatest(d.attempts, u.attempts), sent_on = u.sent_on,
+                sent_at = to_timestamp(u.sent_at), acked_at = to_timestamp(u.acked_at), available_at = NULL
+            FROM unnest($1::bigint[], $2::int[], $3::text[], $4::float8[], $5::float8[], $6::bigint[])
+                AS u(id, attempts, sent_on, sent_at, acked_at, claim)
+            WHERE d.id = u.id AND u.claim IN (SELECT id FROM live)
+            """, [
+                .array(updates.map { .int($0.rowID) }), .array(updates.map { .int(Int64($0.attempts ?? 0)) }),
+                .array(updates.map { .text($0.sentOn ?? "") }),
+                .array(updates.map { .double($0.sentAt?.timeIntervalSince1970 ?? 0) }),
+                .array(updates.map { .double($0.ackedAt?.timeIntervalSince1970 ?? 0) }),
+                .array(claims.map { .int($0) }), .text(workerID),
+            ])
+    }
+
+    /// Writes any updates: the columns an update leaves nil keep their values.
+    private func general(_ updates: [OutboxUpdate], claims: [Int64?]) -> PostgresStatement {
+        func column<T>(_ value: (OutboxUpdate) -> T?, _ encode: (T) -> PostgresValue) -> PostgresValue {
+            .array(updates.map { value($0).map(encode) ?? .null })
+        }
+        // The claims are held FOR SHARE: a sweep taking them over waits for this write
+        // (and then finds its rows written); after a takeover, nothing is written.
+        return PostgresStatement("""
+            WITH live AS (SELECT c.id FROM outbox_claims AS c WHERE c.id = ANY($14::bigint[]) AND c.worker = $12 FOR SHARE)
+            UPDATE downstream_messages AS d SET
+                status = u.status,
+                claimed_by = CASE WHEN u.claim IS NULL THEN d.claimed_by ELSE $12 END,
+                attempts = greatest(d.attempts, coalesce(u.attempts, 0)),
+                sent_on = coalesce(u.sent_on, d.sent_on),
+                sent_at = coalesce(to_timestamp(u.sent_at), d.sent_at),
+                acked_at = coalesce(to_timestamp(u.acked_at), d.acked_at),
+                delivered_at = coalesce(to_timestamp(u.delivered_at), d.delivered_at),
+                error_code = coalesce(u.error_code, d.error_code),
+                error_description = coalesce(u.error_description, d.error_description),
+                canonical_token = coalesce(u.canonical_token, d.canonical_token),
+                token_results = coalesce(u.token_results::jsonb, d.token_results),
+                available_at = CASE WHEN u.status = 'delivered' THEN NULL
+                                    -- Still in flight: its claim keeps it from other claims.
+                                    WHEN u.status = 'sent' THEN d.available_at
+                                    ELSE to_timestamp(u.available_at) END
+            FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::float8[], $6::float8[],
+                        $7::float8[], $8::text[], $9::text[], $10::text[], $11::float8[], $13::text[], $14::bigint[])
+                AS u(id, status, attempts, sent_on, sent_at, acked_at, delivered_at, error_code, error_description,
+                     canonical_token, available_at, token_results, claim)
+            WHERE d.id = u.id AND (u.claim IN (SELECT id FROM live) OR u.status = 'delivered')
+            """, [
+                .array(updates.map { .int($0.rowID) }), .array(updates.map { .text($0.status.rawValue) }),
+                column(\.attempts) { .int(Int64($0)) }, column(\.sentOn) { .text($0) },
+                // Times as Unix seconds: far cheaper for the server to read than timestamp text.
+                column(\.sentAt) { .double($0.timeIntervalSince1970) }, column(\.ackedAt) { .double($0.timeIntervalSince1970) },
+                column(\.deliveredAt) { .double($0.timeIntervalSince1970) }, column(\.errorCode) { .text($0) },
+                column(\.errorDescription) { .text($0) }, column(\.canonicalToken) { .text($0) },
+                column(\.availableAt) { .double($0.timeIntervalSince1970) }, .text(workerID),
+                column(\.tokenResults) { .text($0) }, .array(claims.map { $0.map { .int($0) } ?? .null }),
+            ])
     }
 
     /// Extends the lease of every claim this worker holds. Returns the rows of claims that

@@ -134,6 +134,46 @@ import Testing
         await pool.close()
     }
 
+    /// Plain acks are written by a statement of their own (`OutboxStore.isPlainAck`); in
+    /// one write beside other answers, each row ends as the general statement would leave it.
+    @Test func plainAcksBesideOtherAnswersInOneWriteEachEndAsTheGeneralStatementLeavesThem() async throws {
+        let database = try await TestDatabase.make()
+        let connection = try await database.connect()
+        defer { Task { await connection.close() } }
+        let ids = try await Self.insert(3, on: connection)
+        let pool = PostgresPool(target: try PostgresConnectionString(database.url), size: 1)
+        let store = OutboxStore(pool: pool, workerID: "w", lease: .seconds(60), transport: "xmpp")
+        #expect(try await store.claim(limit: 10).map(\.id) == ids)
+        let sent = Date(timeIntervalSince1970: 1_800_000_000)
+        let acked = sent.addingTimeInterval(0.25)
+        // The first row's earlier attempt left an error; a plain ack keeps it, as coalesce did.
+        _ = try await connection.execute("UPDATE downstream_messages SET error_code = 'SERVICE_UNAVAILABLE', attempts = 1 WHERE id = $1",
+                                         [.int(ids[0])])
+        let plain = OutboxUpdate(rowID: ids[0], status: .acked, attempts: 2, sentOn: "ccs#2", sentAt: sent, ackedAt: acked)
+        #expect(OutboxStore.isPlainAck(plain, claim: 1))
+        let canonical = OutboxUpdate(rowID: ids[1], status: .acked, attempts: 1, sentOn: "ccs#1", sentAt: sent, ackedAt: acked,
+                                     canonicalToken: "new-token")
+        #expect(!OutboxStore.isPlainAck(canonical, claim: 1) && !OutboxStore.isPlainAck(plain, claim: nil))
+        let retry = OutboxUpdate(rowID: ids[2], status: .retry, attempts: 1, sentOn: "ccs#1", sentAt: sent,
+                                 errorCode: "DEVICE_MESSAGE_RATE_EXCEEDED", availableAt: acked.addingTimeInterval(60))
+        try await store.write([plain, canonical, retry], tokens: [])
+        let rows = try await database.query("""
+            SELECT id, status, attempts, sent_on, extract(epoch FROM sent_at)::float8, extract(epoch FROM acked_at)::float8,
+                   error_code, canonical_token, claimed_by, available_at IS NULL
+            FROM downstream_messages ORDER BY id
+            """)
+        #expect(rows.map { $0.string(1) } == ["acked", "acked", "retry"])
+        #expect(rows.map { $0.int(2) } == [2, 1, 1])
+        #expect(rows.map { $0.string(3) } == ["ccs#2", "ccs#1", "ccs#1"])
+        #expect(rows.map { $0.double(4) } == [sent.timeIntervalSince1970, sent.timeIntervalSince1970, sent.timeIntervalSince1970])
+        #expect(rows[0].double(5) == acked.timeIntervalSince1970 && rows[1].double(5) == acked.timeIntervalSince1970)
+        #expect(rows.map { $0.string(6) } == ["SERVICE_UNAVAILABLE", nil, "DEVICE_MESSAGE_RATE_EXCEEDED"])
+        #expect(rows.map { $0.string(7) } == [nil, "new-token", nil])
+        #expect(rows.map { $0.string(8) } == ["w", "w", "w"])
+        #expect(rows.map { $0.bool(9) } == [true, true, false])
+        await pool.close()
+    }
+
     /// The functions' plans are generic (made once per session): they must find rows through
     /// indexes, never by reading the outbox, which grows with every message until pruned.
     @Test func claimsAndSweepsReadIndexesNotTheWholeTable() async throws {
