@@ -17,8 +17,9 @@ public struct DownstreamSettings: Sendable {
     /// answer went missing, or a stanza error named no stanza): its slot is freed and it
     /// is sent again (at-least-once).
     public var answerTimeout: Duration = .seconds(60)
-    /// Rows claimed ahead of the free window slots, per connection.
-    public var readAheadPerConnection = 100
+    /// Rows claimed ahead of the free window slots, per connection. Claims wait until half
+    /// of it (at most a window, 100 rows) is wanted: fewer, larger claim transactions.
+    public var readAheadPerConnection = 200
 
     public init() {}
 

@@ -393,8 +393,9 @@ final class XMPPOutboxSender: Sendable {
         return max(0, target - state.scheduler.readyCount)
     }
 
-    /// Rows worth a claim query: half a window, so claims come in batches.
-    private var claimThreshold: Int { max(1, min(settings.readAheadPerConnection, DownstreamWindow.ccsCapacity) / 2) }
+    /// Rows worth a claim query: half the read-ahead, at most a window, so claims come in
+    /// batches (a claim's fixed cost is about that of 25 rows).
+    private var claimThreshold: Int { max(1, min(settings.readAheadPerConnection, 2 * DownstreamWindow.ccsCapacity) / 2) }
 
     /// Claims rows as the windows make room, until `finish` or cancellation.
     func claimLoop() async {
