@@ -50,10 +50,14 @@ public final class CCSConnection: Sendable {
     }
 
     /// Queues already serialized stanzas (downstream messages), waiting while the write
-    /// buffer is full.
+    /// buffer is full. Returns false, with nothing queued, once CCS has announced
+    /// `CONNECTION_DRAINING` on this connection (the gate closes on the connection's thread
+    /// as the control message is parsed, so nothing sent after it was read reaches CCS;
+    /// what was queued before it goes out ahead of any later reply): send them on another.
     /// - Throws: the `XMPPError` the stream ended with, or `CancellationError`.
-    public func send(serialized stanzas: String) async throws {
-        try await connection.send(serialized: stanzas)
+    @discardableResult
+    public func send(serialized stanzas: String) async throws -> Bool {
+        try await connection.sendUnlessGateClosed(serialized: stanzas)
     }
 
     /// Stops reading: stanzas arriving from now on are neither acked nor handed out (CCS

@@ -6,8 +6,8 @@ import XMPP
 /// unusable messages that can be acked, are acked at once in both modes (durable mode
 /// and journal mode ack an unusable message after its dead letter commits; journal mode
 /// acks an upstream message once the worker's journal holds it). `CONNECTION_DRAINING` is
-/// reported from here too, so that sending stops before anything read after it is
-/// answered.
+/// reported from here too, and closes the connection's send gate, so that sending stops
+/// before anything read after it is answered.
 struct CCSInterceptor: StanzaInterceptor {
     let ackMode: CCSAckMode
     /// Journal mode's journal.
@@ -66,8 +66,9 @@ struct CCSInterceptor: StanzaInterceptor {
         case .nack(let messageID, _, let code, let description, _):
             return Interception(inbound: .nack(messageID: messageID, code: code, description: description))
         case .control(let type):
-            if type == "CONNECTION_DRAINING" { onDraining() }
-            return Interception(inbound: .control(type: type))
+            guard type == "CONNECTION_DRAINING" else { return Interception(inbound: .control(type: type)) }
+            onDraining()
+            return Interception(inbound: .control(type: type), closesSendGate: true)
         }
     }
 

@@ -162,6 +162,21 @@ public struct DownstreamScheduler: Sendable {
         links[link]?.draining = true
     }
 
+    /// Messages placed on `link` that were never written (its connection refused them: CCS
+    /// announced draining after they were taken): their slots are freed and they go back to
+    /// the front of the queue in their order, as they were (the same attempt). Returns how
+    /// many were still placed there.
+    @discardableResult
+    public mutating func withdraw(_ placements: [Placement], from link: Int) -> Int {
+        guard links[link] != nil else { return 0 }
+        let withdrawn = placements.compactMap { placement -> OutgoingDownstream? in
+            guard links[link]!.window.stanzaError(stanzaID: placement.stanzaID) != nil else { return nil }
+            return links[link]!.messages.removeValue(forKey: placement.message.messageID)
+        }
+        ready.prepend(contentsOf: withdrawn)
+        return withdrawn.count
+    }
+
     /// `link` is gone: what was pending on it goes back to the front of the queue, oldest
     /// first, to be sent again as its next attempt. Returns how many messages that was.
     @discardableResult

@@ -7,6 +7,11 @@ import Synchronization
 /// suspends until the stream's thread has taken enough out (backpressure from a slow peer
 /// reaches the senders instead of growing memory). Order is first come, first written.
 /// A chunk larger than the capacity is accepted when the buffer is empty.
+///
+/// A gate refuses some senders without ending the stream: once `closeGate()` ran,
+/// `enqueueUnlessGateClosed` queues nothing and returns false (senders waiting for room
+/// that way get false too), while `enqueue` and `enqueueWithoutWaiting` go on as before.
+/// CCS uses it for `CONNECTION_DRAINING`: downstream messages stop, acks still flow.
 package final class OutboundBuffer: Sendable {
     /// Bytes to write, with the largest TLS record they may be cut into.
     package struct Chunk: Sendable {
@@ -23,8 +28,13 @@ package final class OutboundBuffer: Sendable {
     private struct Waiter {
         let id: UInt64
         let chunk: Chunk
+        /// Refused (with `GateClosed`) when the gate closes while it waits.
+        let gated: Bool
         let continuation: CheckedContinuation<Void, any Error>
     }
+
+    /// Resumes a gated waiter when the gate closes; never leaves this type.
+    private struct GateClosed: Error {}
 
     private struct State {
         var chunks: [Chunk] = []
@@ -32,6 +42,7 @@ package final class OutboundBuffer: Sendable {
         var waiters: [Waiter] = []
         var nextWaiterID: UInt64 = 0
         var closedWith: (any Error)?
+        var gateClosed = false
     }
 
     package let capacity: Int
@@ -60,46 +71,69 @@ package final class OutboundBuffer: Sendable {
     /// Queues `chunk`, waiting for room first.
     /// - Throws: the error the stream ended with, or `CancellationError`.
     package func enqueue(_ chunk: Chunk) async throws {
-        let id: UInt64? = try state.withLock { state throws -> UInt64? in
+        _ = try await enqueue(chunk, gated: false)
+    }
+
+    /// Queues `chunk` unless the gate is closed, waiting for room first. Returns false, with
+    /// nothing queued, when the gate was closed before the chunk was queued.
+    /// - Throws: the error the stream ended with, or `CancellationError`.
+    package func enqueueUnlessGateClosed(_ chunk: Chunk) async throws -> Bool {
+        try await enqueue(chunk, gated: true)
+    }
+
+    private func enqueue(_ chunk: Chunk, gated: Bool) async throws -> Bool {
+        enum Admission { case queued, refused, waits(UInt64) }
+        let admission = try state.withLock { state throws -> Admission in
             if let closed = state.closedWith { throw closed }
+            if gated && state.gateClosed { return .refused }
             if state.waiters.isEmpty && (state.bytes == 0 || state.bytes + chunk.bytes.count <= capacity) {
                 state.chunks.append(chunk)
                 state.bytes += chunk.bytes.count
-                return nil
+                return .queued
             }
             state.nextWaiterID += 1
-            return state.nextWaiterID
+            return .waits(state.nextWaiterID)
         }
-        guard let id else {
+        let id: UInt64
+        switch admission {
+        case .queued:
             onEnqueue()
-            return
+            return true
+        case .refused: return false
+        case .waits(let waiter): id = waiter
         }
-        try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-                let outcome = state.withLock { state -> Result<Bool, any Error> in
-                    if let closed = state.closedWith { return .failure(closed) }
-                    if Task.isCancelled { return .failure(CancellationError()) }
-                    if state.waiters.isEmpty && (state.bytes == 0 || state.bytes + chunk.bytes.count <= capacity) {
-                        state.chunks.append(chunk)
-                        state.bytes += chunk.bytes.count
-                        return .success(true)
+        do {
+            try await withTaskCancellationHandler {
+                try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                    let outcome = state.withLock { state -> Result<Bool, any Error> in
+                        if let closed = state.closedWith { return .failure(closed) }
+                        if gated && state.gateClosed { return .failure(GateClosed()) }
+                        if Task.isCancelled { return .failure(CancellationError()) }
+                        if state.waiters.isEmpty && (state.bytes == 0 || state.bytes + chunk.bytes.count <= capacity) {
+                            state.chunks.append(chunk)
+                            state.bytes += chunk.bytes.count
+                            return .success(true)
+                        }
+                        state.waiters.append(Waiter(id: id, chunk: chunk, gated: gated, continuation: continuation))
+                        return .success(false)
                     }
-                    state.waiters.append(Waiter(id: id, chunk: chunk, continuation: continuation))
-                    return .success(false)
+                    switch outcome {
+                    case .failure(let error): continuation.resume(throwing: error)
+                    case .success(true): continuation.resume(); onEnqueue()
+                    case .success(false): break
+                    }
                 }
-                switch outcome {
-                case .failure(let error): continuation.resume(throwing: error)
-                case .success(true): continuation.resume(); onEnqueue()
-                case .success(false): break
+            } onCancel: {
+                let waiter = state.withLock { state -> Waiter? in
+                    guard let index = state.waiters.firstIndex(where: { $0.id == id }) else { return nil }
+                    return state.waiters.remove(at: index)
                 }
+                waiter?.continuation.resume(throwing: CancellationError())
             }
-        } onCancel: {
-            let waiter = state.withLock { state -> Waiter? in
-                guard let index = state.waiters.firstIndex(where: { $0.id == id }) else { return nil }
-                return state.waiters.remove(at: index)
-            }
-            waiter?.continuation.resume(throwing: CancellationError())
+        } catch is GateClosed {
+            return false
         }
+        return true
     }
 
     /// Takes everything queued (for the stream's thread), admitting waiting senders whose
@@ -125,6 +159,21 @@ package final class OutboundBuffer: Sendable {
 
     /// Senders waiting for room (for tests and metrics).
     package var waiterCount: Int { state.withLock { $0.waiters.count } }
+
+    /// Closes the gate: `enqueueUnlessGateClosed` refuses from now on, and its waiting
+    /// senders get false. What is queued already can still be taken.
+    package func closeGate() {
+        let refused = state.withLock { state -> [Waiter] in
+            state.gateClosed = true
+            let refused = state.waiters.filter(\.gated)
+            state.waiters.removeAll(where: \.gated)
+            return refused
+        }
+        for waiter in refused { waiter.continuation.resume(throwing: GateClosed()) }
+    }
+
+    /// Whether `closeGate()` ran.
+    package var isGateClosed: Bool { state.withLock { $0.gateClosed } }
 
     /// Refuses further chunks and fails the waiting senders with `error`; chunks already
     /// queued can still be taken.

@@ -148,6 +148,14 @@ package final class StreamLoop: @unchecked Sendable {
         appendPending(OutboundBuffer.Chunk(bytes: bytes, recordSize: max(1, min(recordSize, Self.recordSize))))
     }
 
+    /// Closes `outbound`'s gate (gated sends are refused from now on) and moves what it
+    /// holds into the pending writes, so that everything queued before this call goes out
+    /// ahead of anything written after it.
+    package func closeGate() {
+        outbound.closeGate()
+        for chunk in outbound.takeAll() { appendPending(chunk) }
+    }
+
     /// Ends the stream gracefully: what is queued is sent, then the closing tail and a
     /// TLS close_notify; the socket closes once the peer closes too or a second has passed.
     package func close(reason: any Error) {

@@ -182,6 +182,20 @@ final class XMPPOutboxSender: Sendable {
         doorbell.ring()
     }
 
+    /// `placed` was taken for the link but its draining connection refused it: it goes
+    /// to the other links (its `sent` updates are superseded by the next send's).
+    private func withdraw(_ placed: [DownstreamScheduler.Placement], from link: Int) {
+        let (withdrawn, wake) = state.withLock { state -> (Int, [(CheckedContinuation<Batch?, Never>, Batch?)]) in
+            let withdrawn = state.scheduler.withdraw(placed, from: link)
+            state.statistics.resent += withdrawn
+            return (withdrawn, takeForWaiters(&state))
+        }
+        if withdrawn > 0 { logger.info("\(withdrawn) downstream message(s) taken for a connection CCS is draining go out on another") }
+        resume(wake)
+        doorbell.ring()
+        wakeAnswerWaitersIfDone()
+    }
+
     /// The link's connection ended: what was pending on it is sent on another.
     func detach(_ link: Int) {
         let (moved, wake) = state.withLock { state -> (Int, [(CheckedContinuation<Batch?, Never>, Batch?)]) in
@@ -320,7 +334,12 @@ final class XMPPOutboxSender: Sendable {
                 text += CCSStanza.message(json: placement.message.json, id: placement.stanzaID)
             }
             do {
-                try await connection.send(serialized: text)
+                guard try await connection.send(serialized: text) else {
+                    // CCS announced draining after this batch was taken: none of it was
+                    // written, and it goes out on another connection at once.
+                    withdraw(batch.placed, from: link)
+                    return
+                }
             } catch {
                 // The connection ended; `detach` moves what is pending on it elsewhere.
                 return

@@ -17,7 +17,7 @@ final class ClientStreamDriver: StreamDriver {
     private var established = false
 
     /// The interceptor, its result type-erased for the inbox.
-    private let intercept: (XMLElement) -> (reply: String?, inbound: any Sendable)
+    private let intercept: (XMLElement) -> (reply: String?, inbound: any Sendable, closesSendGate: Bool)
     /// The interceptor's `didInterceptRead`.
     private let readIntercepted: () -> Void
 
@@ -25,7 +25,7 @@ final class ClientStreamDriver: StreamDriver {
         self.inbox = inbox
         self.intercept = { stanza in
             let interception = interceptor.intercept(stanza)
-            return (interception.reply, interception.inbound)
+            return (interception.reply, interception.inbound, interception.closesSendGate)
         }
         self.readIntercepted = { interceptor.didInterceptRead() }
         self.reader = XMLStreamReader(maxStanzaBytes: configuration.maxStanzaBytes, maxDepth: configuration.maxDepth)
@@ -83,6 +83,7 @@ final class ClientStreamDriver: StreamDriver {
                 establishment.complete(.success(jid))
             case .deliver(let stanza):
                 let interception = intercept(stanza)
+                if interception.closesSendGate { loop.closeGate() }
                 // Queue first: a reply (an ack) goes out only for a stanza the consumer gets.
                 if inbox.push(interception.inbound).accepted, let reply = interception.reply {
                     loop.write(reply)

@@ -26,10 +26,15 @@ public struct Interception<Inbound: Sendable>: Sendable {
     public var reply: String?
     /// What the consumer gets.
     public var inbound: Inbound
+    /// Closes the connection's send gate before anything read after this stanza is
+    /// handled: `XMPPConnection.sendUnlessGateClosed` refuses from then on, and what it had
+    /// queued goes out ahead of any later reply.
+    public var closesSendGate: Bool
 
-    public init(reply: String? = nil, inbound: Inbound) {
+    public init(reply: String? = nil, inbound: Inbound, closesSendGate: Bool = false) {
         self.reply = reply
         self.inbound = inbound
+        self.closesSendGate = closesSendGate
     }
 }
 

@@ -85,6 +85,20 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
         }
     }
 
+    /// Queues an already serialized stanza (one complete, well-formed element), waiting
+    /// while the write buffer is full, unless the send gate is closed (an interception
+    /// with `closesSendGate`): then it queues nothing and returns false.
+    /// - Throws: the `XMPPError` the stream ended with, or `CancellationError`.
+    public func sendUnlessGateClosed(serialized stanza: String) async throws -> Bool {
+        do {
+            return try await loop.outbound.enqueueUnlessGateClosed(.init(bytes: Array(stanza.utf8), recordSize: StreamLoop.recordSize))
+        } catch let error as CancellationError {
+            throw error
+        } catch {
+            throw XMPPError(ending: error)
+        }
+    }
+
     /// Queues an already serialized stanza at once, past the outbound buffer's bound: for
     /// small stanzas whose number the protocol bounds (acks), from a thread that must not
     /// wait.

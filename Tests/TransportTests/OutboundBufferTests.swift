@@ -51,6 +51,25 @@ private func chunk(_ size: Int) -> OutboundBuffer.Chunk { .init(bytes: [UInt8](r
         await #expect(throws: TransportError.connectionLost("test")) { try await buffer.enqueue(chunk(1)) }
     }
 
+    @Test func aClosedGateRefusesGatedSendersOnlyAndKeepsWhatWasQueued() async throws {
+        let buffer = OutboundBuffer(capacity: 10) {}
+        #expect(try await buffer.enqueueUnlessGateClosed(chunk(10)))
+        let waitingGated = Task { try await buffer.enqueueUnlessGateClosed(chunk(5)) }
+        while buffer.waiterCount < 1 { await Task.yield() }
+        let waitingPlain = Task { try await buffer.enqueue(chunk(3)) }
+        while buffer.waiterCount < 2 { await Task.yield() }
+        buffer.closeGate()
+        #expect(buffer.isGateClosed)
+        #expect(try await waitingGated.value == false, "a gated sender waiting for room is refused")
+        #expect(buffer.waiterCount == 1)
+        #expect(try await buffer.enqueueUnlessGateClosed(chunk(1)) == false)
+        try buffer.enqueueWithoutWaiting(chunk(2))
+        // What was queued before stays, and the plain sender still gets in, behind it.
+        #expect(buffer.takeAll().map(\.bytes.count) == [10, 2])
+        try await waitingPlain.value
+        #expect(buffer.takeAll().map(\.bytes.count) == [3])
+    }
+
     @Test func cancellingAWaitingSenderRemovesItsChunk() async throws {
         let buffer = OutboundBuffer(capacity: 10) {}
         try await buffer.enqueue(chunk(10))

@@ -61,6 +61,24 @@ private func message(_ row: Int64, to target: String = "token", attempt: Int = 1
         #expect(resent.map(\.attempt) == [2, 2, 1])
     }
 
+    @Test func withdrawnPlacementsFreeTheirSlotsAndGoFirstAsTheSameAttempt() {
+        var scheduler = DownstreamScheduler()
+        scheduler.open(1)
+        scheduler.open(2)
+        scheduler.enqueue((1...3).map { message($0) })
+        let placed = scheduler.take(for: 1, now: .now).placed
+        scheduler.enqueue([message(4)])
+        scheduler.drain(1)
+        // The draining connection refused the batch: nothing of it was written.
+        #expect(scheduler.withdraw(placed, from: 1) == 3)
+        #expect(scheduler.pendingCount(on: 1) == 0)
+        #expect(scheduler.withdraw(placed, from: 1) == 0, "a second withdrawal changes nothing")
+        let resent = scheduler.take(for: 2, now: .now).placed.map(\.message)
+        #expect(resent.map(\.rowID) == [1, 2, 3, 4])
+        #expect(resent.map(\.attempt) == [1, 1, 1, 1])
+        #expect(scheduler.close(1) == 0, "nothing is sent again when the draining link closes")
+    }
+
     @Test func aSlowedDownTargetIsDeferredUntilItsTimeAndOthersGoOn() {
         var scheduler = DownstreamScheduler()
         scheduler.open(1)
