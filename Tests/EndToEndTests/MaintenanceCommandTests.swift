@@ -144,6 +144,40 @@ import Worker
         #expect(tooSoon.status == 2)
         #expect(tooSoon.errors.contains("under an hour"))
     }
+
+    /// No index on creation time (migration 0008): prune and requeue walk the outbox by id,
+    /// batch after batch, and stop at the first batch entirely on the other side of the cutoff.
+    @Test func pruneAndRequeueWalkTheOutboxAcrossBatches() async throws {
+        let database = try await TestDatabase.make()
+        // 12,000 old finished rows (over two batches of the walk), then old unfinished ones,
+        // then new ones; the last old finished row comes after a new one.
+        _ = try await database.query("""
+            INSERT INTO downstream_messages (target, payload, status, available_at, created_at)
+            SELECT 'old-' || g, '{}', 'acked', NULL, now() - interval '10 days' FROM generate_series(1, 12000) AS g
+            """)
+        _ = try await database.query("""
+            INSERT INTO downstream_messages (target, payload, status, available_at, created_at) VALUES
+                ('old-retry', '{}', 'retry', now(), now() - interval '10 days'),
+                ('new-failed', '{}', 'failed', NULL, now()),
+                ('old-late', '{}', 'failed', NULL, now() - interval '9 days'),
+                ('new-acked', '{}', 'acked', NULL, now())
+            """)
+        let pruned = try await Self.fcmWorker(["prune", "--older-than", "7d", "--json", "--database-url", database.url])
+        #expect(pruned.status == 0, "\(pruned.errors)")
+        #expect(try JSONValue.parse(pruned.output)["downstream_messages"] == 12001)
+        #expect(try await database.query("SELECT target FROM downstream_messages ORDER BY id").map { $0.string(0) ?? "" }
+                == ["old-retry", "new-failed", "new-acked"])
+
+        // Requeue since a day ago walks back from the newest row: 6,000 new failed rows ahead.
+        _ = try await database.query("""
+            INSERT INTO downstream_messages (target, payload, status, available_at, created_at)
+            SELECT 'new-' || g, '{}', 'failed', NULL, now() FROM generate_series(1, 6000) AS g
+            """)
+        let requeued = try await Self.fcmWorker(["outbox", "requeue", "--status", "failed", "--since", "1d", "--database-url", database.url])
+        #expect(requeued.status == 0, "\(requeued.errors)")
+        #expect(requeued.output == "requeued 6001 row(s)\n")
+        #expect(try await database.count("downstream_messages", where: "status = 'pending'") == 6001)
+    }
 }
 
 extension MigrationSet {
