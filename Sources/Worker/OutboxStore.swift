@@ -53,7 +53,8 @@ struct OutboxStore: Sendable {
 
     /// Claims up to `limit` due rows: when `sweeping`, first those due again behind the
     /// claims' frontier (retries, rows handed back, rows of expired claims: a sender sweeps
-    /// every sweep interval and when a retry falls due), then rows no claim saw yet.
+    /// every sweep interval and when a retry falls due), then rows no claim saw yet; in id
+    /// order.
     func claim(limit: Int, sweeping: Bool = false) async throws -> [ClaimedRow] {
         let rows = try await pool.withConnection { connection in
             try await connection.query(sweeping ? "SELECT * FROM fcm_outbox_sweep($1, $2, $3, $4)" : "SELECT * FROM fcm_outbox_claim($1, $2, $3, $4)",
@@ -67,7 +68,7 @@ struct OutboxStore: Sendable {
                               attempts: Int(row.int(5) ?? 0), createdAt: Date(timeIntervalSince1970: row.double(6) ?? 0),
                               tokenState: row.string(7).flatMap(TokenMark.State.init(rawValue:)), tokenErrorCode: row.string(8),
                               canonicalToken: row.string(9), registrationIDs: row.strings(10), tokenResults: row.string(11))
-        }
+        }.sorted { $0.id < $1.id }   // The functions return them unordered (migration 0008): in id order, per-device order holds.
         for (claim, ids) in claims { ledger.add(claim: claim, rows: ids) }
         return claimed
     }

@@ -19,7 +19,8 @@ import Testing
                               lease: Double = 60) async throws -> (claims: Set<Int64>, ids: [Int64]) {
         let rows = try await connection.query("SELECT * FROM \(sweep ? "fcm_outbox_sweep" : "fcm_outbox_claim")($1, 'xmpp', $2, $3)",
                                                [.text(worker), .int(Int64(limit)), .double(lease)])
-        return (Set(rows.compactMap { $0.int(0) }), rows.compactMap { $0.int(1) })
+        // The functions return their rows in no set order; the worker sorts them by id.
+        return (Set(rows.compactMap { $0.int(0) }), rows.compactMap { $0.int(1) }.sorted())
     }
 
     @Test func aClaimNamesABatchInIdOrderAndLeavesTheRowsUnwritten() async throws {
@@ -43,6 +44,22 @@ import Testing
         // Nothing behind the frontier is due and unclaimed: a sweep goes on to fresh rows.
         #expect(try await Self.claim("worker-3", 100, on: connection, sweep: true).ids == Array(ids[200...]))
         #expect(try await Self.claim("worker-3", 100, on: connection).ids.isEmpty)
+    }
+
+    /// A claim of more than 200 rows is several claim rows: each row comes back with the
+    /// one that names it (found by its position among the sorted ids, migration 0008).
+    @Test func eachRowOfALargeClaimComesBackWithTheClaimThatNamesIt() async throws {
+        let database = try await TestDatabase.make()
+        let connection = try await database.connect()
+        defer { Task { await connection.close() } }
+        let ids = try await Self.insert(450, on: connection)
+        let rows = try await connection.query("SELECT claim_id, id FROM fcm_outbox_claim('w', 'xmpp', 1000, 60)")
+        #expect(rows.compactMap { $0.int(1) }.sorted() == ids)
+        let named = try await database.query("SELECT id, row_ids FROM outbox_claims ORDER BY id")
+        #expect(named.map { $0.ints(1)?.count ?? 0 } == [200, 200, 50])
+        var claimOf: [Int64: Int64] = [:]
+        for claim in named { for row in claim.ints(1) ?? [] { claimOf[row] = claim.int(0) } }
+        #expect(rows.allSatisfy { row in row.int(0) != nil && claimOf[row.int(1) ?? -1] == row.int(0) })
     }
 
     @Test func aRowCommittedAfterAClaimPassedItsIdIsTakenByTheNextClaim() async throws {
