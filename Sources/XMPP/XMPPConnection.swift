@@ -76,13 +76,7 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
 
     /// Queues an already serialized stanza (it must be one complete, well-formed element).
     public func send(serialized stanza: String) async throws {
-        do {
-            try await loop.outbound.enqueue(.init(bytes: Array(stanza.utf8), recordSize: StreamLoop.recordSize))
-        } catch let error as CancellationError {
-            throw error
-        } catch {
-            throw XMPPError(ending: error)
-        }
+        _ = try await queue(stanza, gated: false)
     }
 
     /// Queues an already serialized stanza (one complete, well-formed element), waiting
@@ -90,8 +84,15 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
     /// with `closesSendGate`): then it queues nothing and returns false.
     /// - Throws: the `XMPPError` the stream ended with, or `CancellationError`.
     public func sendUnlessGateClosed(serialized stanza: String) async throws -> Bool {
+        try await queue(stanza, gated: true)
+    }
+
+    private func queue(_ stanza: String, gated: Bool) async throws -> Bool {
+        let chunk = OutboundBuffer.Chunk(bytes: Array(stanza.utf8), recordSize: StreamLoop.recordSize)
         do {
-            return try await loop.outbound.enqueueUnlessGateClosed(.init(bytes: Array(stanza.utf8), recordSize: StreamLoop.recordSize))
+            if gated { return try await loop.outbound.enqueueUnlessGateClosed(chunk) }
+            try await loop.outbound.enqueue(chunk)
+            return true
         } catch let error as CancellationError {
             throw error
         } catch {
