@@ -214,10 +214,18 @@ struct DownstreamBench {
         let before = cpu.sample(liveChild: simulator.processIdentifier)
         let countersBefore = try await DatabaseCounters.read(connection)
         let limit = ContinuousClock.now + .seconds(Int64(messages / 1000 + 120))
+        let lastRow = try await connection.query("SELECT max(id) FROM downstream_messages").first?.int(0) ?? 0
         while true {
-            // An index probe, not a count: polling must not weigh on the database it measures.
-            let unfinished = try await connection.query("SELECT 1 FROM downstream_messages WHERE available_at IS NOT NULL LIMIT 1")
-            if unfinished.isEmpty { break }
+            // Polling must not weigh on the database it measures: while claims are open or the
+            // last row is not claimed yet, two small tables say so. Only then the outbox is
+            // asked (an index probe that walks the dead entries finished rows leave until
+            // VACUUM: 1.4-2.8 ms a call, about 2 µs a message at 1@20 when it ran every 200 ms).
+            let claimed = try await connection.query("""
+                SELECT NOT EXISTS (SELECT 1 FROM outbox_claims) AND (SELECT max(frontier) FROM outbox_cursors) >= $1
+                """, [.int(lastRow)]).first?.bool(0) == true
+            if claimed, try await connection.query("SELECT 1 FROM downstream_messages WHERE available_at IS NOT NULL LIMIT 1").isEmpty {
+                break
+            }
             guard ContinuousClock.now < limit else { throw SimulatorError("the outbox was not sent in time") }
             try await Task.sleep(for: .milliseconds(200))
         }
