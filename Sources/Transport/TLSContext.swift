@@ -42,6 +42,17 @@ public final class TLSContext: @unchecked Sendable {
 
     deinit { SSL_CTX_free(context) }
 
+    /// Initializes OpenSSL for a process that may end while other threads still hold TLS
+    /// objects, as a command does when it returns with a connection's thread still freeing
+    /// its `SSL` (or libpq its connection): OpenSSL then does not free its global state from
+    /// `atexit`, under those threads. Without this, OpenSSL's first user registers that
+    /// cleanup (libpq, when it tries TLS with the database), and a command could end in a
+    /// double free as it exits (`fcm-worker groups create` did so once in CI). Call it first
+    /// thing in the process; calls after OpenSSL's first use change nothing.
+    public static func initializeForProcess() {
+        _ = OPENSSL_init_ssl(UInt64(OPENSSL_INIT_NO_ATEXIT), nil)
+    }
+
     /// A client context that verifies the server's chain against `trust` (host names are
     /// checked per connection).
     public static func client(trust: TLSTrust) throws(TransportError) -> TLSContext {

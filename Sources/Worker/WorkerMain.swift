@@ -2,6 +2,7 @@ import Foundation
 import Postgres
 import Runtime
 import Synchronization
+import Transport
 import XMPP
 
 /// The entry point of a worker executable: the subcommands (`run`, `migrate`,
@@ -71,6 +72,8 @@ public enum WorkerMain {
                                                arguments: [String] = Array(CommandLine.arguments.dropFirst()),
                                                environment: [String: String] = ProcessInfo.processInfo.environment,
                                                handlers makeHandlers: @escaping @Sendable (Settings) -> UpstreamHandlers) async -> Int32 {
+        // Before anything uses OpenSSL (libpq included): no cleanup at exit under live threads.
+        TLSContext.initializeForProcess()
         let program = program ?? URL(fileURLWithPath: CommandLine.arguments.first ?? "fcm-worker").lastPathComponent
         let context = WorkerCommandContext(program: program, environment: environment)
         let names = makeHandlers(settings).names
