@@ -77,35 +77,44 @@ struct ObservabilityService: Service {
     /// reachability): with the outbox backlog when `/metrics` is served and the last one
     /// is `backlogInterval` old, otherwise with `SELECT 1`.
     private func probe() async {
+        /// What one probe learnt.
+        enum Answer: Sendable {
+            case unreachable
+            case reached
+            case backlog([WorkerMetrics.Backlog])
+        }
         var backlogReadAt: ContinuousClock.Instant?
         while !Task.isCancelled {
             let now = ContinuousClock.now
             let readsBacklog = address != nil && backlogReadAt.map { now - $0 >= Self.backlogInterval } ?? true
-            // nil: no answer within the interval; .some(nil): reached, the backlog not read.
-            let answer = await withTaskGroup(of: Optional<[WorkerMetrics.Backlog]?>.self) { group in
+            let answer = await withTaskGroup(of: Answer.self) { group in
                 group.addTask {
                     do {
-                        return .some(try await pool.withConnection { connection -> [WorkerMetrics.Backlog]? in
+                        return try await pool.withConnection { connection -> Answer in
                             guard readsBacklog else {
                                 _ = try await connection.query("SELECT 1")
-                                return nil
+                                return .reached
                             }
-                            return try await Self.backlog(on: connection)
-                        })
+                            return .backlog(try await Self.backlog(on: connection))
+                        }
                     } catch {
-                        return .none
+                        return .unreachable
                     }
                 }
                 group.addTask {
+                    // No answer within the interval counts as unreachable.
                     _ = await sleepUnlessCancelled(for: Self.probeInterval)
-                    return .none
+                    return .unreachable
                 }
-                let first = await group.next() ?? .none
+                let first = await group.next() ?? .unreachable
                 group.cancelAll()
                 return first
             }
-            metrics.databaseReachable.store(answer != nil, ordering: .relaxed)
-            if case .some(.some(let backlog)) = answer {
+            switch answer {
+            case .unreachable: metrics.databaseReachable.store(false, ordering: .relaxed)
+            case .reached: metrics.databaseReachable.store(true, ordering: .relaxed)
+            case .backlog(let backlog):
+                metrics.databaseReachable.store(true, ordering: .relaxed)
                 metrics.backlog.withLock { $0 = backlog }
                 backlogReadAt = now
             }

@@ -5,8 +5,8 @@ import Postgres
 /// ones in small batches (each its own transaction, so that no lock is held for long and
 /// replication keeps up).
 enum OutboxMaintenance {
-    /// Rows deleted per statement.
-    static let pruneBatch = 5_000
+    /// Rows deleted, or read by a walk of the outbox, per statement.
+    static let batchSize = 5_000
 
     /// Sets finished rows of `statuses` back to pending, their attempts and error cleared,
     /// and wakes the workers (NOTIFY). Returns how many rows.
@@ -20,21 +20,12 @@ enum OutboxMaintenance {
             SET status = 'pending', available_at = now(), attempts = 0, claimed_by = NULL, error_code = NULL,
                 error_description = NULL, token_results = NULL
             """
-        var count = 0
+        let count: Int
         if let since {
             let cutoff = PostgresValue.timestamptz(Date().addingTimeInterval(-since.seconds))
-            var below = Int64.max
-            while true {
-                let row = try await connection.query("""
-                    WITH batch AS (SELECT id, created_at FROM downstream_messages WHERE id < $3 ORDER BY id DESC LIMIT \(walkBatch)),
-                         done AS (\(set) WHERE id IN (SELECT id FROM batch) AND status = ANY($1::text[]) AND available_at IS NULL
-                                  AND created_at >= $2 RETURNING 1)
-                    SELECT (SELECT min(id) FROM batch), (SELECT count(*) FROM done), (SELECT bool_or(created_at >= $2) FROM batch)
-                    """, [.array(statuses.map { .text($0) }), cutoff, .int(below)]).first
-                count += Int(row?.int(1) ?? 0)
-                guard let lowest = row?.int(0), row?.bool(2) == true else { break }
-                below = lowest
-            }
+            count = try await walkOutbox(newestFirst: true, on: connection, parameters: [.array(statuses.map { .text($0) }), cutoff],
+                                         change: "\(set) WHERE id IN (SELECT id FROM batch) AND status = ANY($1::text[]) AND available_at IS NULL AND created_at >= $2",
+                                         goesOnWhile: "created_at >= $2")
         } else {
             count = try await connection.execute("\(set) WHERE status = ANY($1::text[]) AND available_at IS NULL",
                                                  [.array(statuses.map { .text($0) })])
@@ -43,8 +34,29 @@ enum OutboxMaintenance {
         return count
     }
 
-    /// Rows of the outbox read per statement when it is walked by id.
-    static let walkBatch = 5_000
+    /// Walks the outbox by id, `batchSize` rows a statement, from its newest row or its
+    /// oldest, running `change` (an UPDATE or DELETE that may name `batch`, the walked rows'
+    /// `id` and `created_at`) on each batch, while some row of the batch meets
+    /// `goesOnWhile`. `parameters` are `$1`…; the walk's own position comes after them.
+    /// Returns the rows `change` touched.
+    private static func walkOutbox(newestFirst: Bool, on connection: PostgresConnection, parameters: [PostgresValue],
+                                   change: String, goesOnWhile condition: String) async throws -> Int {
+        let position = "$\(parameters.count + 1)"
+        var edge = newestFirst ? Int64.max : Int64.min
+        var total = 0
+        while true {
+            let row = try await connection.query("""
+                WITH batch AS (SELECT id, created_at FROM downstream_messages WHERE id \(newestFirst ? "<" : ">") \(position)::bigint
+                               ORDER BY id \(newestFirst ? "DESC" : "ASC") LIMIT \(batchSize)),
+                     changed AS (\(change) RETURNING 1)
+                SELECT (SELECT \(newestFirst ? "min" : "max")(id) FROM batch), (SELECT count(*) FROM changed),
+                       (SELECT bool_or(\(condition)) FROM batch)
+                """, parameters + [.int(edge)]).first
+            total += Int(row?.int(1) ?? 0)
+            guard let next = row?.int(0), row?.bool(2) == true else { return total }
+            edge = next
+        }
+    }
 
     /// Deletes `processed_upstream` records, finished outbox rows and dead letters older
     /// than `age`, a batch at a time; returns the rows deleted per table. The outbox is
@@ -53,8 +65,8 @@ enum OutboxMaintenance {
     static func prune(olderThan age: Duration, on connection: PostgresConnection) async throws -> [String: Int] {
         let cutoff = PostgresValue.timestamptz(Date().addingTimeInterval(-age.seconds))
         let tables: [(String, String)] = [
-            ("processed_upstream", "SELECT ctid FROM processed_upstream WHERE processed_at < $1 LIMIT \(pruneBatch)"),
-            ("dead_letters", "SELECT ctid FROM dead_letters WHERE created_at < $1 LIMIT \(pruneBatch)"),
+            ("processed_upstream", "SELECT ctid FROM processed_upstream WHERE processed_at < $1 LIMIT \(batchSize)"),
+            ("dead_letters", "SELECT ctid FROM dead_letters WHERE created_at < $1 LIMIT \(batchSize)"),
         ]
         var deleted: [String: Int] = [:]
         for (table, select) in tables {
@@ -62,24 +74,14 @@ enum OutboxMaintenance {
             while true {
                 let count = try await connection.execute("DELETE FROM \(table) WHERE ctid = ANY(ARRAY(\(select)))", [cutoff])
                 total += count
-                if count < pruneBatch { break }
+                if count < batchSize { break }
             }
             deleted[table] = total
         }
-        var total = 0
-        var above = Int64.min
-        while true {
-            let row = try await connection.query("""
-                WITH batch AS (SELECT id, created_at, available_at FROM downstream_messages WHERE id > $2 ORDER BY id LIMIT \(walkBatch)),
-                     -- The conditions again on the row itself: one changed since the batch was read is judged as it is now.
-                     gone AS (DELETE FROM downstream_messages WHERE id IN (SELECT id FROM batch) AND available_at IS NULL AND created_at < $1
-                              RETURNING 1)
-                SELECT (SELECT max(id) FROM batch), (SELECT count(*) FROM gone), (SELECT bool_or(created_at < $1) FROM batch)
-                """, [cutoff, .int(above)]).first
-            total += Int(row?.int(1) ?? 0)
-            guard let highest = row?.int(0), row?.bool(2) == true else { break }
-            above = highest
-        }
+        // The conditions on the row itself: one changed since its batch was read is judged as it is now.
+        let total = try await walkOutbox(newestFirst: false, on: connection, parameters: [cutoff],
+                                         change: "DELETE FROM downstream_messages WHERE id IN (SELECT id FROM batch) AND available_at IS NULL AND created_at < $1",
+                                         goesOnWhile: "created_at < $1")
         deleted["downstream_messages"] = total
         return deleted
     }

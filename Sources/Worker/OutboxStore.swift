@@ -83,10 +83,19 @@ struct OutboxStore: Sendable {
             // Most answers are plain acks: written by a statement that reads five columns
             // instead of thirteen (parsing the text arrays was about 2.5 µs a row), and sets
             // no column it leaves as it was. Everything else goes through the general one.
-            let plain = zip(updates, claims).filter { Self.isPlainAck($0.0, claim: $0.1) }
-            let other = zip(updates, claims).filter { !Self.isPlainAck($0.0, claim: $0.1) }
-            if !plain.isEmpty { statements.append(plainAcks(plain.map(\.0), claims: plain.compactMap(\.1))) }
-            if !other.isEmpty { statements.append(general(other.map(\.0), claims: other.map(\.1))) }
+            var plain: (updates: [OutboxUpdate], claims: [Int64]) = ([], [])
+            var other: (updates: [OutboxUpdate], claims: [Int64?]) = ([], [])
+            for (update, claim) in zip(updates, claims) {
+                if let claim, Self.isPlainAck(update, claim: claim) {
+                    plain.updates.append(update)
+                    plain.claims.append(claim)
+                } else {
+                    other.updates.append(update)
+                    other.claims.append(claim)
+                }
+            }
+            if !plain.updates.isEmpty { statements.append(plainAcks(plain.updates, claims: plain.claims)) }
+            if !other.updates.isEmpty { statements.append(general(other.updates, claims: other.claims)) }
             let emptied = plan.emptied
             if !emptied.isEmpty {
                 statements.append(PostgresStatement("DELETE FROM outbox_claims WHERE id = ANY($1::bigint[]) AND worker = $2",
