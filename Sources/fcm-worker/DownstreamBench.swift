@@ -76,14 +76,14 @@ struct DownstreamBench {
     }
 
     /// What the outbox's statements cost PostgreSQL alone, without the sending, against a
-    /// stored upstream message: the worker's claim and write-back, and the two least costs of
-    /// any outbox that keeps each row's status in its row.
+    /// stored upstream message: the worker's claim and write-back, the two least costs of
+    /// any outbox that keeps each row's status in its row, and the final update made HOT.
     private func reportDatabaseCost(url: String, reference: CPUReference?) async throws {
         let cpu = await CPUAccount.locate(databaseURL: url)
         say("the outbox's statements alone (\(statementRows) rows, \(OutboxDatabaseCost.batch)-row transactions, "
               + "one connection, nothing sent), PostgreSQL's CPU per row:")
         for step in OutboxDatabaseCost.allCases {
-            try await OutboxDatabaseCost.prepare(rows: statementRows, databaseURL: url)
+            try await step.prepare(rows: statementRows, databaseURL: url)
             let before = cpu.sample()
             let rows = try await step.run(databaseURL: url)
             let after = cpu.sample()
@@ -95,6 +95,7 @@ struct DownstreamBench {
             if let stored = reference?.spent.postgres { line += String(format: " = %.2f× a stored upstream message", micros / stored) }
             say(line)
         }
+        try await OutboxDatabaseCost.dropProbe(databaseURL: url)
     }
 
     /// "per token against a stored upstream message: worker …, PostgreSQL …".
