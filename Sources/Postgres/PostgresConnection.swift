@@ -42,6 +42,23 @@ public final class PostgresConnection: Sendable {
                           preparesStatements: preparesStatements)
     }
 
+    /// Connects (as `connect(_:timeout:callTimeout:preparesStatements:)`), runs `body` on the
+    /// connection, and closes it before returning or throwing: unlike a close left to a
+    /// `Task` in a `defer`, none is still running when the process exits.
+    @discardableResult
+    public static func withConnection<T>(_ conninfo: String, preparesStatements: Bool = true,
+                                         _ body: (PostgresConnection) async throws -> T) async throws -> T {
+        let connection = try await connect(conninfo, preparesStatements: preparesStatements)
+        do {
+            let result = try await body(connection)
+            await connection.close()
+            return result
+        } catch {
+            await connection.close()
+            throw error
+        }
+    }
+
     /// Connects to a parsed connection string (see `connect(_:timeout:callTimeout:preparesStatements:)`).
     public static func connect(_ target: PostgresConnectionString, timeout: Duration = .seconds(10), callTimeout: Duration? = .seconds(15),
                                preparesStatements: Bool = true) async throws -> PostgresConnection {

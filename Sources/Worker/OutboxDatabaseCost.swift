@@ -57,7 +57,7 @@ package enum OutboxDatabaseCost: CaseIterable, Sendable, CustomStringConvertible
     /// (the benchmark; not on a cluster that other work shares, whose every dirty page it
     /// would flush).
     package func prepare(rows: Int, databaseURL: String, checkpoint: Bool = true) async throws {
-        try await Self.withConnection(databaseURL) { connection in
+        try await PostgresConnection.withConnection(databaseURL) { connection in
             try await connection.execute("TRUNCATE downstream_messages, device_tokens, outbox_claims")
             try await connection.execute("DROP TABLE IF EXISTS \(Self.hotProbeTable)")
             if checkpoint { try await connection.execute("CHECKPOINT") }
@@ -79,21 +79,9 @@ package enum OutboxDatabaseCost: CaseIterable, Sendable, CustomStringConvertible
 
     /// Drops `hotProbeTable`, if there is one.
     package static func dropProbe(databaseURL: String) async throws {
-        try await withConnection(databaseURL) { connection in
+        try await PostgresConnection.withConnection(databaseURL) { connection in
             try await connection.execute("DROP TABLE IF EXISTS \(hotProbeTable)")
         }
-    }
-
-    /// Runs `body` on a connection of its own, closed before this returns.
-    private static func withConnection(_ databaseURL: String, _ body: (PostgresConnection) async throws -> Void) async throws {
-        let connection = try await PostgresConnection.connect(databaseURL)
-        do {
-            try await body(connection)
-        } catch {
-            await connection.close()
-            throw error
-        }
-        await connection.close()
     }
 
     /// Inserts `rows` outbox rows due now, each to one of 10,000 bench tokens, with the

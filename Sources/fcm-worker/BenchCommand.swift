@@ -264,40 +264,40 @@ struct UpstreamBench {
     }
 
     private func rawCeiling(url: String, rows: Int, form: CeilingForm) async throws -> Double {
-        let connection = try await PostgresConnection.connect(url)
-        defer { Task { await connection.close() } }
-        let now = Date()
-        let started = ContinuousClock.now
-        var written = 0
-        while written < rows {
-            if form == .copy {
-                let count = min(1000, rows - written)
-                let copy = PostgresStatement.copy(
-                    into: "upstream_messages", columns: ["message_id", "from_token", "category", "data", "received_at"],
-                    rows: (written..<(written + count)).map { number in
-                        [.text("ceiling-\(number)"), .text("device-\(number % 1000)"), .text("com.example.bench"),
-                         .jsonb("{\"n\":\"\(number)\",\"text\":\"benchmark payload\"}"), .timestamptz(now)]
-                    })
-                _ = try await connection.pipeline([PostgresStatement("BEGIN"), copy, PostgresStatement("COMMIT")])
+        try await PostgresConnection.withConnection(url) { connection in
+            let now = Date()
+            let started = ContinuousClock.now
+            var written = 0
+            while written < rows {
+                if form == .copy {
+                    let count = min(1000, rows - written)
+                    let copy = PostgresStatement.copy(
+                        into: "upstream_messages", columns: ["message_id", "from_token", "category", "data", "received_at"],
+                        rows: (written..<(written + count)).map { number in
+                            [.text("ceiling-\(number)"), .text("device-\(number % 1000)"), .text("com.example.bench"),
+                             .jsonb("{\"n\":\"\(number)\",\"text\":\"benchmark payload\"}"), .timestamptz(now)]
+                        })
+                    _ = try await connection.pipeline([PostgresStatement("BEGIN"), copy, PostgresStatement("COMMIT")])
+                    written += count
+                    continue
+                }
+                let count = min(100, rows - written)
+                let ids = (0..<count).map { PostgresValue.text("ceiling-\(written + $0)") }
+                _ = try await connection.pipeline([
+                    PostgresStatement("BEGIN"),
+                    PostgresStatement("""
+                        INSERT INTO upstream_messages (message_id, from_token, category, data, received_at)
+                        SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::timestamptz[])
+                        """, [.array(ids), .array((0..<count).map { .text("device-\(($0 + written) % 1000)") }),
+                              .array(Array(repeating: .text("com.example.bench"), count: count)),
+                              .array((0..<count).map { .jsonb("{\"n\":\"\(written + $0)\",\"text\":\"benchmark payload\"}") }),
+                              .array(Array(repeating: .timestamptz(now), count: count))]),
+                    PostgresStatement("COMMIT"),
+                ])
                 written += count
-                continue
             }
-            let count = min(100, rows - written)
-            let ids = (0..<count).map { PostgresValue.text("ceiling-\(written + $0)") }
-            _ = try await connection.pipeline([
-                PostgresStatement("BEGIN"),
-                PostgresStatement("""
-                    INSERT INTO upstream_messages (message_id, from_token, category, data, received_at)
-                    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::timestamptz[])
-                    """, [.array(ids), .array((0..<count).map { .text("device-\(($0 + written) % 1000)") }),
-                          .array(Array(repeating: .text("com.example.bench"), count: count)),
-                          .array((0..<count).map { .jsonb("{\"n\":\"\(written + $0)\",\"text\":\"benchmark payload\"}") }),
-                          .array(Array(repeating: .timestamptz(now), count: count))]),
-                PostgresStatement("COMMIT"),
-            ])
-            written += count
+            return Double(rows) / (ContinuousClock.now - started).seconds
         }
-        return Double(rows) / (ContinuousClock.now - started).seconds
     }
 
     struct ThroughputResult {

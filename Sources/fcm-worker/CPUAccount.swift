@@ -19,13 +19,13 @@ struct CPUAccount {
     let postmaster: Int32?
 
     static func locate(databaseURL: String) async -> CPUAccount {
-        guard let connection = try? await PostgresConnection.connect(databaseURL, preparesStatements: false) else {
-            return CPUAccount(postmaster: nil)
+        // The backend's parent is read while the backend lives.
+        let parent = try? await PostgresConnection.withConnection(databaseURL, preparesStatements: false) { connection -> Int32? in
+            guard let backend = try await connection.query("SELECT pg_backend_pid()").first?.int(0),
+                  let fields = Self.statFields(Int32(backend)), fields.count > 2 else { return nil }
+            return Int32(fields[2])
         }
-        defer { Task { await connection.close() } }
-        let backend = (try? await connection.query("SELECT pg_backend_pid()"))?.first?.int(0)
-        guard let backend, let fields = Self.statFields(Int32(backend)), fields.count > 2, let parent = Int32(fields[2]),
-              let command = Self.statFields(parent)?.first, command == "(postgres)" || command == "(postmaster)" else {
+        guard let parent, let command = Self.statFields(parent)?.first, command == "(postgres)" || command == "(postmaster)" else {
             return CPUAccount(postmaster: nil)
         }
         return CPUAccount(postmaster: parent)

@@ -169,90 +169,90 @@ struct DownstreamBench {
     /// after `roundTripMilliseconds`.
     private func measure(connections: Int, roundTripMilliseconds: Int = 1, rows messages: Int, tokensPerRow: Int? = nil,
                          url: String) async throws -> Result {
-        let connection = try await PostgresConnection.connect(url)
-        defer { Task { await connection.close() } }
-        try await connection.execute("TRUNCATE downstream_messages, device_tokens, outbox_claims")
-        try await connection.execute("CHECKPOINT")
+        try await PostgresConnection.withConnection(url) { connection in
+            try await connection.execute("TRUNCATE downstream_messages, device_tokens, outbox_claims")
+            try await connection.execute("CHECKPOINT")
 
-        let simulator = try await SimulatorProcess.start(arguments: ["--ack-delay", "\(roundTripMilliseconds)", "--quiet"])
-        defer { simulator.stop() }
-        var configuration = try WorkerConfiguration.parse(arguments: [], environment: simulator.environment)
-        configuration.databaseURL = url
-        configuration.connections = connections
-        configuration.spoolFile = simulator.directory + "/spool"
-        let connected = Atomic<Int>(0)
-        let worker = FCMWorker(configuration: configuration, handlers: UpstreamHandlers(),
-                               logger: Logger(label: "bench", minimumLevel: .error), observer: { event in
-                                   if case .connected = event { connected.add(1, ordering: .relaxed) }
-                               })
-        let task = Task { try await worker.run() }
-        defer { task.cancel() }
-        let deadline = ContinuousClock.now + .seconds(30)
-        while connected.load(ordering: .relaxed) < connections {
-            guard ContinuousClock.now < deadline else { throw SimulatorError("the worker did not connect \(connections) time(s)") }
-            try await Task.sleep(for: .milliseconds(10))
-        }
-
-        let cpu = await CPUAccount.locate(databaseURL: url)
-        // One statement, so the rows appear at once; the worker is woken by its NOTIFY. The
-        // statistics are refreshed at once, as autovacuum would within a minute: without
-        // them the planner reads and sorts every due row for each claim (a new table's
-        // first burst), which is not the steady state this measures.
-        _ = try await connection.pipeline([
-            PostgresStatement("BEGIN"),
-            tokensPerRow.map { tokens in
-                PostgresStatement("""
-                    INSERT INTO downstream_messages (registration_ids, payload)
-                    SELECT ARRAY(SELECT 'bench-token-' || g || '-' || t FROM generate_series(1, $2) AS t),
-                           '{"data":{"text":"benchmark payload"},"priority":"high"}'::jsonb
-                    FROM generate_series(1, $1) AS g
-                    """, [.int(Int64(messages)), .int(Int64(tokens))])
-            } ?? OutboxDatabaseCost.insertRows(messages),
-            PostgresStatement("ANALYZE downstream_messages"),
-            PostgresStatement("COMMIT"),
-        ])
-        // From here: the sending (the rows' insert is the application's cost, not the sender's).
-        let before = cpu.sample(liveChild: simulator.processIdentifier)
-        let countersBefore = try await DatabaseCounters.read(connection)
-        let limit = ContinuousClock.now + .seconds(Int64(messages / 1000 + 120))
-        let lastRow = try await connection.query("SELECT max(id) FROM downstream_messages").first?.int(0) ?? 0
-        while true {
-            // Polling must not weigh on the database it measures: while claims are open or the
-            // last row is not claimed yet, two small tables say so. Only then the outbox is
-            // asked (an index probe that walks the dead entries finished rows leave until
-            // VACUUM: 1.4-2.8 ms a call, about 2 µs a message at 1@20 when it ran every 200 ms).
-            let claimed = try await connection.query("""
-                SELECT NOT EXISTS (SELECT 1 FROM outbox_claims) AND (SELECT max(frontier) FROM outbox_cursors) >= $1
-                """, [.int(lastRow)]).first?.bool(0) == true
-            if claimed, try await connection.query("SELECT 1 FROM downstream_messages WHERE available_at IS NOT NULL LIMIT 1").isEmpty {
-                break
+            let simulator = try await SimulatorProcess.start(arguments: ["--ack-delay", "\(roundTripMilliseconds)", "--quiet"])
+            defer { simulator.stop() }
+            var configuration = try WorkerConfiguration.parse(arguments: [], environment: simulator.environment)
+            configuration.databaseURL = url
+            configuration.connections = connections
+            configuration.spoolFile = simulator.directory + "/spool"
+            let connected = Atomic<Int>(0)
+            let worker = FCMWorker(configuration: configuration, handlers: UpstreamHandlers(),
+                                   logger: Logger(label: "bench", minimumLevel: .error), observer: { event in
+                                       if case .connected = event { connected.add(1, ordering: .relaxed) }
+                                   })
+            let task = Task { try await worker.run() }
+            defer { task.cancel() }
+            let deadline = ContinuousClock.now + .seconds(30)
+            while connected.load(ordering: .relaxed) < connections {
+                guard ContinuousClock.now < deadline else { throw SimulatorError("the worker did not connect \(connections) time(s)") }
+                try await Task.sleep(for: .milliseconds(10))
             }
-            guard ContinuousClock.now < limit else { throw SimulatorError("the outbox was not sent in time") }
-            try await Task.sleep(for: .milliseconds(200))
-        }
-        let after = cpu.sample(liveChild: simulator.processIdentifier)
-        task.cancel()
-        _ = try? await task.value
-        // Backends hand their counters over when idle, at most once a second, and when they
-        // end (the worker's have, with its pools).
-        try await Task.sleep(for: .milliseconds(1100))
-        let countersAfter = try await DatabaseCounters.read(connection)
 
-        let row = try await connection.query("""
-            SELECT count(*) FILTER (WHERE status = 'acked'),
-                   extract(epoch FROM max(sent_at) - min(sent_at))::float8,
-                   extract(epoch FROM max(acked_at) - min(sent_at))::float8,
-                   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM acked_at - sent_at)),
-                   percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM acked_at - sent_at))
-            FROM downstream_messages
-            """).first
-        guard let acked = row?.int(0), acked == messages else {
-            throw SimulatorError("\(row?.int(0) ?? 0) of \(messages) rows were acked")
+            let cpu = await CPUAccount.locate(databaseURL: url)
+            // One statement, so the rows appear at once; the worker is woken by its NOTIFY. The
+            // statistics are refreshed at once, as autovacuum would within a minute: without
+            // them the planner reads and sorts every due row for each claim (a new table's
+            // first burst), which is not the steady state this measures.
+            _ = try await connection.pipeline([
+                PostgresStatement("BEGIN"),
+                tokensPerRow.map { tokens in
+                    PostgresStatement("""
+                        INSERT INTO downstream_messages (registration_ids, payload)
+                        SELECT ARRAY(SELECT 'bench-token-' || g || '-' || t FROM generate_series(1, $2) AS t),
+                               '{"data":{"text":"benchmark payload"},"priority":"high"}'::jsonb
+                        FROM generate_series(1, $1) AS g
+                        """, [.int(Int64(messages)), .int(Int64(tokens))])
+                } ?? OutboxDatabaseCost.insertRows(messages),
+                PostgresStatement("ANALYZE downstream_messages"),
+                PostgresStatement("COMMIT"),
+            ])
+            // From here: the sending (the rows' insert is the application's cost, not the sender's).
+            let before = cpu.sample(liveChild: simulator.processIdentifier)
+            let countersBefore = try await DatabaseCounters.read(connection)
+            let limit = ContinuousClock.now + .seconds(Int64(messages / 1000 + 120))
+            let lastRow = try await connection.query("SELECT max(id) FROM downstream_messages").first?.int(0) ?? 0
+            while true {
+                // Polling must not weigh on the database it measures: while claims are open or the
+                // last row is not claimed yet, two small tables say so. Only then the outbox is
+                // asked (an index probe that walks the dead entries finished rows leave until
+                // VACUUM: 1.4-2.8 ms a call, about 2 µs a message at 1@20 when it ran every 200 ms).
+                let claimed = try await connection.query("""
+                    SELECT NOT EXISTS (SELECT 1 FROM outbox_claims) AND (SELECT max(frontier) FROM outbox_cursors) >= $1
+                    """, [.int(lastRow)]).first?.bool(0) == true
+                if claimed, try await connection.query("SELECT 1 FROM downstream_messages WHERE available_at IS NOT NULL LIMIT 1").isEmpty {
+                    break
+                }
+                guard ContinuousClock.now < limit else { throw SimulatorError("the outbox was not sent in time") }
+                try await Task.sleep(for: .milliseconds(200))
+            }
+            let after = cpu.sample(liveChild: simulator.processIdentifier)
+            task.cancel()
+            _ = try? await task.value
+            // Backends hand their counters over when idle, at most once a second, and when they
+            // end (the worker's have, with its pools).
+            try await Task.sleep(for: .milliseconds(1100))
+            let countersAfter = try await DatabaseCounters.read(connection)
+
+            let row = try await connection.query("""
+                SELECT count(*) FILTER (WHERE status = 'acked'),
+                       extract(epoch FROM max(sent_at) - min(sent_at))::float8,
+                       extract(epoch FROM max(acked_at) - min(sent_at))::float8,
+                       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM acked_at - sent_at)),
+                       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM acked_at - sent_at))
+                FROM downstream_messages
+                """).first
+            guard let acked = row?.int(0), acked == messages else {
+                throw SimulatorError("\(row?.int(0) ?? 0) of \(messages) rows were acked")
+            }
+            return Result(sentPerSecond: Double(messages) / (row?.double(1) ?? .nan),
+                          ackedPerSecond: Double(messages) / (row?.double(2) ?? .nan),
+                          p50: row?.double(3) ?? .nan, p99: row?.double(4) ?? .nan, ackSeconds: row?.double(2) ?? .nan,
+                          before: before, after: after,
+                          database: DatabaseCounters.describe(from: countersBefore, to: countersAfter, messages: messages))
         }
-        return Result(sentPerSecond: Double(messages) / (row?.double(1) ?? .nan),
-                      ackedPerSecond: Double(messages) / (row?.double(2) ?? .nan),
-                      p50: row?.double(3) ?? .nan, p99: row?.double(4) ?? .nan, ackSeconds: row?.double(2) ?? .nan,
-                      before: before, after: after,
-                      database: DatabaseCounters.describe(from: countersBefore, to: countersAfter, messages: messages))
     }
 }

@@ -127,96 +127,96 @@ struct SoakBench {
         defer { running.cancel() }
         _ = try await simulator.waitForBoundSessions(2, timeout: .seconds(30))
 
-        let observer = try await PostgresConnection.connect(url)
-        defer { Task { await observer.close() } }
-        // The soak's own session survives the database fault: only the worker's end.
-        let ownSession = Int(try await observer.query("SELECT pg_backend_pid()").first?.int(0) ?? 0)
-        let started = ContinuousClock.now
-        let end = started + .seconds(minutes * 60)
-        var injected = 0
-        var inserted = 0
-        var samples: [Sample] = []
-        var nextReport = started + .seconds(10)
-        var nextFault = started + faultInterval
-        var faultIndex = 0
-        var nextInsert = started
-        while ContinuousClock.now < end {
-            let tick = ContinuousClock.now
-            // Upstream: a tenth of a second's worth at a time.
-            let due = Int((tick - started).seconds * Double(upstreamRate)) - injected
-            if due > 0 {
-                simulator.injectUpstream((injected..<(injected + due)).map { number in
-                    CCSSimulator.UpstreamRecord(messageID: "soak-\(number)", from: "soak-device-\(number % 500)", json: """
-                        {"message_id":"soak-\(number)","from":"soak-device-\(number % 500)","category":"com.example.soak",\
-                        "data":{"n":"\(number)","text":"soak payload"}}
-                        """)
-                })
-                injected += due
-            }
-            // Downstream: a second's worth of outbox rows in one statement.
-            if tick >= nextInsert {
-                try await retryingOnce {
-                    _ = try await observer.execute("""
-                        INSERT INTO downstream_messages (target, payload)
-                        SELECT 'soak-token-' || (g % 2000), '{"data":{"text":"soak"}}'::jsonb FROM generate_series(1, $1) AS g
-                        """, [.int(Int64(downstreamRate))])
+        return try await PostgresConnection.withConnection(url) { observer in
+            // The soak's own session survives the database fault: only the worker's end.
+            let ownSession = Int(try await observer.query("SELECT pg_backend_pid()").first?.int(0) ?? 0)
+            let started = ContinuousClock.now
+            let end = started + .seconds(minutes * 60)
+            var injected = 0
+            var inserted = 0
+            var samples: [Sample] = []
+            var nextReport = started + .seconds(10)
+            var nextFault = started + faultInterval
+            var faultIndex = 0
+            var nextInsert = started
+            while ContinuousClock.now < end {
+                let tick = ContinuousClock.now
+                // Upstream: a tenth of a second's worth at a time.
+                let due = Int((tick - started).seconds * Double(upstreamRate)) - injected
+                if due > 0 {
+                    simulator.injectUpstream((injected..<(injected + due)).map { number in
+                        CCSSimulator.UpstreamRecord(messageID: "soak-\(number)", from: "soak-device-\(number % 500)", json: """
+                            {"message_id":"soak-\(number)","from":"soak-device-\(number % 500)","category":"com.example.soak",\
+                            "data":{"n":"\(number)","text":"soak payload"}}
+                            """)
+                    })
+                    injected += due
                 }
-                inserted += downstreamRate
-                nextInsert = nextInsert + .seconds(1)
+                // Downstream: a second's worth of outbox rows in one statement.
+                if tick >= nextInsert {
+                    try await retryingOnce {
+                        _ = try await observer.execute("""
+                            INSERT INTO downstream_messages (target, payload)
+                            SELECT 'soak-token-' || (g % 2000), '{"data":{"text":"soak"}}'::jsonb FROM generate_series(1, $1) AS g
+                            """, [.int(Int64(downstreamRate))])
+                    }
+                    inserted += downstreamRate
+                    nextInsert = nextInsert + .seconds(1)
+                }
+                if tick >= nextFault {
+                    await fault(faultIndex, simulator: simulator, nacking: nacking, database: observer, sparing: ownSession)
+                    faultIndex += 1
+                    nextFault = nextFault + faultInterval
+                }
+                if tick >= nextReport {
+                    let sample = Self.sample(elapsed: (tick - started).seconds)
+                    samples.append(sample)
+                    let outbox = (try? await observer.query("SELECT count(*) FROM downstream_messages WHERE available_at IS NOT NULL"))?.first?.int(0)
+                    // In journal and immediate mode a message may commit before its ack reaches CCS:
+                    // "committed" may run ahead of "acked".
+                    say(String(format: "%5.0f s  RSS %6.1f MB  fds %4d (pipes %d)  threads %3d  upstream injected %d acked %d committed %d  "
+                               + "outbox inserted %d unfinished %@", sample.elapsed, sample.residentMegabytes, sample.descriptors, sample.pipes, sample.threads,
+                               injected, acked.count, committed.load(ordering: .relaxed), inserted, outbox.map(String.init) ?? "?"))
+                    nextReport = nextReport + .seconds(10)
+                }
+                try await Task.sleep(for: .milliseconds(100))
             }
-            if tick >= nextFault {
-                await fault(faultIndex, simulator: simulator, nacking: nacking, database: observer, sparing: ownSession)
-                faultIndex += 1
-                nextFault = nextFault + faultInterval
-            }
-            if tick >= nextReport {
-                let sample = Self.sample(elapsed: (tick - started).seconds)
-                samples.append(sample)
-                let outbox = (try? await observer.query("SELECT count(*) FROM downstream_messages WHERE available_at IS NOT NULL"))?.first?.int(0)
-                // In journal and immediate mode a message may commit before its ack reaches CCS:
-                // "committed" may run ahead of "acked".
-                say(String(format: "%5.0f s  RSS %6.1f MB  fds %4d (pipes %d)  threads %3d  upstream injected %d acked %d committed %d  "
-                           + "outbox inserted %d unfinished %@", sample.elapsed, sample.residentMegabytes, sample.descriptors, sample.pipes, sample.threads,
-                           injected, acked.count, committed.load(ordering: .relaxed), inserted, outbox.map(String.init) ?? "?"))
-                nextReport = nextReport + .seconds(10)
-            }
-            try await Task.sleep(for: .milliseconds(100))
-        }
 
-        // Settle: no more load, no more faults.
-        nacking.value = false
-        say("load stopped; waiting for everything to settle")
-        let settleLimit = ContinuousClock.now + .seconds(180)
-        var stored = 0, unfinished = -1
-        while ContinuousClock.now < settleLimit {
-            stored = (try? await observer.query("SELECT count(*) FROM upstream_messages"))?.first?.int(0).map(Int.init) ?? stored
-            unfinished = (try? await observer.query("SELECT count(*) FROM downstream_messages WHERE available_at IS NOT NULL"))?.first?.int(0).map(Int.init) ?? unfinished
-            if stored >= injected && acked.count >= injected && unfinished == 0 { break }
-            try await Task.sleep(for: .seconds(1))
-        }
-        let outcomes = try await observer.query("SELECT status, count(*) FROM downstream_messages GROUP BY 1 ORDER BY 1")
-            .map { "\($0.string(0) ?? "?")=\($0.int(1) ?? 0)" }
-        running.cancel()
-        _ = try? await running.value
+            // Settle: no more load, no more faults.
+            nacking.value = false
+            say("load stopped; waiting for everything to settle")
+            let settleLimit = ContinuousClock.now + .seconds(180)
+            var stored = 0, unfinished = -1
+            while ContinuousClock.now < settleLimit {
+                stored = (try? await observer.query("SELECT count(*) FROM upstream_messages"))?.first?.int(0).map(Int.init) ?? stored
+                unfinished = (try? await observer.query("SELECT count(*) FROM downstream_messages WHERE available_at IS NOT NULL"))?.first?.int(0).map(Int.init) ?? unfinished
+                if stored >= injected && acked.count >= injected && unfinished == 0 { break }
+                try await Task.sleep(for: .seconds(1))
+            }
+            let outcomes = try await observer.query("SELECT status, count(*) FROM downstream_messages GROUP BY 1 ORDER BY 1")
+                .map { "\($0.string(0) ?? "?")=\($0.int(1) ?? 0)" }
+            running.cancel()
+            _ = try? await running.value
 
-        var failures: [String] = []
-        // Every message is acked in the end (CCS redelivers what was not), so every one must be stored.
-        if acked.count < injected { failures.append("\(injected - acked.count) of \(injected) upstream messages never acked") }
-        if stored < injected { failures.append("\(injected - stored) of \(injected) upstream messages not stored") }
-        if unfinished != 0 { failures.append("\(unfinished) outbox row(s) never reached a final state") }
-        failures += Self.growth(in: samples)
-        say("upstream: \(injected) injected, \(acked.count) acked, \(stored) stored; outbox: \(inserted) inserted, \(outcomes.joined(separator: ", "))")
-        if let first = samples.first, let last = samples.last {
-            say(String(format: "RSS %.1f → %.1f MB (peak %.1f), fds %d → %d, threads %d → %d over %.0f s",
-                       first.residentMegabytes, last.residentMegabytes, samples.map(\.residentMegabytes).max() ?? 0,
-                       first.descriptors, last.descriptors, first.threads, last.threads, last.elapsed))
+            var failures: [String] = []
+            // Every message is acked in the end (CCS redelivers what was not), so every one must be stored.
+            if acked.count < injected { failures.append("\(injected - acked.count) of \(injected) upstream messages never acked") }
+            if stored < injected { failures.append("\(injected - stored) of \(injected) upstream messages not stored") }
+            if unfinished != 0 { failures.append("\(unfinished) outbox row(s) never reached a final state") }
+            failures += Self.growth(in: samples)
+            say("upstream: \(injected) injected, \(acked.count) acked, \(stored) stored; outbox: \(inserted) inserted, \(outcomes.joined(separator: ", "))")
+            if let first = samples.first, let last = samples.last {
+                say(String(format: "RSS %.1f → %.1f MB (peak %.1f), fds %d → %d, threads %d → %d over %.0f s",
+                           first.residentMegabytes, last.residentMegabytes, samples.map(\.residentMegabytes).max() ?? 0,
+                           first.descriptors, last.descriptors, first.threads, last.threads, last.elapsed))
+            }
+            if failures.isEmpty {
+                say("soak passed: nothing lost, nothing grew without bound")
+                return true
+            }
+            for failure in failures { say("SOAK FAILED: \(failure)") }
+            return false
         }
-        if failures.isEmpty {
-            say("soak passed: nothing lost, nothing grew without bound")
-            return true
-        }
-        for failure in failures { say("SOAK FAILED: \(failure)") }
-        return false
     }
 
     /// Runs `body`, once more after a second if it fails (a terminated session is replaced).
