@@ -5,10 +5,10 @@ import Runtime
 /// The database's part of sending outbox rows, without the sending: the worker's own claim
 /// and write-back statements run on rows that no connection sends, beside the two least
 /// things any outbox that keeps each row's status in its row must ask of PostgreSQL per
-/// message (locking the row while it is sent, and writing its final status once), and that
-/// final write as a HOT update, which today's indexes rule out. For `bench downstream`,
-/// which measures PostgreSQL's CPU around each `run`: what the issue-16 goals can reach
-/// depends on these, whatever the worker does around them.
+/// message (locking the row while it is sent, and writing its final status once, a HOT
+/// update since migration 0009), and reading the rows as a claim does. For `bench
+/// downstream`, which measures PostgreSQL's CPU around each `run`: what the issue-16 goals
+/// can reach depends on these, whatever the worker does around them.
 package enum OutboxDatabaseCost: CaseIterable, Sendable, CustomStringConvertible {
     /// `OutboxStore.claim` then `OutboxStore.write` of an acked update, per batch: a
     /// message's claim (a claim row per batch) and its one row update, as the worker
@@ -21,18 +21,10 @@ package enum OutboxDatabaseCost: CaseIterable, Sendable, CustomStringConvertible
     /// and what `device_tokens` knows of each target), writing nothing: the least any claim
     /// costs, since the rows must be read to be sent.
     case rowRead
-    /// One `UPDATE` per row of a batch that writes its final status (taking it out of the
-    /// unfinished index): the least writing a row's outcome into the row can cost.
+    /// One `UPDATE` per row of a batch that writes its final status (a HOT update: no
+    /// index covers what it changes, and its page has room): the least writing a row's
+    /// outcome into the row can cost.
     case statusUpdate
-    /// The same `UPDATE` on a copy of the outbox (`hotProbeTable`) that has no index on a
-    /// column the answer changes (only the primary key and `(transport, id)`) and leaves
-    /// three fifths of each page free (fillfactor 40; at 50, about 3 % of the final
-    /// versions, which are larger than the first, found no room), so that each row's final
-    /// version is a HOT update: on the row's own page, with no new index entry. What the
-    /// final update would cost in an outbox without `downstream_messages_unfinished`, whose
-    /// predicate (`available_at IS NOT NULL`) the answer changes: that redesign's headroom,
-    /// measured beside today's update (docs/outbox-hot-updates.md).
-    case hotStatusUpdate
 
     package var description: String {
         switch self {
@@ -40,47 +32,22 @@ package enum OutboxDatabaseCost: CaseIterable, Sendable, CustomStringConvertible
         case .rowLock: "a row lock alone (SELECT … FOR UPDATE)"
         case .rowRead: "reading the rows as a claim returns them, nothing written"
         case .statusUpdate: "one in-place final-status update alone"
-        case .hotStatusUpdate: "the same update made HOT (no index on what it changes, fillfactor 40)"
         }
     }
-
-    /// The copy of the outbox that `hotStatusUpdate` updates: made by `prepare`, dropped by
-    /// `dropProbe` (and by the next `prepare`).
-    package static let hotProbeTable = "bench_outbox_hot_probe"
 
     /// Rows per transaction: the claim's batch when the windows are busy.
     package static let batch = 100
 
     /// Empties the outbox and inserts `rows` rows due now, as `bench downstream` does
-    /// before a run; for `hotStatusUpdate`, copies them into a new `hotProbeTable`.
-    /// `checkpoint`: a checkpoint first, so that the measured writes find pages made after it
-    /// (the benchmark; not on a cluster that other work shares, whose every dirty page it
-    /// would flush).
-    package func prepare(rows: Int, databaseURL: String, checkpoint: Bool = true) async throws {
+    /// before a run. `checkpoint`: a checkpoint first, so that the measured writes find pages
+    /// made after it (the benchmark; not on a cluster that other work shares, whose every
+    /// dirty page it would flush).
+    package static func prepare(rows: Int, databaseURL: String, checkpoint: Bool = true) async throws {
         try await PostgresConnection.withConnection(databaseURL) { connection in
             try await connection.execute("TRUNCATE downstream_messages, device_tokens, outbox_claims")
-            try await connection.execute("DROP TABLE IF EXISTS \(Self.hotProbeTable)")
             if checkpoint { try await connection.execute("CHECKPOINT") }
-            _ = try await connection.pipeline([Self.insertRows(rows)])
+            _ = try await connection.pipeline([insertRows(rows)])
             try await connection.execute("ANALYZE downstream_messages")
-            guard self == .hotStatusUpdate else { return }
-            // The indexes after the copy, as a table that grew row by row would have them.
-            for statement in [
-                "CREATE TABLE \(Self.hotProbeTable) (LIKE downstream_messages INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH (fillfactor = 40)",
-                "INSERT INTO \(Self.hotProbeTable) SELECT * FROM downstream_messages ORDER BY id",
-                "ALTER TABLE \(Self.hotProbeTable) ADD PRIMARY KEY (id)",
-                "CREATE INDEX ON \(Self.hotProbeTable) (transport, id)",
-                "ANALYZE \(Self.hotProbeTable)",
-            ] {
-                try await connection.execute(statement)
-            }
-        }
-    }
-
-    /// Drops `hotProbeTable`, if there is one.
-    package static func dropProbe(databaseURL: String) async throws {
-        try await PostgresConnection.withConnection(databaseURL) { connection in
-            try await connection.execute("DROP TABLE IF EXISTS \(hotProbeTable)")
         }
     }
 
@@ -122,10 +89,9 @@ package enum OutboxDatabaseCost: CaseIterable, Sendable, CustomStringConvertible
                 }, tokens: [])
                 total += claimed.count
             }
-        case .rowLock, .rowRead, .statusUpdate, .hotStatusUpdate:
-            let table = self == .hotStatusUpdate ? Self.hotProbeTable : "downstream_messages"
+        case .rowLock, .rowRead, .statusUpdate:
             let ids = try await pool.withConnection { connection in
-                try await connection.query("SELECT id FROM \(table) ORDER BY id").map { $0.int(0) ?? 0 }
+                try await connection.query("SELECT id FROM downstream_messages ORDER BY id").map { $0.int(0) ?? 0 }
             }
             let sql = switch self {
             case .rowLock: "SELECT id FROM downstream_messages WHERE id = ANY($1::bigint[]) FOR UPDATE"
@@ -136,7 +102,7 @@ package enum OutboxDatabaseCost: CaseIterable, Sendable, CustomStringConvertible
                      LEFT JOIN device_tokens AS t ON t.token = d.target
                 """
             default: """
-                UPDATE \(table) SET status = 'acked', attempts = attempts + 1, sent_on = 'ccs#1',
+                UPDATE downstream_messages SET status = 'acked', attempts = attempts + 1, sent_on = 'ccs#1',
                     sent_at = now(), acked_at = now(), available_at = NULL
                 WHERE id = ANY($1::bigint[])
                 """

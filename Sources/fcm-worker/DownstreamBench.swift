@@ -77,13 +77,13 @@ struct DownstreamBench {
 
     /// What the outbox's statements cost PostgreSQL alone, without the sending, against a
     /// stored upstream message: the worker's claim and write-back, the two least costs of
-    /// any outbox that keeps each row's status in its row, and the final update made HOT.
+    /// any outbox that keeps each row's status in its row, and reading the rows as a claim does.
     private func reportDatabaseCost(url: String, reference: CPUReference?) async throws {
         let cpu = await CPUAccount.locate(databaseURL: url)
         say("the outbox's statements alone (\(statementRows) rows, \(OutboxDatabaseCost.batch)-row transactions, "
               + "one connection, nothing sent), PostgreSQL's CPU per row:")
         for step in OutboxDatabaseCost.allCases {
-            try await step.prepare(rows: statementRows, databaseURL: url)
+            try await OutboxDatabaseCost.prepare(rows: statementRows, databaseURL: url)
             let before = cpu.sample()
             let rows = try await step.run(databaseURL: url)
             let after = cpu.sample()
@@ -95,7 +95,6 @@ struct DownstreamBench {
             if let stored = reference?.spent.postgres { line += String(format: " = %.2f× a stored upstream message", micros / stored) }
             say(line)
         }
-        try await OutboxDatabaseCost.dropProbe(databaseURL: url)
     }
 
     /// "per token against a stored upstream message: worker …, PostgreSQL …".
@@ -217,13 +216,15 @@ struct DownstreamBench {
             let lastRow = try await connection.query("SELECT max(id) FROM downstream_messages").first?.int(0) ?? 0
             while true {
                 // Polling must not weigh on the database it measures: while claims are open or the
-                // last row is not claimed yet, two small tables say so. Only then the outbox is
-                // asked (an index probe that walks the dead entries finished rows leave until
-                // VACUUM: 1.4-2.8 ms a call, about 2 µs a message at 1@20 when it ran every 200 ms).
+                // last row is not claimed yet, two small tables say so. Then the open rows (rows
+                // due again, read by id), and once none is left, the whole outbox, once: only a
+                // row of a gap, visible but not yet taken, escapes the first (migration 0009).
                 let claimed = try await connection.query("""
                     SELECT NOT EXISTS (SELECT 1 FROM outbox_claims) AND (SELECT max(frontier) FROM outbox_cursors) >= $1
                     """, [.int(lastRow)]).first?.bool(0) == true
-                if claimed, try await connection.query("SELECT 1 FROM downstream_messages WHERE available_at IS NOT NULL LIMIT 1").isEmpty {
+                if claimed,
+                   try await connection.query("SELECT 1 FROM downstream_messages_open_shown WHERE available_at IS NOT NULL LIMIT 1").isEmpty,
+                   try await connection.query("SELECT 1 FROM downstream_messages WHERE available_at IS NOT NULL LIMIT 1").isEmpty {
                     break
                 }
                 guard ContinuousClock.now < limit else { throw SimulatorError("the outbox was not sent in time") }

@@ -6,7 +6,7 @@ import Testing
 /// Claims per batch (migration 0007): a claim names rows without writing them, takes rows
 /// whose transactions commit after it passed their ids, never names a row another live
 /// claim names; a sweep takes over expired claims and rows due again; a write counts only
-/// under a live claim and deletes the claims it settles.
+/// under a live claim and deletes the claims it settles, and (migration 0009) as a HOT update.
 @Suite struct OutboxClaimTests {
     private static func insert(_ count: Int, on connection: PostgresConnection) async throws -> [Int64] {
         try await connection.query("""
@@ -87,7 +87,88 @@ import Testing
                 .first?.int(0) == 0
             if !forgotten { try await Task.sleep(for: .milliseconds(100)) }
         }
-        #expect(forgotten, "the gap is forgotten (at the latest 10 s after it was seen)")
+        #expect(forgotten, "the gap is forgotten once the transactions of its time have ended")
+    }
+
+    /// Gaps are ranges kept until the transactions that could fill them have ended (migration
+    /// 0009), however far the frontier runs ahead: before, only the last 2,000 ids below the
+    /// newest row taken were kept, and a row further back waited for the sweep's index.
+    @Test func aRowFarBehindTheIdsAClaimPassedIsTakenByTheNextClaimOnceCommitted() async throws {
+        let database = try await TestDatabase.make()
+        let slow = try await database.connect(), fast = try await database.connect(), claimer = try await database.connect()
+        defer { Task { await slow.close(); await fast.close(); await claimer.close() } }
+        _ = try await slow.execute("BEGIN")
+        let late = try await Self.insert(2, on: slow)
+        let early = try await Self.insert(2500, on: fast)
+        #expect(try await Self.claim("worker-1", 3000, on: claimer).ids == early, "the uncommitted rows are passed")
+        let gaps = try await database.query("SELECT gap_ids, gap_last FROM outbox_cursors WHERE transport = 'xmpp'").first
+        #expect(gaps?.ints(0) == [late[0]] && gaps?.ints(1) == [late[1]], "and kept as one range")
+        // Other transactions come and go: the range stays while the slow one is open.
+        for _ in 0..<3 {
+            let more = try await Self.insert(1, on: fast)
+            #expect(try await Self.claim("worker-1", 100, on: claimer).ids == more)
+        }
+        _ = try await slow.execute("COMMIT")
+        #expect(try await Self.claim("worker-1", 100, on: claimer).ids == late, "taken by a claim, without a sweep")
+        #expect(try await database.query("SELECT cardinality(gap_ids) FROM outbox_cursors WHERE transport = 'xmpp'").first?.int(0) == 0)
+    }
+
+    /// Rows that become visible in a gap beyond what a claim may take, and rows the frontier
+    /// passes before they are due, wait in outbox_due_again for a sweep: none is left behind.
+    @Test func gapRowsBeyondTheLimitAndRowsNotYetDueAreSweptLater() async throws {
+        let database = try await TestDatabase.make()
+        let slow = try await database.connect(), fast = try await database.connect()
+        defer { Task { await slow.close(); await fast.close() } }
+        _ = try await slow.execute("BEGIN")
+        let late = try await Self.insert(5, on: slow)
+        let scheduled = try await fast.query("""
+            INSERT INTO downstream_messages (target, payload, available_at) VALUES ('token-later', '{}', now() + interval '2 seconds')
+            RETURNING id
+            """).compactMap { $0.int(0) }
+        let early = try await Self.insert(1, on: fast)
+        #expect(try await Self.claim("worker-1", 100, on: fast).ids == early, "the scheduled row is passed, not taken")
+        #expect(try await database.count("outbox_due_again", where: "id = \(scheduled[0])") == 1)
+        _ = try await slow.execute("COMMIT")
+        #expect(try await Self.claim("worker-1", 2, on: fast).ids == Array(late[0..<2]))
+        #expect(try await database.count("outbox_due_again", where: "id = ANY('{\(late[2...].map(String.init).joined(separator: ","))}')") == 3)
+        #expect(try await Self.claim("worker-1", 100, on: fast, sweep: true).ids == Array(late[2...]))
+        #expect(try await database.count("outbox_due_again", where: "id <> \(scheduled[0])") == 0, "taken entries are gone")
+        var swept: [Int64] = []
+        for _ in 0..<60 where swept.isEmpty {
+            try await Task.sleep(for: .milliseconds(100))
+            swept = try await Self.claim("worker-1", 100, on: fast, sweep: true).ids
+        }
+        #expect(swept == scheduled, "the scheduled row is swept once due")
+        #expect(try await database.count("outbox_due_again") == 0)
+    }
+
+    /// A row's final answer is a HOT update (migration 0009): nothing the answer changes is
+    /// indexed, and the page has room for the new version.
+    @Test func aPlainAckIsAHeapOnlyUpdate() async throws {
+        let database = try await TestDatabase.make()
+        let connection = try await database.connect()
+        defer { Task { await connection.close() } }
+        _ = try await Self.insert(300, on: connection)
+        let pool = PostgresPool(target: try PostgresConnectionString(database.url), size: 1)
+        let store = OutboxStore(pool: pool, workerID: "worker-1", lease: .seconds(60), transport: "xmpp")
+        let claimed = try await store.claim(limit: 300)
+        let now = Date()
+        try await store.write(claimed.map {
+            OutboxUpdate(rowID: $0.id, status: .acked, attempts: 1, sentOn: "ccs#1", sentAt: now, ackedAt: now)
+        }, tokens: [])
+        await pool.close()
+        var counters: (updates: Int64, hot: Int64) = (0, 0)
+        for _ in 0..<40 where counters.updates < 300 {
+            // The writing session's counters reach the shared statistics once it ends.
+            _ = try await database.query("SELECT pg_stat_clear_snapshot()")
+            let row = try await database.query("""
+                SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'downstream_messages'::regclass
+                """).first
+            counters = (row?.int(0) ?? 0, row?.int(1) ?? 0)
+            if counters.updates < 300 { try await Task.sleep(for: .milliseconds(100)) }
+        }
+        #expect(counters.updates == 300 && counters.hot == 300, "\(counters.hot) of \(counters.updates) updates HOT")
+        #expect(try await database.count("outbox_due_again") == 0, "an answer is not due again")
     }
 
     @Test func aSweepTakesOverExpiredClaimsAndRowsDueAgainButNoRowOfALiveClaim() async throws {
