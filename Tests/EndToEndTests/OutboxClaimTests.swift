@@ -2,6 +2,7 @@ import Foundation
 import Postgres
 import Testing
 @testable import Worker
+import Runtime
 
 /// Claims per batch (migration 0007): a claim names rows without writing them, takes rows
 /// whose transactions commit after it passed their ids, never names a row another live
@@ -111,6 +112,70 @@ import Testing
         _ = try await slow.execute("COMMIT")
         #expect(try await Self.claim("worker-1", 100, on: claimer).ids == late, "taken by a claim, without a sweep")
         #expect(try await database.query("SELECT cardinality(gap_ids) FROM outbox_cursors WHERE transport = 'xmpp'").first?.int(0) == 0)
+    }
+
+    /// Gaps under load: inserters whose transactions commit late or roll back, while a
+    /// claimer (every fifth call a sweep) runs all along. Every committed row is claimed
+    /// exactly once, no rolled-back id is claimed, and at the end no gap is left.
+    @Test func underConcurrentInsertsRollbacksAndSlowCommitsEveryCommittedRowIsClaimedOnce() async throws {
+        let database = try await TestDatabase.make()
+        let insertersDone = AtomicFlag(false)
+        async let claimed = Self.claim(database, until: insertersDone)
+        let inserted = try await withThrowingTaskGroup(of: [Int64].self) { group in
+            for inserter in 0..<4 {
+                group.addTask {
+                    let connection = try await database.connect()
+                    var committed: [Int64] = []
+                    for round in 0..<40 {
+                        _ = try await connection.execute("BEGIN")
+                        let ids = try await Self.insert(Int.random(in: 1...8), on: connection)
+                        // Some transactions stay open while others commit past them.
+                        if (round + inserter) % 5 == 0 { try await Task.sleep(for: .milliseconds(Int.random(in: 5...40))) }
+                        if (round * 7 + inserter) % 4 == 0 {
+                            _ = try await connection.execute("ROLLBACK")
+                        } else {
+                            _ = try await connection.execute("COMMIT")
+                            committed += ids
+                        }
+                    }
+                    await connection.close()
+                    return committed
+                }
+            }
+            var all: [Int64] = []
+            for try await ids in group { all += ids }
+            return all
+        }
+        insertersDone.value = true
+        let (all, gapsSeen) = try await claimed
+        #expect(gapsSeen > 0, "the claims passed ids of open transactions")
+        #expect(all.count == Set(all).count, "no row claimed twice")
+        #expect(Set(all) == Set(inserted), "every committed row claimed, no rolled-back id")
+        #expect(try await database.query("SELECT cardinality(gap_ids) FROM outbox_cursors WHERE transport = 'xmpp'").first?.int(0) == 0)
+    }
+
+    /// Claims (every fifth call sweeps) until `done` is set and then two calls in a row find
+    /// nothing, or 20 s pass: the ids claimed, and after how many calls a gap was kept.
+    private static func claim(_ database: TestDatabase, until done: AtomicFlag) async throws -> (ids: [Int64], gapsSeen: Int) {
+        let connection = try await database.connect()
+        var claimed: [Int64] = []
+        var gapsSeen = 0
+        var emptyAfterDone = 0
+        var call = 0
+        let deadline = ContinuousClock.now + .seconds(20)
+        while emptyAfterDone < 2 && ContinuousClock.now < deadline {
+            call += 1
+            let finished = done.value
+            let ids = try await claim("claimer", 50, on: connection, sweep: call % 5 == 0).ids
+            claimed += ids
+            if try await connection.query("SELECT cardinality(gap_ids) > 0 FROM outbox_cursors WHERE transport = 'xmpp'").first?.bool(0) == true {
+                gapsSeen += 1
+            }
+            emptyAfterDone = finished && ids.isEmpty ? emptyAfterDone + 1 : 0
+            try await Task.sleep(for: .milliseconds(2))
+        }
+        await connection.close()
+        return (claimed, gapsSeen)
     }
 
     /// Rows that become visible in a gap beyond what a claim may take, and rows the frontier
