@@ -46,9 +46,9 @@ public final class PostgresConnection: Sendable {
     /// connection, and closes it before returning or throwing: unlike a close left to a
     /// `Task` in a `defer`, none is still running when the process exits.
     @discardableResult
-    public static func withConnection<T>(_ conninfo: String, preparesStatements: Bool = true,
+    public static func withConnection<T>(_ conninfo: String, callTimeout: Duration? = .seconds(15), preparesStatements: Bool = true,
                                          _ body: (PostgresConnection) async throws -> T) async throws -> T {
-        let connection = try await connect(conninfo, preparesStatements: preparesStatements)
+        let connection = try await connect(conninfo, callTimeout: callTimeout, preparesStatements: preparesStatements)
         do {
             let result = try await body(connection)
             await connection.close()

@@ -45,15 +45,7 @@ enum MaintenanceCommands {
 
     /// Connects for a one-off command (no prepared statements, no call deadline) and runs `body`.
     private static func withDatabase<T>(_ settings: Settings, _ body: (PostgresConnection) async throws -> T) async throws -> T {
-        let connection = try await PostgresConnection.connect(settings.worker.databaseURL!, callTimeout: nil, preparesStatements: false)
-        do {
-            let value = try await body(connection)
-            await connection.close()
-            return value
-        } catch {
-            await connection.close()
-            throw error
-        }
+        try await PostgresConnection.withConnection(settings.worker.databaseURL!, callTimeout: nil, preparesStatements: false, body)
     }
 
     /// Runs a command's body and turns its errors into exit statuses (2 for settings, 1 otherwise).

@@ -241,22 +241,14 @@ public enum WorkerMain {
                 let migrator = try configuration.migrator()
                 // A one-off command gains nothing from prepared statements, and then works
                 // behind any pooler; a migration may take long (no call deadline).
-                let connection = try await PostgresConnection.connect(configuration.databaseURL!, callTimeout: nil, preparesStatements: false)
-                let output: String
-                do {
-                    if listing {
-                        output = statusTable(try await migrator.status(connection))
-                    } else {
-                        let applied = try await migrator.migrate(connection)
-                        let sets = migrator.sets.map { "\($0.name) \($0.migrations.count)" }.joined(separator: ", ")
-                        output = (applied.isEmpty ? "the database is up to date (\(sets) migration(s))"
-                                                  : "applied: \(applied.joined(separator: ", "))") + "\n"
-                    }
-                } catch {
-                    await connection.close()
-                    throw error
+                let output = try await PostgresConnection.withConnection(configuration.databaseURL!, callTimeout: nil,
+                                                                         preparesStatements: false) { connection in
+                    if listing { return statusTable(try await migrator.status(connection)) }
+                    let applied = try await migrator.migrate(connection)
+                    let sets = migrator.sets.map { "\($0.name) \($0.migrations.count)" }.joined(separator: ", ")
+                    return (applied.isEmpty ? "the database is up to date (\(sets) migration(s))"
+                                            : "applied: \(applied.joined(separator: ", "))") + "\n"
                 }
-                await connection.close()
                 print(output, terminator: "")
                 return 0
             } catch let error as ConfigurationError {

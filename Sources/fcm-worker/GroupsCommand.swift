@@ -31,42 +31,31 @@ enum GroupsCommand {
             guard operation == "show" || (name != nil && !tokens.isEmpty) else {
                 return context.fail("groups \(operation): expected a group name and at least one token")
             }
-            let database: PostgresConnection
             do {
-                // A one-off command gains nothing from prepared statements, and then works behind any pooler.
-                database = try await PostgresConnection.connect(configuration.databaseURL!, preparesStatements: false)
+                // A one-off command gains nothing from prepared statements, and then works behind
+                // any pooler. Closed before the command returns: the process exits right after.
+                return try await PostgresConnection.withConnection(configuration.databaseURL!, preparesStatements: false) { database in
+                    let groups = DeviceGroups(client: try FCMHTTPClient(settings: configuration.httpClient), database: database)
+                    switch operation {
+                    case "create": print(describe(try await groups.create(name!, tokens: tokens)))
+                    case "add": print(describe(try await groups.add(name!, tokens: tokens)))
+                    case "remove":
+                        if let group = try await groups.remove(name!, tokens: tokens) { print(describe(group)) } else {
+                            print("\(name!): deleted (its last token was removed)")
+                        }
+                    default:
+                        let list = try await groups.show(name)
+                        if list.isEmpty { print(name.map { "no device group named \($0)" } ?? "no device groups") }
+                        for group in list { print(describe(group)) }
+                    }
+                    return 0
+                }
+            } catch let error as FCMHTTPClient.Failure {
+                return context.fail("groups \(operation): \(error)", status: error.isConfigurationError ? 3 : 1)
             } catch {
                 return context.fail("groups \(operation): \(error)", status: 1)
             }
-            // Closed before the command returns: the process exits right after.
-            let outcome = await run(operation, name: name, tokens: tokens, configuration: configuration, database: database, context: context)
-            await database.close()
-            return outcome
         }
-
-    private static func run(_ operation: String, name: String?, tokens: [String], configuration: WorkerConfiguration,
-                            database: PostgresConnection, context: WorkerCommandContext) async -> Int32 {
-        do {
-            let groups = DeviceGroups(client: try FCMHTTPClient(settings: configuration.httpClient), database: database)
-            switch operation {
-            case "create": print(describe(try await groups.create(name!, tokens: tokens)))
-            case "add": print(describe(try await groups.add(name!, tokens: tokens)))
-            case "remove":
-                if let group = try await groups.remove(name!, tokens: tokens) { print(describe(group)) } else {
-                    print("\(name!): deleted (its last token was removed)")
-                }
-            default:
-                let list = try await groups.show(name)
-                if list.isEmpty { print(name.map { "no device group named \($0)" } ?? "no device groups") }
-                for group in list { print(describe(group)) }
-            }
-            return 0
-        } catch let error as FCMHTTPClient.Failure {
-            return context.fail("groups \(operation): \(error)", status: error.isConfigurationError ? 3 : 1)
-        } catch {
-            return context.fail("groups \(operation): \(error)", status: 1)
-        }
-    }
 
     private static func describe(_ group: DeviceGroups.Group) -> String {
         "\(group.name): notification_key \(group.notificationKey), \(group.tokens.count) token(s): \(group.tokens.joined(separator: " "))"
