@@ -115,6 +115,7 @@ DECLARE
     kept_seen timestamptz[] := '{}';
     new_first bigint[];
     new_last bigint[];
+    checked_at timestamptz;
 BEGIN
     -- One claim or sweep of a transport at a time; what follows sees what the one before
     -- committed. An advisory lock, not a row lock: a claim that finds nothing writes nothing,
@@ -146,13 +147,17 @@ BEGIN
               FROM unnest(cur.gap_ids, cur.gap_last) AS r(first, last)
                    CROSS JOIN LATERAL (SELECT x.id, x.transport, x.available_at FROM downstream_messages AS x
                                        WHERE x.id >= r.first AND x.id <= r.last OFFSET 0) AS d) AS g;
+        -- Due by the clock after that read, not by now() (this transaction's start): each
+        -- statement of a function reads a snapshot of its own, and a row it saw may have been
+        -- inserted after this transaction began, with an available_at after now().
+        checked_at := clock_timestamp();
         -- Due ones are taken (up to p_limit); the others wait in outbox_due_again.
         SELECT coalesce(array_agg(c.id ORDER BY c.n) FILTER (WHERE c.due AND c.rank <= p_limit), '{}'),
                coalesce(array_agg(c.id ORDER BY c.n) FILTER (WHERE NOT (c.due AND c.rank <= p_limit)), '{}'),
                coalesce(array_agg(c.at ORDER BY c.n) FILTER (WHERE NOT (c.due AND c.rank <= p_limit)), '{}')
         INTO taken, later_ids, later_due
-        FROM (SELECT u.id, u.at, u.n, u.at <= now() AS due,
-                     count(*) FILTER (WHERE u.at <= now()) OVER (ORDER BY u.n) AS rank
+        FROM (SELECT u.id, u.at, u.n, u.at <= checked_at AS due,
+                     count(*) FILTER (WHERE u.at <= checked_at) OVER (ORDER BY u.n) AS rank
               FROM unnest(candidates, candidate_due) WITH ORDINALITY AS u(id, at, n)) AS c;
 
         -- The ranges kept: what is still missing of each, unless every transaction that could
@@ -174,9 +179,13 @@ BEGIN
     -- comparisons only, so that the generic plan walks downstream_messages_by_transport from
     -- the frontier), and the ids passed whose rows are not visible: transactions in progress
     -- (or rolled back, or ids never used), as ranges. One statement, so one snapshot: a row
-    -- that commits meanwhile is either scanned or in a range.
+    -- that commits meanwhile is either scanned or in a range. Whether a row is due is read
+    -- from the clock during the statement (t, once), after its snapshot: a row inserted
+    -- after this transaction began (its available_at after now()) that the snapshot shows
+    -- is due, where now() would leave it to a sweep the worker has no reason to run soon.
     IF cardinality(taken) < p_limit THEN
-        WITH f AS MATERIALIZED (
+        WITH t AS MATERIALIZED (SELECT clock_timestamp() AS at),
+        f AS MATERIALIZED (
             SELECT d.id, d.available_at FROM downstream_messages AS d
             WHERE (d.transport, d.id) > (p_transport, cur.frontier) AND (d.transport, d.id) <= (p_transport, 9223372036854775807)
               AND d.available_at IS NOT NULL
@@ -185,9 +194,9 @@ BEGIN
             SELECT cur.frontier AS id
             UNION ALL SELECT d.id FROM downstream_messages AS d WHERE d.id > cur.frontier AND d.id <= (SELECT max(f.id) FROM f)
         ), e AS (SELECT p.id, lag(p.id) OVER (ORDER BY p.id) AS prev FROM p)
-        SELECT (SELECT coalesce(array_agg(f.id ORDER BY f.id) FILTER (WHERE f.available_at <= now()), '{}') FROM f),
-               (SELECT coalesce(array_agg(f.id ORDER BY f.id) FILTER (WHERE f.available_at > now()), '{}') FROM f),
-               (SELECT coalesce(array_agg(f.available_at ORDER BY f.id) FILTER (WHERE f.available_at > now()), '{}') FROM f),
+        SELECT (SELECT coalesce(array_agg(f.id ORDER BY f.id) FILTER (WHERE f.available_at <= t.at), '{}') FROM f, t),
+               (SELECT coalesce(array_agg(f.id ORDER BY f.id) FILTER (WHERE f.available_at > t.at), '{}') FROM f, t),
+               (SELECT coalesce(array_agg(f.available_at ORDER BY f.id) FILTER (WHERE f.available_at > t.at), '{}') FROM f, t),
                (SELECT max(f.id) FROM f),
                coalesce(array_agg(e.prev + 1 ORDER BY e.id) FILTER (WHERE e.id - e.prev > 1), '{}'),
                coalesce(array_agg(e.id - 1 ORDER BY e.id) FILTER (WHERE e.id - e.prev > 1), '{}')

@@ -112,6 +112,33 @@ import Runtime
             """, [.text(horizon)]).first?.int(0) ?? -1)
     }
 
+    /// A row inserted after a claim's transaction began, and committed before the claim read
+    /// the rows above the frontier, is due: its available_at (its own transaction's start)
+    /// is after the claim's now(), and a claim that judged by now() passed it to a sweep the
+    /// worker had no reason to run (CI: a NOTIFY's row and a first attempt waited 20-30 s).
+    @Test func aRowCommittedWhileAClaimWaitsForItsTurnIsTakenByThatClaim() async throws {
+        let database = try await TestDatabase.make()
+        let holder = try await database.connect(), inserter = try await database.connect(), claimer = try await database.connect()
+        defer { Task { await holder.close(); await inserter.close(); await claimer.close() } }
+        // Another claim's turn: the claims' advisory lock, held.
+        _ = try await holder.execute("BEGIN")
+        _ = try await holder.query("SELECT pg_advisory_xact_lock(hashtext('fcm_outbox_claim'), hashtext(current_schema() || '/xmpp'))")
+        let claimerPID = try await claimer.query("SELECT pg_backend_pid()").first?.int(0) ?? 0
+        async let claimed = Self.claim("worker-1", 100, on: claimer)
+        var waiting = false
+        for _ in 0..<500 where !waiting {
+            waiting = try await holder.query("""
+                SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1
+                """, [.int(claimerPID)]).first?.bool(0) == true
+            if !waiting { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        #expect(waiting, "the claim waits for the lock")
+        let inserted = try await Self.insert(2, on: inserter)
+        _ = try await holder.execute("COMMIT")
+        #expect(try await claimed.ids == inserted, "taken by the claim that saw them")
+        #expect(try await database.count("outbox_due_again") == 0, "not left for a sweep")
+    }
+
     /// Gaps are ranges kept until the transactions that could fill them have ended (migration
     /// 0009), however far the frontier runs ahead: before, only the last 2,000 ids below the
     /// newest row taken were kept, and a row further back waited for the sweep's index.
