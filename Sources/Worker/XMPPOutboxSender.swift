@@ -412,9 +412,10 @@ final class XMPPOutboxSender: Sendable {
         return max(0, target - state.scheduler.readyCount)
     }
 
-    /// Rows worth a claim query: half the read-ahead, at most a window, so claims come in
-    /// batches (a claim's fixed cost is about that of 25 rows).
-    private var claimThreshold: Int { max(1, min(settings.readAheadPerConnection, 2 * DownstreamWindow.ccsCapacity) / 2) }
+    /// Rows worth a claim query: half the read-ahead, at most three windows, so claims come
+    /// in batches (a claim's fixed cost is that of dozens of rows). It never holds a send
+    /// back: while fewer rows are wanted, more than that many wait ready to go.
+    private var claimThreshold: Int { max(1, min(settings.readAheadPerConnection, 6 * DownstreamWindow.ccsCapacity) / 2) }
 
     /// Claims rows as the windows make room, until `finish` or cancellation.
     func claimLoop() async {
