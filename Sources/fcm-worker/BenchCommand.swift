@@ -373,10 +373,10 @@ struct UpstreamBench {
     // MARK: Helpers
 
     private func truncate(_ url: String) async throws {
-        let connection = try await PostgresConnection.connect(url)
-        try await connection.execute("TRUNCATE upstream_messages, processed_upstream, dead_letters")
-        try await connection.execute("CHECKPOINT")
-        await connection.close()
+        try await PostgresConnection.withConnection(url) { connection in
+            try await connection.execute("TRUNCATE upstream_messages, processed_upstream, dead_letters")
+            try await connection.execute("CHECKPOINT")
+        }
     }
 
 }
@@ -408,20 +408,14 @@ enum BenchDatabase {
     /// Creates `schema` in the database at `databaseURL`, migrates it, and returns a URL
     /// whose sessions use it.
     private static func makeSchema(_ schema: String, in databaseURL: String) async throws -> String {
-        let admin = try await PostgresConnection.connect(databaseURL)
-        try await admin.execute("CREATE SCHEMA \(schema)")
-        await admin.close()
+        try await PostgresConnection.withConnection(databaseURL) { try await $0.execute("CREATE SCHEMA \(schema)") }
         let url = databaseURL + (databaseURL.contains("?") ? "&" : "?") + "options=-csearch_path%3D\(schema)"
-        let connection = try await PostgresConnection.connect(url)
-        try await Migrator(sets: [.worker]).migrate(connection)
-        await connection.close()
+        try await PostgresConnection.withConnection(url) { try await Migrator(sets: [.worker]).migrate($0) }
         return url
     }
 
     private static func dropSchema(_ schema: String, in databaseURL: String) async throws {
-        let admin = try await PostgresConnection.connect(databaseURL)
-        try await admin.execute("DROP SCHEMA \(schema) CASCADE")
-        await admin.close()
+        try await PostgresConnection.withConnection(databaseURL) { try await $0.execute("DROP SCHEMA \(schema) CASCADE") }
     }
 
     /// This process's peak resident set (VmHWM), in MB.
