@@ -501,6 +501,8 @@ ALTER TABLE downstream_messages ALTER COLUMN id SET DEFAULT
 -- The gaps kept so far become one-id ranges, bounded by this transaction's xid, which comes
 -- after every xid handed out before it.
 ALTER TABLE outbox_cursors ADD COLUMN gap_last bigint[] NOT NULL DEFAULT '{}';
+-- When a claim last read the rows of the gaps (see many_gaps in fcm_outbox_claim).
+ALTER TABLE outbox_cursors ADD COLUMN gaps_read_at timestamptz;
 UPDATE outbox_cursors SET gap_last = gap_ids,
     gap_xmax = array_fill(pg_current_xact_id(), ARRAY[cardinality(gap_ids)]);
 
@@ -551,6 +553,13 @@ DECLARE
     new_first bigint[];
     new_last bigint[];
     checked_at timestamptz;
+    gaps_read boolean := false;
+    -- Gaps pile up only while a transaction stays open somewhere in the cluster (ids rolled
+    -- back meanwhile are kept until it ends), and each read of them costs a lookup a range.
+    -- Beyond this many, they are read at most every gaps_read_interval: a row committed
+    -- late into one of them then waits that much longer, and claims stay cheap.
+    many_gaps constant integer := 256;
+    gaps_read_interval constant interval := '250 milliseconds';
 BEGIN
     -- One claim or sweep of a transport at a time; what follows sees what the one before
     -- committed. An advisory lock, not a row lock: a claim that finds nothing writes nothing,
@@ -563,7 +572,10 @@ BEGIN
     running_from := pg_snapshot_xmin(pg_current_snapshot());
 
     -- Gaps are rare: without any, none of these three statements runs.
-    IF cardinality(cur.gap_ids) > 0 THEN
+    IF cardinality(cur.gap_ids) > 0
+       AND (cardinality(cur.gap_ids) <= many_gaps OR cur.gaps_read_at IS NULL
+            OR cur.gaps_read_at <= clock_timestamp() - gaps_read_interval) THEN
+        gaps_read := true;
         -- The rows now visible in the gaps: each is handled once (taken, or due again) and
         -- leaves its range; so do the rows of other transports, rows never to be sent
         -- (available_at NULL), and rows a claim names (a sweep took one whose available_at was
@@ -608,6 +620,12 @@ BEGIN
                                              UNION ALL SELECT r.last + 1) AS p
                     WHERE r.bound >= running_from) AS e
               WHERE e.id - e.prev > 1) AS s;
+    ELSE
+        -- Not read now: every range is kept as it is.
+        kept_first := cur.gap_ids;
+        kept_last := cur.gap_last;
+        kept_bound := cur.gap_xmax;
+        kept_seen := cur.gap_seen;
     END IF;
 
     -- Rows no claim saw yet, from the frontier in id order, due or not (bounded by row
@@ -650,9 +668,18 @@ BEGIN
         kept_bound := kept_bound || array_fill(bound, ARRAY[cardinality(new_first)]);
         kept_seen := kept_seen || array_fill(clock_timestamp(), ARRAY[cardinality(new_first)]);
     END IF;
-    IF top IS NOT NULL OR kept_first IS DISTINCT FROM cur.gap_ids OR kept_last IS DISTINCT FROM cur.gap_last THEN
+    IF top IS NOT NULL OR kept_first IS DISTINCT FROM cur.gap_ids OR kept_last IS DISTINCT FROM cur.gap_last
+       OR (gaps_read AND cardinality(cur.gap_ids) > many_gaps) THEN
+        -- Ranges unchanged keep their stored arrays (a column set to itself is not written
+        -- again, however large it is).
         UPDATE outbox_cursors AS o SET frontier = greatest(cur.frontier, coalesce(top, cur.frontier)),
-            gap_ids = kept_first, gap_last = kept_last, gap_xmax = kept_bound, gap_seen = kept_seen
+            gap_ids = CASE WHEN gaps_changed THEN kept_first ELSE o.gap_ids END,
+            gap_last = CASE WHEN gaps_changed THEN kept_last ELSE o.gap_last END,
+            gap_xmax = CASE WHEN gaps_changed THEN kept_bound ELSE o.gap_xmax END,
+            gap_seen = CASE WHEN gaps_changed THEN kept_seen ELSE o.gap_seen END,
+            gaps_read_at = CASE WHEN gaps_read THEN clock_timestamp() ELSE o.gaps_read_at END
+        FROM (SELECT kept_first IS DISTINCT FROM cur.gap_ids OR kept_last IS DISTINCT FROM cur.gap_last
+                     OR kept_bound IS DISTINCT FROM cur.gap_xmax AS gaps_changed) AS g
         WHERE o.transport = p_transport;
     END IF;
     IF cardinality(later_ids) > 0 THEN

@@ -162,6 +162,61 @@ import Runtime
         #expect(try await database.query("SELECT cardinality(gap_ids) FROM outbox_cursors WHERE transport = 'xmpp'").first?.int(0) == 0)
     }
 
+    /// Gaps pile up while a transaction stays open anywhere in the cluster: ids rolled back
+    /// meanwhile are kept until it ends. Beyond 256 ranges a claim reads them at most every
+    /// 250 ms (each range costs a lookup), and a row committed late into one is still taken.
+    @Test func manyGapsAreReadAtMostEveryQuarterSecondAndARowCommittedIntoOneIsStillTaken() async throws {
+        let database = try await TestDatabase.make()
+        let holder = try await database.connect(), slow = try await database.connect()
+        let fast = try await database.connect(), claimer = try await database.connect()
+        defer { Task { await holder.close(); await slow.close(); await fast.close(); await claimer.close() } }
+        func gaps() async throws -> (count: Int, readAt: String?) {
+            let row = try await database.query("""
+                SELECT cardinality(gap_ids), gaps_read_at::text FROM outbox_cursors WHERE transport = 'xmpp'
+                """).first
+            return (Int(row?.int(0) ?? -1), row?.string(1))
+        }
+        // The horizon, held by a transaction with an xid.
+        _ = try await holder.execute("BEGIN")
+        _ = try await holder.query("SELECT pg_current_xact_id()")
+        _ = try await slow.execute("BEGIN")
+        let late = try await Self.insert(1, on: slow)
+        var committed: [Int64] = []
+        for _ in 0..<300 {
+            _ = try await fast.execute("BEGIN")
+            _ = try await Self.insert(1, on: fast)
+            _ = try await fast.execute("ROLLBACK")
+            committed += try await Self.insert(1, on: fast)
+        }
+        #expect(try await Self.claim("worker-1", 1000, on: claimer).ids == committed)
+        // The slow transaction's id and the first rolled-back one are one range.
+        #expect(try await gaps().count == 300, "the slow transaction's id and 300 rolled-back ones")
+        // The first claim that finds many gaps reads them; the next ones within 250 ms do not.
+        let secondClaimStarted = ContinuousClock.now
+        #expect(try await Self.claim("worker-1", 1000, on: claimer).ids.isEmpty)
+        let firstRead = try await gaps().readAt
+        #expect(firstRead != nil)
+        _ = try await slow.execute("COMMIT")
+        let next = try await Self.claim("worker-1", 1000, on: claimer).ids
+        let sinceTheRead = ContinuousClock.now - secondClaimStarted
+        let secondRead = try await gaps().readAt
+        if sinceTheRead < .milliseconds(250) {
+            #expect(secondRead == firstRead && next.isEmpty, "read \(sinceTheRead) after the last read: the late row waits")
+        } else if secondRead == firstRead {
+            #expect(next.isEmpty, "gaps not read: the late row waits")
+        } else {
+            #expect(next == late, "a slow machine: 250 ms had passed, the gaps were read")
+        }
+        var taken = next
+        for _ in 0..<20 where taken.isEmpty {
+            try await Task.sleep(for: .milliseconds(100))
+            taken = try await Self.claim("worker-1", 1000, on: claimer).ids
+        }
+        #expect(taken == late, "taken once the gaps are read again")
+        #expect(try await gaps().count == 300, "the rolled-back ids stay while the horizon is held")
+        _ = try await holder.execute("ROLLBACK")
+    }
+
     /// Gaps under load: inserters whose transactions commit late or roll back, while a
     /// claimer (every fifth call a sweep) runs all along. Every committed row is claimed
     /// exactly once, no rolled-back id is claimed, and no gap outlives its bound.
