@@ -119,6 +119,7 @@ DECLARE
     new_last bigint[];
     checked_at timestamptz;
     gaps_read boolean := false;
+    gaps_changed boolean;
     -- Gaps pile up only while a transaction stays open somewhere in the cluster (ids rolled
     -- back meanwhile are kept until it ends), and each read of them costs a lookup a range.
     -- Beyond this many, they are read at most every gaps_read_interval: a row committed
@@ -233,8 +234,9 @@ BEGIN
         kept_bound := kept_bound || array_fill(bound, ARRAY[cardinality(new_first)]);
         kept_seen := kept_seen || array_fill(clock_timestamp(), ARRAY[cardinality(new_first)]);
     END IF;
-    IF top IS NOT NULL OR kept_first IS DISTINCT FROM cur.gap_ids OR kept_last IS DISTINCT FROM cur.gap_last
-       OR (gaps_read AND cardinality(cur.gap_ids) > many_gaps) THEN
+    gaps_changed := kept_first IS DISTINCT FROM cur.gap_ids OR kept_last IS DISTINCT FROM cur.gap_last
+                    OR kept_bound IS DISTINCT FROM cur.gap_xmax;
+    IF top IS NOT NULL OR gaps_changed OR (gaps_read AND cardinality(cur.gap_ids) > many_gaps) THEN
         -- Ranges unchanged keep their stored arrays (a column set to itself is not written
         -- again, however large it is).
         UPDATE outbox_cursors AS o SET frontier = greatest(cur.frontier, coalesce(top, cur.frontier)),
@@ -243,8 +245,6 @@ BEGIN
             gap_xmax = CASE WHEN gaps_changed THEN kept_bound ELSE o.gap_xmax END,
             gap_seen = CASE WHEN gaps_changed THEN kept_seen ELSE o.gap_seen END,
             gaps_read_at = CASE WHEN gaps_read THEN clock_timestamp() ELSE o.gaps_read_at END
-        FROM (SELECT kept_first IS DISTINCT FROM cur.gap_ids OR kept_last IS DISTINCT FROM cur.gap_last
-                     OR kept_bound IS DISTINCT FROM cur.gap_xmax AS gaps_changed) AS g
         WHERE o.transport = p_transport;
     END IF;
     IF cardinality(later_ids) > 0 THEN
