@@ -5,7 +5,11 @@ import Foundation
 /// Unlike `Synchronization.Mutex`, which spins before it sleeps, a contended acquire here
 /// sleeps at once. With more busy threads than cores (the simulator's sessions and the
 /// worker on a 2-core machine), spinning only burns the CPU the lock holder needs.
-package final class BlockingLock<State>: @unchecked Sendable {
+///
+/// The type is `public` and its members `package`: Swift 6.3 neither inlines nor specializes
+/// the `@inlinable` members of a `package` type in other modules, which then called them
+/// unspecialized, looking generic metadata up at run time at every call.
+public final class BlockingLock<State>: @unchecked Sendable {
     @usableFromInline let lock = NSLock()
     @usableFromInline var value: State
 

@@ -5,7 +5,11 @@
 /// cancellation: a producer cancelled while it waits for room hands its items over anyway
 /// (the queue then holds more than `capacity` for a moment) rather than lose them, and a
 /// consumer cancelled while it waits gets nothing.
-package final class BoundedQueue<Element: Sendable>: Sendable {
+///
+/// The type is `public` and its members `package`: Swift 6.3 neither inlines nor specializes
+/// the `@inlinable` members of a `package` type in other modules, which then called them
+/// unspecialized, looking generic metadata up at run time at every call.
+public final class BoundedQueue<Element: Sendable>: Sendable {
     @usableFromInline struct State {
         @usableFromInline var items = FIFO<Element>()
         /// Items producers hold while they wait for room, and their numbers (two queues
@@ -22,7 +26,7 @@ package final class BoundedQueue<Element: Sendable>: Sendable {
         @inlinable init() {}
     }
 
-    package let capacity: Int
+    @usableFromInline package let capacity: Int
     @usableFromInline let state = BlockingLock(State())
 
     @inlinable package init(capacity: Int) {

@@ -3,7 +3,11 @@
 ///
 /// Taken elements are moved out (their slot left nil), not copied: a copy would cost a
 /// retain now and a release at compaction for every element that holds a reference.
-package struct FIFO<Element> {
+///
+/// The type is `public` and its members `package`: Swift 6.3 neither inlines nor specializes
+/// the `@inlinable` members of a `package` type in other modules, which then called them
+/// unspecialized, looking generic metadata up at run time at every call.
+public struct FIFO<Element> {
     @usableFromInline var items: [Element?] = []
     @usableFromInline var head = 0
 

@@ -5,7 +5,11 @@ import Synchronization
 ///
 /// `BlockingLock.suspend` adds the calling task and takes it out again if the task is
 /// cancelled, so that every wait built on it ends on cancellation as well as on its event.
-package struct Waiters<Value: Sendable> {
+///
+/// The type is `public` and its members `package`: Swift 6.3 neither inlines nor specializes
+/// the `@inlinable` members of a `package` type in other modules, which then called them
+/// unspecialized, looking generic metadata up at run time at every call.
+public struct Waiters<Value: Sendable> {
     // Two arrays rather than one of (id, continuation) tuples: a tuple element type makes
     // every array operation look its metadata up at run time.
     @usableFromInline var ids: [UInt64] = []
