@@ -301,20 +301,18 @@ final class SimulatedSession: StreamDriver {
 
     private func answer(_ messageID: String, stanzaID: String?, to: String?, _ response: DownstreamResponse,
                         receipt: (json: String, id: String)? = nil, _ loop: StreamLoop) {
-        var members: [String: JSONValue] = ["message_id": .string(messageID)]
-        if let to { members["from"] = .string(to) }
+        let json: String
         let delay: Duration
         switch response {
         case .noAnswer, .stanzaErrorWithoutID:
             return
         case .ack(let ackDelay, let canonical):
-            members["message_type"] = .string("ack")
-            if let canonical { members["registration_id"] = .string(canonical) }
+            json = CCSSimulator.answerJSON(error: nil, errorDescription: nil, from: to, messageID: messageID, messageType: "ack",
+                                   registrationID: canonical)
             delay = ackDelay
         case .nack(let error, let description, let nackDelay):
-            members["message_type"] = .string("nack")
-            members["error"] = .string(error)
-            if let description { members["error_description"] = .string(description) }
+            json = CCSSimulator.answerJSON(error: error, errorDescription: description, from: to, messageID: messageID,
+                                   messageType: "nack", registrationID: nil)
             delay = nackDelay
         case .stanzaError(let condition, let text):
             pendingDownstream.remove(messageID)
@@ -323,7 +321,7 @@ final class SimulatedSession: StreamDriver {
             simulator.record(.downstreamAnswered(session: id, messageID: messageID, response: response))
             return
         }
-        let stanza = CCSStanza.message(json: JSONValue.object(members).serialized)
+        let stanza = CCSStanza.message(json: json)
         let event = SimulatorEvent.downstreamAnswered(session: id, messageID: messageID, response: response)
         if delay <= .zero {
             pendingDownstream.remove(messageID)
@@ -355,5 +353,23 @@ final class SimulatedSession: StreamDriver {
         stanza += "<error code=\"400\" type=\"modify\"><\(condition) xmlns=\"\(XMPPNamespace.stanzas)\"/>"
         stanza += "<text xmlns=\"\(XMPPNamespace.stanzas)\">\(XMLEscaping.escapeText(text))</text></error></message>"
         return stanza
+    }
+}
+
+extension CCSSimulator {
+    /// The JSON of an ack or nack: the bytes `JSONValue.object(…).serialized` makes (members
+    /// in key order, absent ones left out), written directly, since building and sorting a
+    /// dictionary for every answer was about a tenth of the simulator's CPU at 16@20.
+    package static func answerJSON(error: String?, errorDescription: String?, from: String?, messageID: String, messageType: String,
+                                   registrationID: String?) -> String {
+        var json = "{"
+        for (key, value) in [("error", error), ("error_description", errorDescription), ("from", from),
+                             ("message_id", messageID), ("message_type", messageType), ("registration_id", registrationID)] {
+            guard let value else { continue }
+            if json.utf8.count > 1 { json += "," }
+            json += "\"" + key + "\":"
+            JSONValue.appendQuoted(value, to: &json)
+        }
+        return json + "}"
     }
 }

@@ -19,6 +19,30 @@ import XMPP
         throw SimulatorError("the stream ended")
     }
 
+    /// The simulator writes its acks' and nacks' JSON directly: the bytes must be those of
+    /// the JSON object with the same members (keys in order, absent ones left out).
+    @Test func answersAreWrittenAsTheirJSONObjectsSerialize() {
+        let texts: [String?] = [nil, "plain", "quote \" back\\slash\ttab \u{1}ctl é"]
+        for error in texts {
+            for description in texts {
+                for from in texts {
+                    for registration in texts {
+                        for type in ["ack", "nack"] {
+                            var members: [String: JSONValue] = ["message_id": .string("m-\"1"), "message_type": .string(type)]
+                            if let error { members["error"] = .string(error) }
+                            if let description { members["error_description"] = .string(description) }
+                            if let from { members["from"] = .string(from) }
+                            if let registration { members["registration_id"] = .string(registration) }
+                            let direct = CCSSimulator.answerJSON(error: error, errorDescription: description, from: from,
+                                                                 messageID: "m-\"1", messageType: type, registrationID: registration)
+                            #expect(direct == JSONValue.object(members).serialized)
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     @Test func acksOnTheWrongConnectionOrToTheWrongAddressAreViolations() async throws {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
