@@ -21,7 +21,8 @@ import Worker
 /// upstream and outbox backlogs and the losses so far. At the end it stops the load, waits
 /// for everything to settle, and fails when anything acked is missing, an outbox row never
 /// reached a final state, or RSS, descriptors or threads kept growing (the last third's
-/// median well above the first third's after warm-up).
+/// median well above the first third's after warm-up; judged only when the load ran for two
+/// rounds of the faults, since in one round a pool filling once looks like a leak).
 struct SoakBench {
     let databaseURL: String
     let minutes: Double
@@ -203,7 +204,17 @@ struct SoakBench {
             if acked.count < injected { failures.append("\(injected - acked.count) of \(injected) upstream messages never acked") }
             if stored < injected { failures.append("\(injected - stored) of \(injected) upstream messages not stored") }
             if unfinished != 0 { failures.append("\(unfinished) outbox row(s) never reached a final state") }
-            failures += Self.growth(in: samples)
+            // Growth is judged over at least two rounds of the faults: in one round, pools and
+            // connections that fill up once (the first database fault reopens every session)
+            // look the same as a leak would.
+            let faultRound = faultInterval.seconds * Double(faults.count)
+            let growthJudged = minutes * 60 >= 2 * faultRound
+            if growthJudged {
+                failures += Self.growth(in: samples)
+            } else {
+                say(String(format: "growth not judged: that needs a load of two rounds of the faults (%.0f s), this one ran %.0f s",
+                           2 * faultRound, minutes * 60))
+            }
             say("upstream: \(injected) injected, \(acked.count) acked, \(stored) stored; outbox: \(inserted) inserted, \(outcomes.joined(separator: ", "))")
             if let first = samples.first, let last = samples.last {
                 say(String(format: "RSS %.1f → %.1f MB (peak %.1f), fds %d → %d, threads %d → %d over %.0f s",
@@ -211,7 +222,7 @@ struct SoakBench {
                            first.descriptors, last.descriptors, first.threads, last.threads, last.elapsed))
             }
             if failures.isEmpty {
-                say("soak passed: nothing lost, nothing grew without bound")
+                say(growthJudged ? "soak passed: nothing lost, nothing grew without bound" : "soak passed: nothing lost (growth not judged)")
                 return true
             }
             for failure in failures { say("SOAK FAILED: \(failure)") }
