@@ -52,9 +52,26 @@ import Testing
         let (writeBack, commits, ids, database) = try await writeBack(rows: 20, gatherTime: .seconds(60), gatherRows: 20)
         let task = Task { await writeBack.run() }
         defer { task.cancel() }
-        writeBack.record(ids.map(acked))
+        // Half, so that the writer wakes and waits for more; then the rest, which ends its wait.
+        writeBack.record(ids.prefix(10).map(acked))
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(commits.withLock { $0 } == 0, "10 answers of 20 were written without waiting for others")
+        writeBack.record(ids.dropFirst(10).map(acked))
         #expect(await writeBack.flushed(within: .seconds(10)), "20 answers waited for the 60 s gathering time")
         #expect(try await commitsAfterTheLastCallback(commits) == 1)
         #expect(try await database.count("downstream_messages", where: "status = 'acked'") == 20)
+    }
+
+    @Test func stoppingEndsTheGatheringAndWritesWhatWaits() async throws {
+        let (writeBack, commits, ids, database) = try await writeBack(rows: 2, gatherTime: .seconds(60))
+        let task = Task { await writeBack.run() }
+        defer { task.cancel() }
+        writeBack.record([acked(ids[0])])
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(commits.withLock { $0 } == 0)
+        writeBack.stop()
+        #expect(await writeBack.flushed(within: .seconds(10)), "a stop waited for the 60 s gathering time")
+        await task.value
+        #expect(try await database.count("downstream_messages", where: "status = 'acked'") == 1)
     }
 }
