@@ -170,7 +170,8 @@ public struct DownstreamScheduler: Sendable {
     public mutating func withdraw(_ placements: [Placement], from link: Int) -> Int {
         guard links[link] != nil else { return 0 }
         let withdrawn = placements.compactMap { placement -> OutgoingDownstream? in
-            guard links[link]!.window.stanzaError(stanzaID: placement.stanzaID) != nil else { return nil }
+            // By message id (a window holds each id once), not by a walk for the stanza id.
+            guard links[link]!.window.answered(messageID: placement.message.messageID) != nil else { return nil }
             return links[link]!.messages.removeValue(forKey: placement.message.messageID)
         }
         ready.prepend(contentsOf: withdrawn)

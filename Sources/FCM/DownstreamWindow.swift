@@ -24,7 +24,6 @@ public struct DownstreamWindow: Sendable {
 
     public let capacity: Int
     private var pendingByMessage: [String: Pending] = [:]
-    private var messageByStanza: [String: String] = [:]
     private var sent: UInt64 = 0
 
     public init(capacity: Int = DownstreamWindow.ccsCapacity) {
@@ -34,37 +33,40 @@ public struct DownstreamWindow: Sendable {
     public var count: Int { pendingByMessage.count }
     public var hasRoom: Bool { pendingByMessage.count < capacity }
 
-    /// Records that a message goes out with `stanzaID` as its stanza id.
+    /// Records that a message goes out with `stanzaID` as its stanza id. The caller makes
+    /// stanza ids unique on the connection (the scheduler numbers them): a stanza error is
+    /// matched to the one message pending with its id.
     public mutating func send(messageID: String, stanzaID: String, at now: ContinuousClock.Instant) throws(SendRefusal) {
         guard hasRoom else { throw .full }
-        guard pendingByMessage[messageID] == nil, messageByStanza[stanzaID] == nil else { throw .duplicate(messageID) }
+        let pending = Pending(messageID: messageID, stanzaID: stanzaID, sentAt: now, sequence: sent + 1)
+        // One hash of the id for the check and the insert alike; a duplicate (rare) puts the
+        // pending one back.
+        if let earlier = pendingByMessage.updateValue(pending, forKey: messageID) {
+            pendingByMessage[messageID] = earlier
+            throw .duplicate(messageID)
+        }
         sent += 1
-        pendingByMessage[messageID] = Pending(messageID: messageID, stanzaID: stanzaID, sentAt: now, sequence: sent)
-        messageByStanza[stanzaID] = messageID
     }
 
     /// An ack or nack for `messageID`: frees its slot. Nil if it was not pending here (an
     /// answer for another connection's message, or a second answer), which frees nothing.
     public mutating func answered(messageID: String) -> Pending? {
-        guard let pending = pendingByMessage.removeValue(forKey: messageID) else { return nil }
-        messageByStanza[pending.stanzaID] = nil
-        return pending
+        pendingByMessage.removeValue(forKey: messageID)
     }
 
-    /// A stanza error for the stanza sent with `stanzaID`: frees that message's slot.
+    /// A stanza error for the stanza sent with `stanzaID`: frees that message's slot. Found
+    /// by a walk of the window (at most `capacity` entries): stanza errors are rare, and a
+    /// map by stanza id cost every message an insert and a removal.
     public mutating func stanzaError(stanzaID: String) -> Pending? {
-        guard let messageID = messageByStanza[stanzaID] else { return nil }
-        return answered(messageID: messageID)
+        guard let pending = pendingByMessage.values.first(where: { $0.stanzaID == stanzaID }) else { return nil }
+        return answered(messageID: pending.messageID)
     }
 
     /// Frees the slots of messages sent before `cutoff` and never answered (an answer was
     /// lost, or a stanza error named no stanza), oldest first.
     public mutating func expire(sentBefore cutoff: ContinuousClock.Instant) -> [Pending] {
         let stale = pendingByMessage.values.filter { $0.sentAt < cutoff }.sorted { ($0.sentAt, $0.sequence) < ($1.sentAt, $1.sequence) }
-        for pending in stale {
-            pendingByMessage[pending.messageID] = nil
-            messageByStanza[pending.stanzaID] = nil
-        }
+        for pending in stale { pendingByMessage[pending.messageID] = nil }
         return stale
     }
 
@@ -73,7 +75,6 @@ public struct DownstreamWindow: Sendable {
     public mutating func connectionLost() -> [Pending] {
         let all = pendingByMessage.values.sorted { ($0.sentAt, $0.sequence) < ($1.sentAt, $1.sequence) }
         pendingByMessage.removeAll()
-        messageByStanza.removeAll()
         return all
     }
 }

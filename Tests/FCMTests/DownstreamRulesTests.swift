@@ -47,7 +47,13 @@ import Testing
         try window.send(messageID: "b", stanzaID: "sb", at: start + .seconds(2))
         try window.send(messageID: "a", stanzaID: "sa", at: start + .seconds(1))
         #expect(throws: DownstreamWindow.SendRefusal.duplicate("a")) { try window.send(messageID: "a", stanzaID: "x", at: start) }
-        #expect(window.connectionLost().map(\.messageID) == ["a", "b"])
+        // The refused send changed nothing: "a" is pending as it was first sent.
+        #expect(window.stanzaError(stanzaID: "x") == nil)
+        #expect(window.count == 2)
+        let lost = window.connectionLost()
+        #expect(lost.map(\.messageID) == ["a", "b"])
+        #expect(lost.map(\.stanzaID) == ["sa", "sb"])
+        #expect(lost.map(\.sentAt) == [start + .seconds(1), start + .seconds(2)])
         #expect(window.count == 0 && window.hasRoom)
     }
 }
