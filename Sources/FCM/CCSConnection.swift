@@ -30,13 +30,18 @@ public final class CCSConnection: Sendable {
     ///     mode acks after the commit, like durable mode).
     ///   - onDraining: called on the connection's thread the moment a
     ///     `CONNECTION_DRAINING` control message is parsed (before anything after it).
+    ///   - onAnswer: called on the connection's thread with each ack, nack and stanza
+    ///     error as it is parsed; one it returns true for is not handed out by `next`.
+    ///     Answers then take no trip through a consuming task. Keep it fast and
+    ///     non-blocking: it runs on the I/O thread.
     /// - Throws: `XMPPError` (`isConfigurationError` for refused credentials, a refused
     ///   certificate or an unknown XMPP domain).
     public static func connect(_ configuration: XMPPClientConfiguration, ackMode: CCSAckMode, journal: (any CCSJournal)? = nil,
                                tls: TLSContext, label: String,
-                               onDraining: @escaping @Sendable () -> Void = {}) async throws -> CCSConnection {
+                               onDraining: @escaping @Sendable () -> Void = {},
+                               onAnswer: @escaping @Sendable (CCSInbound) -> Bool = { _ in false }) async throws -> CCSConnection {
         let route = CCSAckRoute(label: label)
-        let interceptor = CCSInterceptor(ackMode: ackMode, journal: journal, route: route, onDraining: onDraining)
+        let interceptor = CCSInterceptor(ackMode: ackMode, journal: journal, route: route, onDraining: onDraining, onAnswer: onAnswer)
         let connection = try await XMPPConnection.connect(configuration, interceptor: interceptor, tls: tls, label: label)
         route.bind(connection)
         return CCSConnection(connection: connection)

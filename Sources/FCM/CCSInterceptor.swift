@@ -7,7 +7,8 @@ import XMPP
 /// and journal mode ack an unusable message after its dead letter commits; journal mode
 /// acks an upstream message once the worker's journal holds it). `CONNECTION_DRAINING` is
 /// reported from here too, and closes the connection's send gate, so that sending stops
-/// before anything read after it is answered.
+/// before anything read after it is answered. Answers to downstream messages (acks, nacks,
+/// stanza errors) go to `onAnswer` there too, when it takes them.
 struct CCSInterceptor: StanzaInterceptor {
     let ackMode: CCSAckMode
     /// Journal mode's journal.
@@ -15,6 +16,14 @@ struct CCSInterceptor: StanzaInterceptor {
     let route: CCSAckRoute
     /// Called on the connection's thread when CCS announces it is draining the connection.
     let onDraining: @Sendable () -> Void
+    /// Called on the connection's thread with each ack, nack and stanza error; true when it
+    /// dealt with it (it is then not queued for the consumer).
+    let onAnswer: @Sendable (CCSInbound) -> Bool
+
+    /// An answer that `onAnswer` took is not queued.
+    private func answer(_ inbound: CCSInbound) -> Interception<CCSInbound> {
+        Interception(inbound: onAnswer(inbound) ? nil : inbound)
+    }
 
     func intercept(_ stanza: XMLElement) -> Interception<CCSInbound> {
         let receivedAt = Date()
@@ -24,8 +33,8 @@ struct CCSInterceptor: StanzaInterceptor {
             let condition = error?.elements.first { $0.name != "text" }?.name ?? "undefined-condition"
             // Without an id, the echoed payload (RFC 6120 §8.3.1) still names the message.
             let echoed = stanza.attribute("id") == nil ? CCSStanza.payload(of: stanza).flatMap(CCSMessage.identity(of:))?.messageID : nil
-            return Interception(inbound: .stanzaError(stanzaID: stanza.attribute("id"), messageID: echoed, condition: condition,
-                                                      text: error?.child("text")?.text))
+            return answer(.stanzaError(stanzaID: stanza.attribute("id"), messageID: echoed, condition: condition,
+                                       text: error?.child("text")?.text))
         }
         guard let payload = CCSStanza.payload(of: stanza) else { return Interception(inbound: .ignored(stanza)) }
         let message: CCSMessage
@@ -62,9 +71,9 @@ struct CCSInterceptor: StanzaInterceptor {
             if let id = receipt.messageID, let from = receipt.from { reply = CCSStanza.ack(to: from, messageID: id) }
             return Interception(reply: reply, inbound: .receipt(receipt, receivedAt: receivedAt))
         case .ack(let messageID, _, let canonical):
-            return Interception(inbound: .ack(messageID: messageID, canonicalToken: canonical))
+            return answer(.ack(messageID: messageID, canonicalToken: canonical))
         case .nack(let messageID, _, let code, let description, _):
-            return Interception(inbound: .nack(messageID: messageID, code: code, description: description))
+            return answer(.nack(messageID: messageID, code: code, description: description))
         case .control(let type):
             guard type == "CONNECTION_DRAINING" else { return Interception(inbound: .control(type: type)) }
             onDraining()

@@ -161,10 +161,11 @@ final class CCSConnections: Sendable {
         }
 
         private func connect(label: String) async throws -> (CCSConnection, Int) {
-            let drainHook = DrainHook(sender: sender)
+            let hooks = ReaderHooks(sender: sender, logger: logger)
             let connection = try await CCSConnection.connect(configuration.xmppClient, ackMode: configuration.ackMode,
                                                              journal: connections.pipeline.journal, tls: connections.tls,
-                                                             label: label, onDraining: { drainHook.fire() })
+                                                             label: label, onDraining: { hooks.draining() },
+                                                             onAnswer: { hooks.answer($0) })
             connections.register(connection)
             logger.info("connected to \(configuration.host):\(configuration.port) as \(connection.label), bound as \(connection.boundJID)")
             connections.metrics.connection(.connected(slot: index, jid: connection.boundJID))
@@ -175,7 +176,7 @@ final class CCSConnections: Sendable {
                                + "(pass --io-niceness off to silence this)")
             }
             let link = sender.attach(connection)
-            drainHook.link = link
+            hooks.link = link
             return (connection, link)
         }
 
@@ -239,21 +240,10 @@ final class CCSConnections: Sendable {
                 if let original = receipt.data["original_message_id"]?.stringValue {
                     sender.receipt(originalMessageID: original, at: receivedAt)
                 }
-            case .ack(let messageID, let canonical):
-                sender.received(.ack(messageID: messageID, canonicalToken: canonical), on: link)
-            case .nack(let messageID, let code, let description):
-                logger.info("CCS nacked \(messageID): \(code) \(description ?? "")")
-                sender.received(.nack(messageID: messageID, code: code, description: description), on: link)
-            case .stanzaError(let stanzaID, let messageID, let condition, let text):
-                logger.warning("stanza error for id \(stanzaID ?? messageID ?? "?"): \(condition) \(text ?? "")")
-                if let stanzaID {
-                    sender.received(.stanzaError(stanzaID: stanzaID, condition: condition, text: text), on: link)
-                } else if let messageID {
-                    sender.received(.stanzaErrorForMessage(messageID: messageID, condition: condition, text: text), on: link)
-                } else {
-                    logger.warning("a stanza error names no stanza: the message it refused is sent again once its answer is "
-                                   + "\(sender.settings.answerTimeout.formattedSeconds) late")
-                }
+            case .ack, .nack, .stanzaError:
+                // Acks are taken on the connection's thread (ReaderHooks), except one that
+                // came before the connection had its link.
+                ReaderHooks.deliver(inbound, on: link, to: sender, logger: logger)
             case .control(let type):
                 if type == "CONNECTION_DRAINING" {
                     connections.metrics.drained()
@@ -282,21 +272,59 @@ final class CCSConnections: Sendable {
     }
 }
 
-/// Tells the sender, from the connection's thread, that CCS drains the connection: no
-/// send is placed on it once the control message is parsed. (Before the connection has a
-/// link, the reader's own handling of the control message does it.)
-private final class DrainHook: Sendable {
+/// What the connection's thread tells the sender as it parses: that CCS drains the
+/// connection (no send is placed on it once the control message is parsed), and the acks of
+/// downstream messages, which then free their slots without a trip through the reading task
+/// (at a moderate rate, a wakeup of that task for nearly every ack) and while that task
+/// waits for room in the upstream pipeline. Nacks and stanza errors, which are logged, go
+/// through the reading task: nothing on the connection's thread waits for the log's pipe.
+/// Before the connection has a link, the reading task handles them all.
+private final class ReaderHooks: Sendable {
     private let sender: XMPPOutboxSender
+    private let logger: Logger
     private let linked = BlockingLock<Int?>(nil)
 
-    init(sender: XMPPOutboxSender) { self.sender = sender }
+    init(sender: XMPPOutboxSender, logger: Logger) {
+        self.sender = sender
+        self.logger = logger
+    }
 
     var link: Int? {
         get { linked.withLock { $0 } }
         set { linked.withLock { $0 = newValue } }
     }
 
-    func fire() {
+    func draining() {
         if let link { sender.drain(link) }
+    }
+
+    /// True when `inbound` was an ack and went to the sender.
+    func answer(_ inbound: CCSInbound) -> Bool {
+        guard case .ack = inbound, let link else { return false }
+        Self.deliver(inbound, on: link, to: sender, logger: logger)
+        return true
+    }
+
+    /// Hands an ack, a nack or a stanza error received on `link` to the sender.
+    static func deliver(_ inbound: CCSInbound, on link: Int, to sender: XMPPOutboxSender, logger: Logger) {
+        switch inbound {
+        case .ack(let messageID, let canonical):
+            sender.received(.ack(messageID: messageID, canonicalToken: canonical), on: link)
+        case .nack(let messageID, let code, let description):
+            logger.info("CCS nacked \(messageID): \(code) \(description ?? "")")
+            sender.received(.nack(messageID: messageID, code: code, description: description), on: link)
+        case .stanzaError(let stanzaID, let messageID, let condition, let text):
+            logger.warning("stanza error for id \(stanzaID ?? messageID ?? "?"): \(condition) \(text ?? "")")
+            if let stanzaID {
+                sender.received(.stanzaError(stanzaID: stanzaID, condition: condition, text: text), on: link)
+            } else if let messageID {
+                sender.received(.stanzaErrorForMessage(messageID: messageID, condition: condition, text: text), on: link)
+            } else {
+                logger.warning("a stanza error names no stanza: the message it refused is sent again once its answer is "
+                               + "\(sender.settings.answerTimeout.formattedSeconds) late")
+            }
+        case .upstream, .receipt, .control, .unusable, .ignored:
+            break
+        }
     }
 }

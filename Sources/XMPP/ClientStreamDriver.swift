@@ -17,7 +17,7 @@ final class ClientStreamDriver: StreamDriver {
     private var established = false
 
     /// The interceptor, its result type-erased for the inbox.
-    private let intercept: (XMLElement) -> (reply: String?, inbound: any Sendable, closesSendGate: Bool)
+    private let intercept: (XMLElement) -> (reply: String?, inbound: (any Sendable)?, closesSendGate: Bool)
     /// The interceptor's `didInterceptRead`.
     private let readIntercepted: () -> Void
 
@@ -85,7 +85,11 @@ final class ClientStreamDriver: StreamDriver {
                 let interception = intercept(stanza)
                 if interception.closesSendGate { loop.closeGate() }
                 // Queue first: a reply (an ack) goes out only for a stanza the consumer gets.
-                if inbox.push(interception.inbound).accepted, let reply = interception.reply {
+                guard let inbound = interception.inbound else {
+                    if let reply = interception.reply { loop.write(reply) }
+                    continue
+                }
+                if inbox.push(inbound).accepted, let reply = interception.reply {
                     loop.write(reply)
                 }
             case .fail(let error):

@@ -22,16 +22,16 @@ extension StanzaInterceptor {
 /// What an interceptor makes of one stanza.
 public struct Interception<Inbound: Sendable>: Sendable {
     /// Text to write at once (one or more complete stanzas), only if `inbound` is queued
-    /// for the consumer; nil for none.
+    /// for the consumer (or there is none); nil for none.
     public var reply: String?
-    /// What the consumer gets.
-    public var inbound: Inbound
+    /// What the consumer gets; nil when the interceptor dealt with the stanza itself.
+    public var inbound: Inbound?
     /// Closes the connection's send gate before anything read after this stanza is
     /// handled: `XMPPConnection.sendUnlessGateClosed` refuses from then on, and what it had
     /// queued goes out ahead of any later reply.
     public var closesSendGate: Bool
 
-    public init(reply: String? = nil, inbound: Inbound, closesSendGate: Bool = false) {
+    public init(reply: String? = nil, inbound: Inbound?, closesSendGate: Bool = false) {
         self.reply = reply
         self.inbound = inbound
         self.closesSendGate = closesSendGate

@@ -129,6 +129,40 @@ extension TestCCS {
         #expect(try await database.count("downstream_messages", where: "attempts = 2") == 100)
     }
 
+    /// Answers free their slots on the connection's thread: while the task that reads the
+    /// connection waits for room in the upstream pipeline (a handler holds its lane), the
+    /// acks of downstream messages still make room for the next ones.
+    @Test func answersFreeTheirSlotsWhileTheReadingTaskWaitsForTheUpstreamPipeline() async throws {
+        let log = DownstreamLog { _, _ in .ack(delay: .milliseconds(5)) }
+        let ccs = try TestCCS(log: log)
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        var configuration = try ccs.downstreamWorker(database: database)
+        configuration.pipeline.partitions = 1
+        configuration.pipeline.queueCapacity = 1
+        configuration.pipeline.batchSize = 1
+        let gate = GateHandler()
+        var handlers = UpstreamHandlers()
+        handlers.register("gate", gate)
+        let (task, _) = startWorker(configuration, handlers: handlers)
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        // The handler holds the first, the lane's queue the second, and the reading task
+        // waits to hand over the rest.
+        for index in 0..<5 { ccs.simulator.injectUpstream(from: "device-\(index)", messageID: "held-\(index)") }
+        try await ccs.simulator.wait(for: "5 upstream acks") { $0.acked.count >= 5 }
+        try await Task.sleep(for: .milliseconds(300))
+        try await database.insertOutbox((0..<300).map { ("token-\($0)", #"{"data":{"n":"x"}}"#) })
+        try await ccs.simulator.wait(for: "300 downstream messages answered", timeout: .seconds(20)) {
+            $0.count { if case .downstreamAnswered = $0 { true } else { false } } >= 300
+        }
+        #expect(gate.entered.load(ordering: .relaxed) == 1, "the handler still holds the first message")
+        gate.open.store(true, ordering: .relaxed)
+        try await database.waitForOutbox("status = 'acked'", count: 300)
+        #expect(ccs.simulator.counters.peakPendingDownstream <= 100)
+        #expect(ccs.simulator.violations.isEmpty)
+    }
+
     @Test func everyNackCodeLeadsToItsAction() async throws {
         let codes = ["INVALID_JSON", "BAD_REGISTRATION", "DEVICE_UNREGISTERED", "SENDER_ID_MISMATCH", "BAD_ACK",
                      "SERVICE_UNAVAILABLE", "INTERNAL_SERVER_ERROR", "DEVICE_MESSAGE_RATE_EXCEEDED",
@@ -601,3 +635,13 @@ extension TestCCS {
     }
 }
 
+/// Holds every message it is given until `open` is set.
+final class GateHandler: UpstreamHandler {
+    let open = Atomic<Bool>(false)
+    let entered = Atomic<Int>(0)
+
+    func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws {
+        entered.add(1, ordering: .relaxed)
+        while !open.load(ordering: .relaxed) { try await Task.sleep(for: .milliseconds(10)) }
+    }
+}
