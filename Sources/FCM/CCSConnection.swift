@@ -34,14 +34,18 @@ public final class CCSConnection: Sendable {
     ///     error as it is parsed; one it returns true for is not handed out by `next`.
     ///     Answers then take no trip through a consuming task. Keep it fast and
     ///     non-blocking: it runs on the I/O thread.
+    ///   - afterRead: called on the connection's thread once the stanzas of a read have
+    ///     all been through `onAnswer` (what it took can be handed on together there).
     /// - Throws: `XMPPError` (`isConfigurationError` for refused credentials, a refused
     ///   certificate or an unknown XMPP domain).
     public static func connect(_ configuration: XMPPClientConfiguration, ackMode: CCSAckMode, journal: (any CCSJournal)? = nil,
                                tls: TLSContext, label: String,
                                onDraining: @escaping @Sendable () -> Void = {},
-                               onAnswer: @escaping @Sendable (CCSInbound) -> Bool = { _ in false }) async throws -> CCSConnection {
+                               onAnswer: @escaping @Sendable (CCSInbound) -> Bool = { _ in false },
+                               afterRead: @escaping @Sendable () -> Void = {}) async throws -> CCSConnection {
         let route = CCSAckRoute(label: label)
-        let interceptor = CCSInterceptor(ackMode: ackMode, journal: journal, route: route, onDraining: onDraining, onAnswer: onAnswer)
+        let interceptor = CCSInterceptor(ackMode: ackMode, journal: journal, route: route, onDraining: onDraining, onAnswer: onAnswer,
+                                         afterRead: afterRead)
         let connection = try await XMPPConnection.connect(configuration, interceptor: interceptor, tls: tls, label: label)
         route.bind(connection)
         return CCSConnection(connection: connection)

@@ -19,6 +19,8 @@ struct CCSInterceptor: StanzaInterceptor {
     /// Called on the connection's thread with each ack, nack and stanza error; true when it
     /// dealt with it (it is then not queued for the consumer).
     let onAnswer: @Sendable (CCSInbound) -> Bool
+    /// Called on the connection's thread after the stanzas of each read.
+    let afterRead: @Sendable () -> Void
 
     /// An answer that `onAnswer` took is not queued.
     private func answer(_ inbound: CCSInbound) -> Interception<CCSInbound> {
@@ -85,6 +87,7 @@ struct CCSInterceptor: StanzaInterceptor {
     /// their acks out).
     func didInterceptRead() {
         journal?.writeAppended()
+        afterRead()
     }
 
     /// An unusable message, acked now or after its dead letter commits when it names

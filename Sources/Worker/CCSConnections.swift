@@ -165,7 +165,7 @@ final class CCSConnections: Sendable {
             let connection = try await CCSConnection.connect(configuration.xmppClient, ackMode: configuration.ackMode,
                                                              journal: connections.pipeline.journal, tls: connections.tls,
                                                              label: label, onDraining: { hooks.draining() },
-                                                             onAnswer: { hooks.answer($0) })
+                                                             onAnswer: { hooks.answer($0) }, afterRead: { hooks.readEnded() })
             connections.register(connection)
             logger.info("connected to \(configuration.host):\(configuration.port) as \(connection.label), bound as \(connection.boundJID)")
             connections.metrics.connection(.connected(slot: index, jid: connection.boundJID))
@@ -276,13 +276,20 @@ final class CCSConnections: Sendable {
 /// connection (no send is placed on it once the control message is parsed), and the acks of
 /// downstream messages, which then free their slots without a trip through the reading task
 /// (at a moderate rate, a wakeup of that task for nearly every ack) and while that task
-/// waits for room in the upstream pipeline. Nacks and stanza errors, which are logged, go
+/// waits for room in the upstream pipeline; the acks of one read go together, under one
+/// lock of the sender, with one refill of the link. Nacks and stanza errors, which are logged, go
 /// through the reading task: nothing on the connection's thread waits for the log's pipe.
 /// Before the connection has a link, the reading task handles them all.
 private final class ReaderHooks: Sendable {
+    private struct State {
+        var link: Int?
+        /// Acks of the read being parsed, for `readEnded`.
+        var acks: [XMPPOutboxSender.Answer] = []
+    }
+
     private let sender: XMPPOutboxSender
     private let logger: Logger
-    private let linked = BlockingLock<Int?>(nil)
+    private let state = BlockingLock(State())
 
     init(sender: XMPPOutboxSender, logger: Logger) {
         self.sender = sender
@@ -290,19 +297,32 @@ private final class ReaderHooks: Sendable {
     }
 
     var link: Int? {
-        get { linked.withLock { $0 } }
-        set { linked.withLock { $0 = newValue } }
+        get { state.withLock { $0.link } }
+        set { state.withLock { $0.link = newValue } }
     }
 
     func draining() {
         if let link { sender.drain(link) }
     }
 
-    /// True when `inbound` was an ack and went to the sender.
+    /// True when `inbound` was an ack: kept for the sender until the read has been parsed.
     func answer(_ inbound: CCSInbound) -> Bool {
-        guard case .ack = inbound, let link else { return false }
-        Self.deliver(inbound, on: link, to: sender, logger: logger)
-        return true
+        guard case .ack(let messageID, let canonical) = inbound else { return false }
+        return state.withLock { state in
+            guard state.link != nil else { return false }
+            state.acks.append(.ack(messageID: messageID, canonicalToken: canonical))
+            return true
+        }
+    }
+
+    /// The read is parsed: its acks go to the sender together.
+    func readEnded() {
+        let (link, acks) = state.withLock { state -> (Int?, [XMPPOutboxSender.Answer]) in
+            var taken: [XMPPOutboxSender.Answer] = []
+            swap(&taken, &state.acks)
+            return (state.link, taken)
+        }
+        if let link, !acks.isEmpty { sender.received(acks, on: link) }
     }
 
     /// Hands an ack, a nack or a stanza error received on `link` to the sender.

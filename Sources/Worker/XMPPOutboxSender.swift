@@ -215,11 +215,18 @@ final class XMPPOutboxSender: Sendable {
 
     /// An answer read on the link's connection.
     func received(_ answer: Answer, on link: Int) {
+        received([answer], on: link)
+    }
+
+    /// Answers read on the link's connection, in their order: handled under one lock, their
+    /// updates recorded together, and the link refilled once for all of them.
+    func received(_ answers: [Answer], on link: Int) {
+        guard !answers.isEmpty else { return }
         let now = ContinuousClock.now
         let date = Date()
         var updates: [OutboxUpdate] = []
         var tokens: [TokenMark] = []
-        var badAck: String?
+        var badAcks: [String] = []
         var retryDue: [ContinuousClock.Instant] = []
         var claimNow = false
         var drained: [CheckedContinuation<Bool, Never>] = []
@@ -228,41 +235,49 @@ final class XMPPOutboxSender: Sendable {
                 // A shutdown waiting for the last answers is told when they are all in.
                 if !state.answerWaiters.isEmpty && state.scheduler.pendingCount == 0 { drained = state.answerWaiters.removeAll() }
             }
-            let found: (OutgoingDownstream, sentAt: ContinuousClock.Instant)?
-            switch answer {
-            case .ack(let messageID, _), .nack(let messageID, _, _):
-                found = state.scheduler.answered(link: link, messageID: messageID)
-            case .stanzaError(let stanzaID, _, _):
-                found = state.scheduler.stanzaError(link: link, stanzaID: stanzaID)
-            case .stanzaErrorForMessage(let messageID, _, _):
-                found = state.scheduler.answered(link: link, messageID: messageID)
-            }
-            guard let (message, sentAt) = found else { return [] }
-            metrics.downstreamRoundTrip.withLock { $0.observe((now - sentAt).seconds) }
-            let age = Duration.seconds(max(0, date.timeIntervalSince(message.createdAt)))
             var generator = SystemRandomGenerator()
-            let verdict: DownstreamVerdict
-            switch answer {
-            case .ack(_, let canonical):
-                verdict = .acked(canonicalToken: canonical)
-            case .nack(_, let code, let description):
-                if code == "BAD_ACK" { badAck = description ?? "" }
-                verdict = .nack(code: code, description: description, attempt: message.attempt, age: age,
-                                timeToLive: message.timeToLive, policy: settings.retry, using: &generator)
-            case .stanzaError(_, let condition, let text), .stanzaErrorForMessage(_, let condition, let text):
-                verdict = .stanzaError(condition: condition, text: text, attempt: message.attempt, age: age,
-                                       timeToLive: message.timeToLive, policy: settings.retry, using: &generator)
+            var resendElsewhere = false
+            var roundTrips: [Double] = []
+            roundTrips.reserveCapacity(answers.count)
+            for answer in answers {
+                let found: (OutgoingDownstream, sentAt: ContinuousClock.Instant)?
+                switch answer {
+                case .ack(let messageID, _), .nack(let messageID, _, _):
+                    found = state.scheduler.answered(link: link, messageID: messageID)
+                case .stanzaError(let stanzaID, _, _):
+                    found = state.scheduler.stanzaError(link: link, stanzaID: stanzaID)
+                case .stanzaErrorForMessage(let messageID, _, _):
+                    found = state.scheduler.answered(link: link, messageID: messageID)
+                }
+                guard let (message, sentAt) = found else { continue }
+                roundTrips.append((now - sentAt).seconds)
+                let age = Duration.seconds(max(0, date.timeIntervalSince(message.createdAt)))
+                let verdict: DownstreamVerdict
+                switch answer {
+                case .ack(_, let canonical):
+                    verdict = .acked(canonicalToken: canonical)
+                case .nack(_, let code, let description):
+                    if code == "BAD_ACK" { badAcks.append(description ?? "") }
+                    verdict = .nack(code: code, description: description, attempt: message.attempt, age: age,
+                                    timeToLive: message.timeToLive, policy: settings.retry, using: &generator)
+                case .stanzaError(_, let condition, let text), .stanzaErrorForMessage(_, let condition, let text):
+                    verdict = .stanzaError(condition: condition, text: text, attempt: message.attempt, age: age,
+                                           timeToLive: message.timeToLive, policy: settings.retry, using: &generator)
+                }
+                apply(verdict, to: message, link: link, now: now, date: date, state: &state, updates: &updates, tokens: &tokens, due: &retryDue)
+                if case .resendElsewhere = verdict { resendElsewhere = true }
             }
-            apply(verdict, to: message, link: link, now: now, date: date, state: &state, updates: &updates, tokens: &tokens, due: &retryDue)
+            guard !roundTrips.isEmpty else { return [] }
+            metrics.downstreamRoundTrip.withLock { histogram in for seconds in roundTrips { histogram.observe(seconds) } }
             // Recorded under the lock, so that a retry's due time knows its write's number.
             let number = record(updates, tokens: tokens)
             for due in retryDue { state.retryTimes.insert(due, written: number) }
             var wake = takeForWaiters(&state, only: link, refilling: true)
-            if case .resendElsewhere = verdict { wake += takeForWaiters(&state) }
+            if resendElsewhere { wake += takeForWaiters(&state) }
             claimNow = wanted(state) >= claimThreshold
             return wake
         }
-        if let badAck { logger.error("CCS answered BAD_ACK (\(badAck)): an ack we sent was malformed; this is a bug in fcm-worker") }
+        for badAck in badAcks { logger.error("CCS answered BAD_ACK (\(badAck)): an ack we sent was malformed; this is a bug in fcm-worker") }
         resume(wake)
         if claimNow { doorbell.ring() }
         for waiter in drained { waiter.resume(returning: true) }
