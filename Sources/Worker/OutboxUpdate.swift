@@ -63,20 +63,26 @@ struct OutboxUpdate: Sendable, Equatable {
 
     /// This update followed by `later`, as one.
     func merged(with later: OutboxUpdate) -> OutboxUpdate {
-        var result = later
-        if progress > 0, later.progress > 0, progress > later.progress {
-            result.status = status
-            result.availableAt = availableAt
-        }
-        result.attempts = later.attempts ?? attempts
-        result.sentOn = later.sentOn ?? sentOn
-        result.sentAt = later.sentAt ?? sentAt
-        result.ackedAt = later.ackedAt ?? ackedAt
-        result.deliveredAt = later.deliveredAt ?? deliveredAt
-        result.errorCode = later.errorCode ?? errorCode
-        result.errorDescription = later.errorDescription ?? errorDescription
-        result.canonicalToken = later.canonicalToken ?? canonicalToken
-        result.tokenResults = later.tokenResults ?? tokenResults
+        var result = self
+        result.merge(later)
         return result
+    }
+
+    /// Makes this update this one followed by `later` (`merged(with:)` in place, so that an
+    /// update kept in a dictionary is not copied out and back).
+    mutating func merge(_ later: OutboxUpdate) {
+        if !(progress > 0 && later.progress > 0 && progress > later.progress) {
+            status = later.status
+            availableAt = later.availableAt
+        }
+        if let value = later.attempts { attempts = value }
+        if let value = later.sentOn { sentOn = value }
+        if let value = later.sentAt { sentAt = value }
+        if let value = later.ackedAt { ackedAt = value }
+        if let value = later.deliveredAt { deliveredAt = value }
+        if let value = later.errorCode { errorCode = value }
+        if let value = later.errorDescription { errorDescription = value }
+        if let value = later.canonicalToken { canonicalToken = value }
+        if let value = later.tokenResults { tokenResults = value }
     }
 }

@@ -79,15 +79,17 @@ final class OutboxWriteBack: Sendable {
             // News that only rows were sent waits for its hold anyway: no need to wake the writer.
             var writable = !tokens.isEmpty
             for update in updates {
-                let merged: OutboxUpdate
-                if let earlier = state.updates[update.rowID] {
-                    merged = earlier.merged(with: update)
+                let status: OutboxUpdate.Status
+                if let index = state.updates.index(forKey: update.rowID) {
+                    // Merged in place: one lookup, and the kept update is not copied out and back.
+                    state.updates.values[index].merge(update)
+                    status = state.updates.values[index].status
                 } else {
-                    merged = update
+                    state.updates[update.rowID] = update
                     state.order.append(update.rowID)
+                    status = update.status
                 }
-                state.updates[update.rowID] = merged
-                if merged.status == .sent {
+                if status == .sent {
                     if state.heldSince[update.rowID] == nil { state.heldSince[update.rowID] = now }
                 } else {
                     state.heldSince.removeValue(forKey: update.rowID)
