@@ -308,11 +308,11 @@ final class SimulatedSession: StreamDriver {
             return
         case .ack(let ackDelay, let canonical):
             json = CCSSimulator.answerJSON(error: nil, errorDescription: nil, from: to, messageID: messageID, messageType: "ack",
-                                   registrationID: canonical)
+                                           registrationID: canonical)
             delay = ackDelay
         case .nack(let error, let description, let nackDelay):
             json = CCSSimulator.answerJSON(error: error, errorDescription: description, from: to, messageID: messageID,
-                                   messageType: "nack", registrationID: nil)
+                                           messageType: "nack", registrationID: nil)
             delay = nackDelay
         case .stanzaError(let condition, let text):
             pendingDownstream.remove(messageID)

@@ -276,9 +276,9 @@ final class CCSConnections: Sendable {
 /// connection (no send is placed on it once the control message is parsed), and the acks of
 /// downstream messages, which then free their slots without a trip through the reading task
 /// (at a moderate rate, a wakeup of that task for nearly every ack) and while that task
-/// waits for room in the upstream pipeline; the acks of one read go together, under one
-/// lock of the sender, with one refill of the link. Nacks and stanza errors, which are logged, go
-/// through the reading task: nothing on the connection's thread waits for the log's pipe.
+/// waits for room in the upstream pipeline. The acks of one read go together: one lock of
+/// the sender, one refill of the link. Nacks and stanza errors, which are logged, go through
+/// the reading task, so that nothing on the connection's thread waits for the log's pipe.
 /// Before the connection has a link, the reading task handles them all.
 private final class ReaderHooks: Sendable {
     private struct State {
