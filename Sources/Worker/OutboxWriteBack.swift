@@ -68,6 +68,9 @@ final class OutboxWriteBack: Sendable {
     /// Rows with an update not yet written.
     var backlog: Int { state.withLock { $0.order.count } }
 
+    /// True while `run()` waits for a batch to gather.
+    var isGathering: Bool { state.withLock { !$0.gatherer.isEmpty } }
+
     /// Records updates (merged with any unwritten update of the same row). Returns the
     /// call's number: they are written once `committed` reaches it.
     @discardableResult

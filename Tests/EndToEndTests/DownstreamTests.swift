@@ -148,10 +148,10 @@ extension TestCCS {
         defer { task.cancel() }
         try await ccs.simulator.waitForBoundSessions(1)
         // The handler holds the first, the lane's queue the second, and the reading task
-        // waits to hand over the rest.
+        // waits to hand over the rest: it pushed the first as it went into the lane.
         for index in 0..<5 { ccs.simulator.injectUpstream(from: "device-\(index)", messageID: "held-\(index)") }
         try await ccs.simulator.wait(for: "5 upstream acks") { $0.acked.count >= 5 }
-        try await Task.sleep(for: .milliseconds(300))
+        try await waitUntil("the handler holds the first message") { gate.entered.load(ordering: .relaxed) == 1 }
         try await database.insertOutbox((0..<300).map { ("token-\($0)", #"{"data":{"n":"x"}}"#) })
         try await ccs.simulator.wait(for: "300 downstream messages answered", timeout: .seconds(20)) {
             $0.count { if case .downstreamAnswered = $0 { true } else { false } } >= 300

@@ -54,7 +54,7 @@ import Testing
         defer { task.cancel() }
         // Half, so that the writer wakes and waits for more; then the rest, which ends its wait.
         writeBack.record(ids.prefix(10).map(acked))
-        try await Task.sleep(for: .milliseconds(300))
+        try await waitUntil("the writer waits for a batch to gather") { writeBack.isGathering }
         #expect(commits.withLock { $0 } == 0, "10 answers of 20 were written without waiting for others")
         writeBack.record(ids.dropFirst(10).map(acked))
         #expect(await writeBack.flushed(within: .seconds(10)), "20 answers waited for the 60 s gathering time")
@@ -67,7 +67,7 @@ import Testing
         let task = Task { await writeBack.run() }
         defer { task.cancel() }
         writeBack.record([acked(ids[0])])
-        try await Task.sleep(for: .milliseconds(300))
+        try await waitUntil("the writer waits for a batch to gather") { writeBack.isGathering }
         #expect(commits.withLock { $0 } == 0)
         writeBack.stop()
         #expect(await writeBack.flushed(within: .seconds(10)), "a stop waited for the 60 s gathering time")
