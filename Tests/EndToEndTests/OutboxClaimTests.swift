@@ -63,6 +63,43 @@ import Runtime
         #expect(rows.allSatisfy { row in row.int(0) != nil && claimOf[row.int(1) ?? -1] == row.int(0) })
     }
 
+    /// A claim reads each fresh row once (migration 0010): the scan that finds the rows
+    /// returns them, and the ids between the frontier and the last row found are read again
+    /// only when that scan left one out. A row a gap gave comes back whole beside fresh rows.
+    @Test func aClaimReadsItsFreshRowsOnceAndReturnsARowOfAGapBesideThem() async throws {
+        let database = try await TestDatabase.make()
+        let claimer = try await database.connect(), slow = try await database.connect(), fast = try await database.connect()
+        defer { Task { await claimer.close(); await slow.close(); await fast.close() } }
+        func primaryKeyScans() async throws -> Int64 {
+            // The claiming session's counters reach the shared statistics once it idles.
+            _ = try await claimer.query("SELECT pg_stat_force_next_flush()")
+            _ = try await claimer.query("SELECT 1")
+            _ = try await database.query("SELECT pg_stat_clear_snapshot()")
+            return try await database.query("""
+                SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelid = 'downstream_messages_pkey'::regclass
+                """).first?.int(0) ?? -1
+        }
+        let ids = try await Self.insert(50, on: fast)
+        let before = try await primaryKeyScans()
+        #expect(try await Self.claim("worker-1", 100, on: claimer).ids == ids)
+        #expect(try await primaryKeyScans() == before, "no row read again by its id, no range of ids read")
+
+        _ = try await slow.execute("BEGIN")
+        let late = try await Self.insert(1, on: slow)
+        let early = try await Self.insert(3, on: fast)
+        #expect(try await Self.claim("worker-1", 100, on: claimer).ids == early)
+        #expect(try await primaryKeyScans() > before, "an id left out: the ids between are read")
+        _ = try await slow.execute("COMMIT")
+        let fresh = try await Self.insert(2, on: fast)
+        let rows = try await claimer.query("SELECT claim_id, id, target, payload, attempts FROM fcm_outbox_claim('w', 'xmpp', 100, 60)")
+        #expect(rows.compactMap { $0.int(1) }.sorted() == late + fresh)
+        #expect(Set(rows.compactMap { $0.int(0) }).count == 1, "one claim names them all")
+        #expect(rows.allSatisfy { $0.string(2) == "token-1" || $0.string(2) == "token-2" })
+        #expect(rows.allSatisfy { $0.string(3) == #"{"data": {"n": "1"}}"# && $0.int(4) == 0 }, "each row whole")
+        let named = try await database.query("SELECT row_ids FROM outbox_claims WHERE id = $1", [.int(rows.first?.int(0) ?? 0)])
+        #expect(named.first?.ints(0) == late + fresh)
+    }
+
     @Test func aRowCommittedAfterAClaimPassedItsIdIsTakenByTheNextClaim() async throws {
         let database = try await TestDatabase.make()
         let slow = try await database.connect(), fast = try await database.connect(), claimer = try await database.connect()
