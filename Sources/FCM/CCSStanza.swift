@@ -11,17 +11,24 @@ public enum CCSStanza {
 
     /// A `<message>` stanza carrying `json`, with `id` as its stanza id when given.
     public static func message(json: String, id: String? = nil) -> String {
-        var stanza = "<message"
+        var stanza = ""
         stanza.reserveCapacity(json.utf8.count + 64 + (id?.utf8.count ?? 0))
-        if let id {
-            stanza += " id=\""
-            XMLEscaping.appendAttribute(id, to: &stanza)
-            stanza += "\""
-        }
-        stanza += "><gcm xmlns=\"google:mobile:data\">"
-        XMLEscaping.appendText(json, to: &stanza)
-        stanza += "</gcm></message>"
+        appendMessage(json: json, id: id, to: &stanza)
         return stanza
+    }
+
+    /// Appends the stanza `message(json:id:)` returns to `output`, without building it
+    /// apart first (a batch of stanzas is written as one text).
+    public static func appendMessage(json: String, id: String? = nil, to output: inout String) {
+        output += "<message"
+        if let id {
+            output += " id=\""
+            XMLEscaping.appendAttribute(id, to: &output)
+            output += "\""
+        }
+        output += "><gcm xmlns=\"google:mobile:data\">"
+        XMLEscaping.appendText(json, to: &output)
+        output += "</gcm></message>"
     }
 
     /// The ack for an upstream message or receipt: `{"to":…,"message_id":…,"message_type":"ack"}`.

@@ -344,9 +344,9 @@ final class XMPPOutboxSender: Sendable {
                              availableAt: leaseEnd)
             })
             var text = ""
-            text.reserveCapacity(batch.placed.count * 256)
+            text.reserveCapacity(batch.placed.reduce(0) { $0 + $1.message.json.utf8.count + 80 })
             for placement in batch.placed {
-                text += CCSStanza.message(json: placement.message.json, id: placement.stanzaID)
+                CCSStanza.appendMessage(json: placement.message.json, id: placement.stanzaID, to: &text)
             }
             do {
                 guard try await connection.send(serialized: text) else {
