@@ -53,6 +53,12 @@ public enum PostgresValue: Sendable, Equatable {
         literal.reserveCapacity(values.count * 24)
         for (index, value) in values.enumerated() {
             if index > 0 { literal.append(UInt8(ascii: ",")) }
+            // An integer needs neither quotes nor a String of its own (arrays of ids are
+            // most of what the outbox's write-back sends).
+            if case .int(let number) = value {
+                appendDecimal(number, to: &literal)
+                continue
+            }
             guard let text = value.textEncoding else {
                 literal.append(contentsOf: "NULL".utf8)
                 continue
@@ -73,6 +79,19 @@ public enum PostgresValue: Sendable, Equatable {
         }
         literal.append(UInt8(ascii: "}"))
         return String(decoding: literal, as: UTF8.self)
+    }
+
+    /// Appends `number` in decimal, as `String(number)` spells it.
+    static func appendDecimal(_ number: Int64, to output: inout [UInt8]) {
+        if number < 0 { output.append(UInt8(ascii: "-")) }
+        // The magnitude as unsigned, so that Int64.min has one too.
+        var rest = number.magnitude
+        let start = output.count
+        repeat {
+            output.append(UInt8(ascii: "0") + UInt8(rest % 10))
+            rest /= 10
+        } while rest > 0
+        output[start...].reverse()
     }
 }
 

@@ -451,8 +451,9 @@ import Runtime
         let pool = PostgresPool(target: try PostgresConnectionString(database.url), size: 1)
         let store = OutboxStore(pool: pool, workerID: "w", lease: .seconds(60), transport: "xmpp")
         #expect(try await store.claim(limit: 10).map(\.id) == ids)
-        let sent = Date(timeIntervalSince1970: 1_800_000_000)
-        let acked = sent.addingTimeInterval(0.25)
+        // Times to the microsecond: the plain form sends microseconds, the general one seconds.
+        let sent = Date(timeIntervalSince1970: 1_800_000_000.123456)
+        let acked = Date(timeIntervalSince1970: 1_800_000_000.373457)
         // The first row's earlier attempt left an error; a plain ack keeps it, as coalesce did.
         _ = try await connection.execute("UPDATE downstream_messages SET error_code = 'SERVICE_UNAVAILABLE', attempts = 1 WHERE id = $1",
                                          [.int(ids[0])])

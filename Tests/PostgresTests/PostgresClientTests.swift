@@ -46,6 +46,11 @@ import Testing
         let values: [PostgresValue] = [.text("a,b"), .text("with \"quotes\" and \\"), .null, .text("{brace}")]
         let rows = try await connection.query("SELECT x FROM unnest($1::text[]) AS x", [.array(values)])
         #expect(rows.map { $0.string(0) } == ["a,b", "with \"quotes\" and \\", nil, "{brace}"])
+        // Integers are written straight into the literal, unquoted, as String(_:) spells them.
+        let numbers: [PostgresValue] = [.int(0), .int(-5), .int(.min), .int(.max), .null, .int(1_764_672_000_123_456)]
+        #expect(PostgresValue.array(numbers).textEncoding == "{0,-5,-9223372036854775808,9223372036854775807,NULL,1764672000123456}")
+        let decoded = try await connection.query("SELECT x FROM unnest($1::bigint[]) AS x", [.array(numbers)])
+        #expect(decoded.map { $0.int(0) } == [0, -5, .min, .max, nil, 1_764_672_000_123_456])
     }
 
     @Test func aValueHoldingNulIsRefusedBeforeAnythingIsSentNotCutShort() async throws {
