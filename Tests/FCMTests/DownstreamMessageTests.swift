@@ -80,6 +80,24 @@ import Testing
         #expect(failure(DownstreamMessage(to: "t", messageID: "m", data: ["score": .string("1"), "fromage": .string("x")])) == nil)
     }
 
+    /// Of several wrong fields, the first in key order is named, whatever order the object
+    /// holds them in (its dictionary's order changes from one process to the next).
+    @Test func ofSeveralWrongFieldsTheFirstInKeyOrderIsNamed() throws {
+        func payloadError(_ text: String) throws -> String? {
+            do {
+                _ = try DownstreamMessage(target: "t", condition: nil, payload: try JSONValue.parse(text), messageID: "m")
+                return nil
+            } catch let error as DownstreamValidationError {
+                return error.field
+            }
+        }
+        #expect(try payloadError(#"{"zeta":1,"to":"x","alpha":2,"priority":"urgent","data":{}}"#) == "payload.alpha")
+        #expect(try payloadError(#"{"zz":1,"notification":{"zz":"a","badge":{},"aa":"b"}}"#) == "notification.aa")
+        #expect(try payloadError(#"{"time_to_live":"1","priority":"urgent"}"#) == "priority")
+        let data: [String: JSONValue] = ["google.y": .string("1"), "gcm.x": .string("2"), "from": .string("3"), "ok": .string("4")]
+        #expect(failure(DownstreamMessage(to: "t", messageID: "m", data: data))?.field == "data.from")
+    }
+
     @Test func payloadLimitsAre4096And2048ForTopics() {
         let big: [String: JSONValue] = ["k": .string(String(repeating: "x", count: 4095))]  // 1 + 4095 = 4096
         #expect(failure(DownstreamMessage(to: "t", messageID: "m", data: big)) == nil)
