@@ -5,15 +5,12 @@ package func waitUntilCancelled() async {
     await never.wait()
 }
 
-/// Sleeps for `duration`; returns false when cancelled first.
+/// Sleeps for `duration`; returns false when cancelled first (at once if it already is).
+/// Timed by `DeadlineThread`, like every timed wait, not by a sleeping `Task`.
 @discardableResult
 package func sleepUnlessCancelled(for duration: Duration) async -> Bool {
-    do {
-        try await Task.sleep(for: duration)
-        return true
-    } catch {
-        return false
-    }
+    let sleeper = BlockingLock(Waiters<Bool>())
+    return await sleeper.suspend(in: \.self, cancelled: false, deadline: .now + duration, timedOut: true) { _ in nil }
 }
 
 /// Runs `body` to its end even when the calling task is cancelled, and returns its result:

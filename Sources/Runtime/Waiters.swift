@@ -65,13 +65,13 @@ extension BlockingLock {
         unless ready: (inout State) -> Value?
     ) async -> Value {
         let id = waitIDs.add(1, ordering: .relaxed).newValue
-        let timer: Task<Void, Never>? = deadline.map { deadline in
-            Task { [self] in
-                guard (try? await Task.sleep(until: deadline, clock: .continuous)) != nil else { return }
+        // The deadline thread ends the wait; a wait that ends first takes its entry back.
+        let timer = deadline.map { deadline in
+            DeadlineThread.shared.schedule(at: deadline) { [self] in
                 withLock { $0[keyPath: waiters].remove(id) }?.resume(returning: timedOut ?? cancelled)
             }
         }
-        defer { timer?.cancel() }
+        defer { if let timer { DeadlineThread.shared.cancel(timer) } }
         return await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<Value, Never>) in
                 let now = withLock { state -> Value? in

@@ -1,0 +1,208 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One thread that runs short actions at their deadlines: the timer behind every timed wait
+/// (`BlockingLock.suspend`, `sleepUnlessCancelled`).
+///
+/// A `Task` sleeping for each timed wait cost a task, two turns of the cooperative pool and a
+/// Dispatch timer for every wait, and most waits end early (an answer arrives, a batch fills)
+/// and cancel their timer: at one connection about 7 % of the worker's CPU went there
+/// (`perf`, `fcm-worker bench downstream --runs 1@20`). Here a wait costs an entry in a heap
+/// under a lock. The thread is woken only when a deadline falls due, or when a deadline
+/// arrives that is earlier than the one it sleeps for.
+///
+/// Actions run on this thread one at a time, so they must be short and never block:
+/// resume a continuation, ring a doorbell. The thread sleeps on `CLOCK_MONOTONIC`, so a
+/// change of the wall clock moves no deadline.
+///
+/// The type is `public` and its members `package` (`@usableFromInline`), so that the
+/// inlinable `BlockingLock.suspend` can use it.
+public final class DeadlineThread: @unchecked Sendable {
+    /// The process's deadline thread, started on first use; it lives as long as the process.
+    @usableFromInline package static let shared = DeadlineThread(name: "fcm-deadlines")
+
+    /// Names a scheduled action, to cancel it.
+    public struct Ticket: Sendable {
+        fileprivate let id: UInt64
+    }
+
+    private struct Entry {
+        let deadline: ContinuousClock.Instant
+        let id: UInt64
+    }
+
+    private enum Activity {
+        /// Running actions or about to look at the heap again: it will see any new entry.
+        case awake
+        /// Sleeping until this deadline (nil: until signalled).
+        case sleeping(until: ContinuousClock.Instant?)
+    }
+
+    // Everything below is guarded by `mutex`.
+    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    private let condition: UnsafeMutablePointer<pthread_cond_t>
+    /// A binary min-heap by deadline. Cancelled entries stay until they surface or until
+    /// they are most of it (`pruneIfMostlyCancelled`).
+    private var heap: [Entry] = []
+    private var actions: [UInt64: @Sendable () -> Void] = [:]
+    private var lastID: UInt64 = 0
+    private var activity = Activity.awake
+
+    /// Starts the thread (tests make their own; everything else uses `shared`).
+    package init(name: String) {
+        mutex = .allocate(capacity: 1)
+        mutex.initialize(to: pthread_mutex_t())
+        pthread_mutex_init(mutex, nil)
+        condition = .allocate(capacity: 1)
+        condition.initialize(to: pthread_cond_t())
+        var attributes = pthread_condattr_t()
+        pthread_condattr_init(&attributes)
+        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+        pthread_cond_init(condition, &attributes)
+        pthread_condattr_destroy(&attributes)
+        let thread = Thread { [self] in self.loop() }
+        thread.name = name
+        thread.stackSize = 256 << 10
+        thread.start()
+    }
+
+    // The thread holds `self` for ever, so this runs only if it never started.
+    deinit {
+        pthread_cond_destroy(condition)
+        condition.deallocate()
+        pthread_mutex_destroy(mutex)
+        mutex.deallocate()
+    }
+
+    /// Runs `action` on the deadline thread once `deadline` has passed (at once if it has),
+    /// unless `cancel` comes first.
+    @discardableResult @usableFromInline
+    package func schedule(at deadline: ContinuousClock.Instant, _ action: @escaping @Sendable () -> Void) -> Ticket {
+        pthread_mutex_lock(mutex)
+        lastID &+= 1
+        let id = lastID
+        actions[id] = action
+        push(Entry(deadline: deadline, id: id))
+        let wake: Bool
+        switch activity {
+        case .awake: wake = false
+        case .sleeping(let until): wake = until.map { deadline < $0 } ?? true
+        }
+        if wake {
+            activity = .awake
+            pthread_cond_signal(condition)
+        }
+        pthread_mutex_unlock(mutex)
+        return Ticket(id: id)
+    }
+
+    /// Makes sure the ticket's action does not run, unless it has started already. Returns
+    /// true when this call stopped it.
+    @discardableResult @usableFromInline
+    package func cancel(_ ticket: Ticket) -> Bool {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        guard actions.removeValue(forKey: ticket.id) != nil else { return false }
+        pruneIfMostlyCancelled()
+        return true
+    }
+
+    /// Actions scheduled and neither run nor cancelled.
+    package var scheduledCount: Int {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        return actions.count
+    }
+
+    /// Entries the heap holds, cancelled ones included (for tests: it stays within about
+    /// twice `scheduledCount`, whatever is cancelled).
+    package var storedCount: Int {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        return heap.count
+    }
+
+    /// True while the thread sleeps (until a deadline or a signal), for tests.
+    package var isAsleep: Bool {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        if case .sleeping = activity { return true }
+        return false
+    }
+
+    private func loop() {
+        pthread_mutex_lock(mutex)
+        while true {
+            let now = ContinuousClock.now
+            var due: [@Sendable () -> Void] = []
+            while let first = heap.first, first.deadline <= now || actions[first.id] == nil {
+                popFirst()
+                if let action = actions.removeValue(forKey: first.id) { due.append(action) }
+            }
+            if !due.isEmpty {
+                activity = .awake
+                pthread_mutex_unlock(mutex)
+                for action in due { action() }
+                pthread_mutex_lock(mutex)
+                continue
+            }
+            if let next = heap.first?.deadline {
+                activity = .sleeping(until: next)
+                var wakeAt = timespec()
+                clock_gettime(CLOCK_MONOTONIC, &wakeAt)
+                let (seconds, attoseconds) = (next - now).components
+                let nanoseconds = wakeAt.tv_nsec + Int(attoseconds / 1_000_000_000)
+                wakeAt.tv_sec += Int(min(seconds, 86_400)) + nanoseconds / 1_000_000_000
+                wakeAt.tv_nsec = nanoseconds % 1_000_000_000
+                _ = pthread_cond_timedwait(condition, mutex, &wakeAt)
+            } else {
+                activity = .sleeping(until: nil)
+                _ = pthread_cond_wait(condition, mutex)
+            }
+            activity = .awake
+        }
+    }
+
+    // MARK: - The heap (under `mutex`)
+
+    private func push(_ entry: Entry) {
+        heap.append(entry)
+        var child = heap.count - 1
+        while child > 0 {
+            let parent = (child - 1) / 2
+            guard heap[child].deadline < heap[parent].deadline else { break }
+            heap.swapAt(child, parent)
+            child = parent
+        }
+    }
+
+    private func popFirst() {
+        let last = heap.removeLast()
+        guard !heap.isEmpty else { return }
+        heap[0] = last
+        siftDown(from: 0)
+    }
+
+    private func siftDown(from start: Int) {
+        var parent = start
+        while true {
+            let left = 2 * parent + 1
+            guard left < heap.count else { return }
+            var smallest = left
+            if left + 1 < heap.count && heap[left + 1].deadline < heap[left].deadline { smallest = left + 1 }
+            guard heap[smallest].deadline < heap[parent].deadline else { return }
+            heap.swapAt(parent, smallest)
+            parent = smallest
+        }
+    }
+
+    /// Drops the cancelled entries once they are most of the heap: waits cancelled long
+    /// before their deadline (most of them) would otherwise pile up until it passes.
+    private func pruneIfMostlyCancelled() {
+        guard heap.count > 64, heap.count > 2 * actions.count else { return }
+        heap.removeAll { actions[$0.id] == nil }
+        for index in stride(from: heap.count / 2 - 1, through: 0, by: -1) { siftDown(from: index) }
+    }
+}

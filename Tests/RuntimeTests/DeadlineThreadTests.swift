@@ -1,0 +1,99 @@
+@testable import Runtime
+import Synchronization
+import Testing
+
+@Suite struct DeadlineThreadTests {
+    /// Records what ran, and when.
+    private final class Log: Sendable {
+        private let entries = BlockingLock<[(name: String, at: ContinuousClock.Instant)]>([])
+        func add(_ name: String) { entries.withLock { $0.append((name, .now)) } }
+        var names: [String] { entries.withLock { $0.map(\.name) } }
+        func time(of name: String) -> ContinuousClock.Instant? { entries.withLock { $0.first { $0.name == name }?.at } }
+    }
+
+    /// Waits until `condition` holds, checking every millisecond; fails after 10 s.
+    private func waitUntil(_ what: String, _ condition: () -> Bool) async throws {
+        let limit = ContinuousClock.now + .seconds(10)
+        while !condition() {
+            guard ContinuousClock.now < limit else {
+                Issue.record("timed out waiting until \(what)")
+                return
+            }
+            try await Task.sleep(for: .milliseconds(1))
+        }
+    }
+
+    @Test func actionsRunInDeadlineOrderAndNeverEarly() async throws {
+        let thread = DeadlineThread(name: "test-deadlines")
+        let log = Log()
+        let start = ContinuousClock.now
+        let deadlines = ["c": start + .milliseconds(60), "a": start + .milliseconds(20), "b": start + .milliseconds(40)]
+        for name in ["c", "a", "b"] { thread.schedule(at: deadlines[name]!) { log.add(name) } }
+        thread.schedule(at: start - .seconds(1)) { log.add("past") }
+        try await waitUntil("all four ran") { log.names.count == 4 }
+        #expect(log.names == ["past", "a", "b", "c"])
+        for (name, deadline) in deadlines { #expect(log.time(of: name)! >= deadline) }
+        #expect(thread.scheduledCount == 0)
+    }
+
+    @Test func anEarlierDeadlineWakesTheThreadAsleepUntilALaterOne() async throws {
+        let thread = DeadlineThread(name: "test-deadlines")
+        let log = Log()
+        thread.schedule(at: .now + .seconds(3600)) { log.add("in an hour") }
+        try await waitUntil("the thread sleeps until the hour's deadline") { thread.isAsleep }
+        thread.schedule(at: .now + .milliseconds(10)) { log.add("soon") }
+        // Without the wakeup it would run only in an hour.
+        try await waitUntil("the earlier action ran") { log.names == ["soon"] }
+    }
+
+    @Test func aCancelledActionNeverRuns() async throws {
+        let thread = DeadlineThread(name: "test-deadlines")
+        let log = Log()
+        let cancelled = thread.schedule(at: .now + .milliseconds(10)) { log.add("cancelled") }
+        let kept = thread.schedule(at: .now + .milliseconds(30)) { log.add("kept") }
+        #expect(thread.cancel(cancelled))
+        try await waitUntil("the kept action ran") { log.names.contains("kept") }
+        #expect(log.names == ["kept"])
+        #expect(!thread.cancel(kept), "an action that ran can no longer be cancelled")
+        #expect(!thread.cancel(cancelled), "nor one cancelled already")
+    }
+
+    @Test func waitsCancelledLongBeforeTheirDeadlineDoNotPileUp() {
+        let thread = DeadlineThread(name: "test-deadlines")
+        thread.schedule(at: .now + .seconds(3600)) {}
+        for _ in 0..<10_000 {
+            thread.cancel(thread.schedule(at: .now + .seconds(3600)) {})
+        }
+        #expect(thread.scheduledCount == 1)
+        #expect(thread.storedCount <= 130, "the heap keeps \(thread.storedCount) entries for 1 live one")
+    }
+
+    @Test func aSleepEndsAfterItsDurationOrAtOnceWhenCancelled() async throws {
+        let start = ContinuousClock.now
+        #expect(await sleepUnlessCancelled(for: .milliseconds(20)))
+        #expect(ContinuousClock.now - start >= .milliseconds(20))
+
+        let sleeper = Task { await sleepUnlessCancelled(for: .seconds(3600)) }
+        try await waitUntil("the sleep is timed") { DeadlineThread.shared.scheduledCount > 0 }
+        sleeper.cancel()
+        #expect(await sleeper.value == false)
+
+        let alreadyCancelled = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            return await sleepUnlessCancelled(for: .seconds(3600))
+        }
+        #expect(await alreadyCancelled.value == false)
+    }
+
+    @Test func aTimedWaitEndsAtItsDeadlineOrWhenRung() async throws {
+        let doorbell = Doorbell()
+        let start = ContinuousClock.now
+        await doorbell.wait(timeout: .milliseconds(20))
+        #expect(ContinuousClock.now - start >= .milliseconds(20))
+
+        let waiter = Task { await doorbell.wait(timeout: .seconds(3600)) }
+        try await waitUntil("the wait is timed") { DeadlineThread.shared.scheduledCount > 0 }
+        doorbell.ring()
+        await waiter.value   // in an hour, if the ring did not end it
+    }
+}
