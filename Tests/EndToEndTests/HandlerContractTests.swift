@@ -136,6 +136,17 @@ private func fixture(_ handler: ScriptedHandler, timeout: Duration? = nil,
         try await fixture.stop()
     }
 
+    @Test func stoppingTheWorkerCancelsAHandlerRunningUnderItsTimeout() async throws {
+        let handler = ScriptedHandler()
+        let fixture = try await fixture(handler, timeout: .seconds(3600)) { $0.shutdownTimeout = .milliseconds(300) }
+        let id = fixture.sendUpstream(from: "phone", data: ["do": "sleep"])
+        try await waitUntil("the handler runs") { handler.count(id) == 1 }
+        let stopping = ContinuousClock.now
+        try await fixture.stop()
+        // The stop cancels the handling task; the handler's own task must be cancelled with it.
+        #expect(ContinuousClock.now - stopping < .seconds(25), "the 30 s sleep was not cancelled by the stop (a hang detector)")
+    }
+
     @Test func aFailedAttemptRunsNoAfterCommitAction() async throws {
         let handler = ScriptedHandler()
         let fixture = try await fixture(handler) { $0.maxAttempts = 2; $0.pipeline.retryBase = .milliseconds(10) }
