@@ -50,7 +50,8 @@ public final class DeadlineThread: @unchecked Sendable {
     private var lastID: UInt64 = 0
     private var activity = Activity.awake
 
-    /// Starts the thread (tests make their own; everything else uses `shared`).
+    /// Starts the thread, which runs until the process ends (tests make their own;
+    /// everything else uses `shared`).
     package init(name: String) {
         mutex = .allocate(capacity: 1)
         mutex.initialize(to: pthread_mutex_t())
@@ -68,7 +69,7 @@ public final class DeadlineThread: @unchecked Sendable {
         thread.start()
     }
 
-    // The thread holds `self` for ever, so this runs only if it never started.
+    // Never runs in practice: the thread holds `self` until the process ends.
     deinit {
         pthread_cond_destroy(condition)
         condition.deallocate()
@@ -116,8 +117,8 @@ public final class DeadlineThread: @unchecked Sendable {
         return actions.count
     }
 
-    /// Entries the heap holds, cancelled ones included (for tests: it stays within about
-    /// twice `scheduledCount`, whatever is cancelled).
+    /// Entries the heap holds, cancelled ones included (for tests: however many waits are
+    /// cancelled, it stays within twice `scheduledCount`, or 64 entries).
     package var storedCount: Int {
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }
