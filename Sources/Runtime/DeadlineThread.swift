@@ -99,8 +99,9 @@ public final class DeadlineThread: @unchecked Sendable {
         return Ticket(id: id)
     }
 
-    /// Makes sure the ticket's action does not run, unless it has started already. Returns
-    /// true when this call stopped it.
+    /// Keeps the ticket's action from running; returns true when this call stopped it, false
+    /// when it had already been cancelled or the thread had already taken it to run (it then
+    /// runs, or has run).
     @discardableResult @usableFromInline
     package func cancel(_ ticket: Ticket) -> Bool {
         pthread_mutex_lock(mutex)
