@@ -152,11 +152,11 @@ public final class DeadlineThread: @unchecked Sendable {
             }
             if let next = heap.first?.deadline {
                 activity = .sleeping(until: next)
+                let wait = (next - now).timespecWithinADay
                 var wakeAt = timespec()
                 clock_gettime(CLOCK_MONOTONIC, &wakeAt)
-                let (seconds, attoseconds) = (next - now).components
-                let nanoseconds = wakeAt.tv_nsec + Int(attoseconds / 1_000_000_000)
-                wakeAt.tv_sec += Int(min(seconds, 86_400)) + nanoseconds / 1_000_000_000
+                let nanoseconds = wakeAt.tv_nsec + wait.tv_nsec
+                wakeAt.tv_sec += wait.tv_sec + nanoseconds / 1_000_000_000
                 wakeAt.tv_nsec = nanoseconds % 1_000_000_000
                 _ = pthread_cond_timedwait(condition, mutex, &wakeAt)
             } else {

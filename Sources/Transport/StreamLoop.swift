@@ -273,8 +273,7 @@ package final class StreamLoop: @unchecked Sendable {
             if moreToRead {
                 timeout = timespec(tv_sec: 0, tv_nsec: 0)
             } else if let deadline {
-                let (seconds, attoseconds) = max(deadline - .now, .zero).components
-                timeout = timespec(tv_sec: Int(min(seconds, 86_400)), tv_nsec: Int(attoseconds / 1_000_000_000))
+                timeout = (deadline - .now).timespecWithinADay
             } else {
                 timeout = nil
             }
