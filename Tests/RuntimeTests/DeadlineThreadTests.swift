@@ -73,10 +73,15 @@ import Testing
         #expect(await sleepUnlessCancelled(for: .milliseconds(20)))
         #expect(ContinuousClock.now - start >= .milliseconds(20))
 
-        let sleeper = Task { await sleepUnlessCancelled(for: .seconds(3600)) }
+        let slept = Atomic(0)   // 0 while sleeping, then 1 (slept) or 2 (cancelled)
+        let sleeper = Task { slept.store(await sleepUnlessCancelled(for: .seconds(3600)) ? 1 : 2, ordering: .relaxed) }
+        // Some timed wait (perhaps another test's): the sleeper may be cancelled before it
+        // sleeps, which it must answer at once as well.
         try await waitUntil("the sleep is timed") { DeadlineThread.shared.scheduledCount > 0 }
         sleeper.cancel()
-        #expect(await sleeper.value == false)
+        try await waitUntil("the cancelled sleep ended") { slept.load(ordering: .relaxed) != 0 }
+        #expect(slept.load(ordering: .relaxed) == 2)
+        await sleeper.value
 
         let alreadyCancelled = Task {
             withUnsafeCurrentTask { $0?.cancel() }
@@ -91,9 +96,14 @@ import Testing
         await doorbell.wait(timeout: .milliseconds(20))
         #expect(ContinuousClock.now - start >= .milliseconds(20))
 
-        let waiter = Task { await doorbell.wait(timeout: .seconds(3600)) }
+        let ended = Atomic(false)
+        let waiter = Task {
+            await doorbell.wait(timeout: .seconds(3600))
+            ended.store(true, ordering: .relaxed)
+        }
         try await waitUntil("the wait is timed") { DeadlineThread.shared.scheduledCount > 0 }
         doorbell.ring()
-        await waiter.value   // in an hour, if the ring did not end it
+        try await waitUntil("the rung wait ended, an hour before its deadline") { ended.load(ordering: .relaxed) }
+        await waiter.value
     }
 }
