@@ -81,6 +81,23 @@ start_cluster() {
   die "could not start PostgreSQL on a free loopback port"
 }
 
+# report_server_problems: prints what the throwaway cluster's server log says went wrong on
+# the server's side (a backend that crashed or was killed, and the restart that ends every
+# session with it; PANICs; resources), for a run that failed: stop_cluster deletes the log,
+# and a client sees such a restart only as "server closed the connection unexpectedly".
+report_server_problems() {
+  [ -n "${FCM_PG_DIR:-}" ] && [ -f "$FCM_PG_DIR/server.log" ] || return 0
+  local problems
+  problems=$(grep -E 'PANIC|terminated by signal|was terminated|terminating any other active server processes|all server processes terminated|database system was interrupted|out of memory|could not fork|too many clients' \
+    "$FCM_PG_DIR/server.log" | tail -n 40) || true
+  if [ -n "$problems" ]; then
+    log "the PostgreSQL server log of this run says:"
+    printf '%s\n' "$problems" >&2
+  else
+    log "the PostgreSQL server log of this run shows no crash, restart or resource error"
+  fi
+}
+
 stop_cluster() {
   [ -n "${FCM_PG_DIR:-}" ] && [ -d "$FCM_PG_DIR" ] || return 0
   as_pg_user "$(pg_bindir)/pg_ctl" -D "$FCM_PG_DIR/data" -m immediate -w stop >/dev/null 2>&1 || true
