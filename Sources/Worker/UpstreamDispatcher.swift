@@ -127,11 +127,12 @@ struct UpstreamDispatcher: Sendable {
     /// Runs `body`, cancelled after the route's timeout. The caller waits for `body` to
     /// return either way (it shares the caller's transaction).
     ///
-    /// `body` runs in a child task that the deadline thread has cancelled when the limit
+    /// `body` runs in a task of its own (unstructured, so the caller's cancellation is
+    /// forwarded to it by hand) that the deadline thread has cancelled when the limit
     /// passes. A task group with a second task sleeping for the limit did the same; with
     /// the store handler under a timeout it cost the worker about 3 % of its CPU per upstream
     /// message, this about half of that (`bench upstream --phases immediate`, four triples).
-    /// The child is always awaited here, so `body` never outlives this call.
+    /// That task is always awaited here, so `body` never outlives this call.
     private func call(_ route: UpstreamHandlers.Route, _ body: () async throws -> Void) async throws {
         guard let limit = route.timeout else { return try await body() }
         try await withoutActuallyEscaping(body) { body in

@@ -49,8 +49,10 @@ import Testing
     @Test func aCancelledActionNeverRuns() async throws {
         let thread = DeadlineThread(name: "test-deadlines")
         let log = Log()
-        let cancelled = thread.schedule(at: .now + .milliseconds(10)) { log.add("cancelled") }
-        let kept = thread.schedule(at: .now + .milliseconds(30)) { log.add("kept") }
+        // Deadlines far enough off that a busy machine cannot let the first pass before the
+        // cancel (that would fail the test for the wrong reason).
+        let cancelled = thread.schedule(at: .now + .milliseconds(300)) { log.add("cancelled") }
+        let kept = thread.schedule(at: .now + .milliseconds(600)) { log.add("kept") }
         #expect(thread.cancel(cancelled))
         try await waitUntil("the kept action ran") { log.names.contains("kept") }
         #expect(log.names == ["kept"])
