@@ -177,7 +177,9 @@ struct OutboxStore: Sendable {
         return Int64((date.timeIntervalSince1970 * 1_000_000).rounded())
     }
 
-    /// Writes any updates: the columns an update leaves nil keep their values.
+    /// Writes any updates: the columns an update leaves nil keep their values. An update
+    /// counts only under a live claim of this worker, but for a receipt of a row sent
+    /// already (sent, acked or delivered), which may come after its claim is gone.
     private func general(_ updates: [OutboxUpdate], claims: [Int64?]) -> PostgresStatement {
         func column<T>(_ value: (OutboxUpdate) -> T?, _ encode: (T) -> PostgresValue) -> PostgresValue {
             .array(updates.map { value($0).map(encode) ?? .null })
@@ -206,7 +208,11 @@ struct OutboxStore: Sendable {
                         $7::float8[], $8::text[], $9::text[], $10::text[], $11::float8[], $13::text[], $14::bigint[])
                 AS u(id, status, attempts, sent_on, sent_at, acked_at, delivered_at, error_code, error_description,
                      canonical_token, available_at, token_results, claim)
-            WHERE d.id = u.id AND (u.claim IN (SELECT id FROM live) OR u.status = 'delivered')
+            WHERE d.id = u.id AND (u.claim IN (SELECT id FROM live)
+                                   -- A receipt without a claim counts for a row that was sent: after the
+                                   -- outbox was emptied and its ids reused, one for an old message would
+                                   -- mark a new row, never sent, as delivered.
+                                   OR (u.status = 'delivered' AND d.status IN ('sent', 'acked', 'delivered')))
             """, [
                 .array(updates.map { .int($0.rowID) }), .array(updates.map { .text($0.status.rawValue) }),
                 column(\.attempts) { .int(Int64($0)) }, column(\.sentOn) { .text($0) },
