@@ -10,8 +10,9 @@ import Synchronization
 /// a new record), and the dead letter is marked `replayed_at`. A replay cut short is safe
 /// to run again: a message handled meanwhile counts as a duplicate and is only marked.
 ///
-/// Only messages dead-lettered by their handlers (`handler_failed`) can be replayed: the
-/// others (`unackable`, `unreadable`, `unknown_type`) never were messages a handler can take.
+/// Only messages dead-lettered by their handlers (`handler_failed`) or by the routes
+/// (`unrouted`: no handler's route matched) can be replayed: the others (`unackable`,
+/// `unreadable`, `unknown_type`, `oversized`) never were messages a handler can take.
 struct DeadLetterReplay: Sendable {
     let configuration: WorkerConfiguration
     let handlers: UpstreamHandlers
@@ -28,16 +29,27 @@ struct DeadLetterReplay: Sendable {
         var createdAt: Date?
         var replayedAt: Date?
         var rawPayload: String
+        /// The handler that refused it or failed it last.
+        var handler: String?
+        /// Its refusal's reason code (a `PermanentFailure`'s code).
+        var code: String?
+
+        /// Whether `replay` can run it through the handlers again.
+        var isReplayable: Bool { Self.replayableReasons.contains(reason) && messageID != nil }
+
+        static let replayableReasons = ["handler_failed", "unrouted"]
 
         var json: JSONValue {
             ["id": JSONValue(Int(id)), "message_id": messageID.map { .string($0) } ?? .null, "from": from.map { .string($0) } ?? .null,
-             "reason": .string(reason), "error": error.map { .string($0) } ?? .null, "attempts": JSONValue(attempts),
+             "reason": .string(reason), "handler": handler.map { .string($0) } ?? .null, "code": code.map { .string($0) } ?? .null,
+             "error": error.map { .string($0) } ?? .null, "attempts": JSONValue(attempts),
              "created_at": createdAt.map { .string($0.formatted(.iso8601)) } ?? .null,
              "replayed_at": replayedAt.map { .string($0.formatted(.iso8601)) } ?? .null]
         }
 
         var line: String {
-            "\(id)  \(createdAt?.formatted(.iso8601) ?? "?")  \(reason)  \(messageID ?? "-")  attempts \(attempts)"
+            "\(id)  \(createdAt?.formatted(.iso8601) ?? "?")  \(reason)\(code.map { "/\($0)" } ?? "")  \(messageID ?? "-")"
+                + (handler.map { "  handler \($0)" } ?? "") + "  attempts \(attempts)"
                 + (replayedAt.map { "  replayed \($0.formatted(.iso8601))" } ?? "") + "  \(error.map { String($0.prefix(120)) } ?? "")"
         }
     }
@@ -48,11 +60,12 @@ struct DeadLetterReplay: Sendable {
         var skipped: [(id: Int64, reason: String)] = []
     }
 
-    private static let columns = "id, message_id, from_token, reason, error, attempts, created_at, replayed_at, raw_payload"
+    private static let columns = "id, message_id, from_token, reason, error, attempts, created_at, replayed_at, raw_payload, handler, code"
 
     private static func letter(_ row: PostgresRow) -> Letter {
         Letter(id: row.int(0) ?? 0, messageID: row.string(1), from: row.string(2), reason: row.string(3) ?? "", error: row.string(4),
-               attempts: Int(row.int(5) ?? 0), createdAt: row.date(6), replayedAt: row.date(7), rawPayload: row.string(8) ?? "")
+               attempts: Int(row.int(5) ?? 0), createdAt: row.date(6), replayedAt: row.date(7), rawPayload: row.string(8) ?? "",
+               handler: row.string(9), code: row.string(10))
     }
 
     static func list(on connection: PostgresConnection, limit: Int) async throws -> [Letter] {
@@ -88,8 +101,8 @@ struct DeadLetterReplay: Sendable {
                                                   [.array(ids.map { .int($0) })]).map(Self.letter)
             }
             return try await connection.query("""
-                SELECT \(Self.columns) FROM dead_letters WHERE replayed_at IS NULL AND reason = 'handler_failed' ORDER BY id
-                """).map(Self.letter)
+                SELECT \(Self.columns) FROM dead_letters WHERE replayed_at IS NULL AND reason = ANY($1::text[]) ORDER BY id
+                """, [.array(Letter.replayableReasons.map { .text($0) })]).map(Self.letter)
         }
         var outcome = Outcome()
         for id in ids ?? [] where !letters.contains(where: { $0.id == id }) { outcome.skipped.append((id, "no such dead letter")) }
@@ -99,7 +112,7 @@ struct DeadLetterReplay: Sendable {
                 outcome.skipped.append((letter.id, "replayed already, at \(replayed.formatted(.iso8601))"))
                 continue
             }
-            guard letter.reason == "handler_failed", letter.messageID != nil else {
+            guard letter.isReplayable else {
                 outcome.skipped.append((letter.id, "a \(letter.reason) dead letter is not a message a handler can take"))
                 continue
             }

@@ -4,11 +4,14 @@ import Postgres
 import Runtime
 
 /// The operator's commands that need the database only: `status`, `dead-letters`,
-/// `outbox requeue` and `prune`. None of them connects to FCM.
-enum MaintenanceCommands {
+/// `outbox requeue` and `prune`. None of them connects to FCM. Each takes every setting of
+/// `run` (flags and environment variables, the application's own included) besides its own,
+/// and builds the application as `run` does: a replay runs the handlers `run` would run.
+struct MaintenanceCommands<Application: Sendable>: Sendable {
     /// The settings these commands share.
     struct Settings: Sendable {
-        var worker = WorkerConfiguration(senderID: "", serverKey: "")
+        var worker: WorkerConfiguration
+        var application: Application
         var json = false
         var all = false
         var statuses: [String] = []
@@ -17,8 +20,23 @@ enum MaintenanceCommands {
         var limit = 50
     }
 
-    private static func workerOption(_ flag: String) -> CommandOption<Settings> {
-        WorkerConfiguration.options.options.first { $0.flag == flag }!.lifted(to: \Settings.worker)
+    let definition: ApplicationDefinition<Application>
+
+    private var initial: Settings { Settings(worker: definition.initialWorker, application: definition.settings) }
+
+    /// A command's table: its own options, then every setting of `run` (unlisted in help).
+    private func table(_ own: [CommandOption<Settings>],
+                       finish: @escaping @Sendable (inout Settings) throws(ConfigurationError) -> Void = { settings throws(ConfigurationError) in
+                           try requireDatabase(&settings)
+                       }) -> OptionTable<Settings> {
+        OptionTable(own, unlisted: definition.runOptions(worker: \Settings.worker, application: \Settings.application,
+                                                         excluding: Set(own.map(\.flag))),
+                    unlistedNote: "It takes every setting of run as well (see help run), and builds the application as run does.",
+                    finish: finish)
+    }
+
+    private func workerOption(_ flag: String) -> CommandOption<Settings> {
+        definition.workerOptions.first { $0.flag == flag }!.lifted(to: \Settings.worker)
     }
 
     private static func requireDatabase(_ settings: inout Settings) throws(ConfigurationError) {
@@ -27,7 +45,7 @@ enum MaintenanceCommands {
         }
     }
 
-    private static let json = CommandOption<Settings>.toggle("--json", help: "print JSON for scripts") { $0.json = $1 }
+    private static var json: CommandOption<Settings> { .toggle("--json", help: "print JSON for scripts") { $0.json = $1 } }
 
     /// `7d`, `48h`, `30m`, `90s` or plain seconds.
     static func parseDuration(_ text: String, name: String) throws(ConfigurationError) -> Duration {
@@ -71,25 +89,23 @@ enum MaintenanceCommands {
     // MARK: - status
 
     /// `status`: what the database says about the worker.
-    static func statusCommand(migrations: [MigrationSet]) -> WorkerCommand {
-        let options = OptionTable<Settings>([workerOption("--database-url"), workerOption("--migrations-dir"), workerOption("--spool-file"), json],
-                                            finish: requireDatabase)
-        var initial = Settings()
-        initial.worker.migrationSets = migrations
+    var statusCommand: WorkerCommand {
+        let options = table([workerOption("--database-url"), workerOption("--migrations-dir"), workerOption("--spool-file"), Self.json])
+        let initial = self.initial
         return WorkerCommand(name: "status", summary: "print pending migrations, the outbox by transport and status, dead letters, "
                                  + "token states and the spool (database only; --json for scripts)",
                              options: options.help, optionsMarkdown: options.markdownTable) { [initial] arguments, context in
             var status: Int32 = 0
             guard let (settings, positional) = context.parse(arguments, with: options, into: initial, status: &status) else { return status }
             if let extra = positional.first { return context.fail("status: unexpected argument \(extra)") }
-            return await running("status", context) {
+            return await Self.running("status", context) {
                 let migrator = try settings.worker.migrator()
-                let report = try await withDatabase(settings) { try await StatusReport.read(from: $0, migrator: migrator) }
+                let report = try await Self.withDatabase(settings) { try await StatusReport.read(from: $0, migrator: migrator) }
                 let spool = StatusReport.spool(at: settings.worker.spoolFile)
                 if settings.json {
                     var object = report.json
                     object["spool"] = .object(spool)
-                    print(json: .object(object))
+                    Self.print(json: .object(object))
                 } else {
                     Swift.print(report.text + "spool: \(spool["path"]?.stringValue ?? "") holds \(spool["records"]?.intValue ?? 0) record(s), "
                                 + "\(spool["bytes"]?.intValue ?? 0) bytes; its journal \(spool["journal_segments"]?.intValue ?? 0) segment(s), "
@@ -102,24 +118,25 @@ enum MaintenanceCommands {
     // MARK: - dead-letters
 
     /// `dead-letters list|replay`.
-    static func deadLettersCommand(handlers: @escaping @Sendable () -> UpstreamHandlers, migrations: [MigrationSet]) -> WorkerCommand {
-        let options = OptionTable<Settings>([
-            workerOption("--database-url"), workerOption("--handlers"), workerOption("--max-attempts"), json,
+    var deadLettersCommand: WorkerCommand {
+        let options = table([
+            workerOption("--database-url"), workerOption("--handlers"), workerOption("--max-attempts"), Self.json,
             .toggle("--all", help: "replay: every dead letter not replayed yet that handlers can take") { $0.all = $1 },
             .integer("--limit", environment: nil, default: "50", help: "list: at most this many, newest first", name: "limit",
                      range: 1...100_000, \.limit),
-        ], finish: requireDatabase)
+        ])
+        let (initial, definition) = (self.initial, self.definition)
         return WorkerCommand(name: "dead-letters", synopsis: "list | replay ID... | replay --all [options]",
                              summary: "list dead letters, or run dead-lettered messages through the handlers again (exactly once)",
                              options: options.help, optionsMarkdown: options.markdownTable) { arguments, context in
             var status: Int32 = 0
-            guard let (settings, positional) = context.parse(arguments, with: options, into: Settings(), status: &status) else { return status }
+            guard let (settings, positional) = context.parse(arguments, with: options, into: initial, status: &status) else { return status }
             switch positional.first {
             case "list":
-                return await running("dead-letters", context) {
-                    let letters = try await withDatabase(settings) { try await DeadLetterReplay.list(on: $0, limit: settings.limit) }
+                return await Self.running("dead-letters", context) {
+                    let letters = try await Self.withDatabase(settings) { try await DeadLetterReplay.list(on: $0, limit: settings.limit) }
                     if settings.json {
-                        print(json: .array(letters.map(\.json)))
+                        Self.print(json: .array(letters.map(\.json)))
                     } else {
                         for letter in letters { Swift.print(letter.line) }
                         if letters.isEmpty { Swift.print("no dead letters") }
@@ -129,16 +146,14 @@ enum MaintenanceCommands {
                 let ids = positional.dropFirst().compactMap { Int64($0) }
                 guard ids.count == positional.count - 1 else { return context.fail("dead-letters: replay takes dead letter ids (numbers) or --all") }
                 guard settings.all != !ids.isEmpty else { return context.fail("dead-letters: replay takes ids or --all (one of them)") }
-                return await running("dead-letters", context) {
-                    let available = handlers()
-                    let chosen = try settings.worker.handlers.map { names throws(ConfigurationError) in try available.selecting(names) } ?? available
+                return await Self.running("dead-letters", context) {
                     var worker = settings.worker
-                    worker.migrationSets = migrations
+                    let chosen = try definition.handlers(for: &worker, application: settings.application)
                     let replay = DeadLetterReplay(configuration: worker, handlers: chosen,
                                                   logger: Logger(label: context.program, minimumLevel: .warning))
                     let outcome = try await replay.run(ids: settings.all ? nil : ids)
                     if settings.json {
-                        print(json: ["replayed": .array(outcome.replayed.map { JSONValue(Int($0)) }),
+                        Self.print(json: ["replayed": .array(outcome.replayed.map { JSONValue(Int($0)) }),
                                      "dead_lettered_again": .array(outcome.failedAgain.map { JSONValue(Int($0)) }),
                                      "skipped": .array(outcome.skipped.map { ["id": JSONValue(Int($0.id)), "reason": .string($0.reason)] })])
                     } else {
@@ -155,9 +170,9 @@ enum MaintenanceCommands {
     // MARK: - outbox requeue
 
     /// `outbox requeue --status failed|expired [--since DURATION]`.
-    static let outboxCommand: WorkerCommand = {
-        let options = OptionTable<Settings>([
-            workerOption("--database-url"), json,
+    var outboxCommand: WorkerCommand {
+        let options = table([
+            workerOption("--database-url"), Self.json,
             CommandOption("--status", placeholder: "failed|expired", default: "required",
                           help: "which finished rows to send again (both: failed,expired)") { settings, text throws(ConfigurationError) in
                 let statuses = text.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
@@ -168,55 +183,55 @@ enum MaintenanceCommands {
             },
             CommandOption("--since", placeholder: "DURATION", default: "all time",
                           help: "only rows created this recently (7d, 48h, 30m, 90s)") { settings, text throws(ConfigurationError) in
-                settings.since = try parseDuration(text, name: "--since")
+                settings.since = try Self.parseDuration(text, name: "--since")
             },
-        ]) { settings throws(ConfigurationError) in
-            try requireDatabase(&settings)
-        }
+        ])
+        let initial = self.initial
         return WorkerCommand(name: "outbox", synopsis: "requeue --status failed|expired [--since DURATION] [options]",
                              summary: "send finished outbox rows again: their status back to pending, their attempts to 0",
                              options: options.help, optionsMarkdown: options.markdownTable) { arguments, context in
             var status: Int32 = 0
-            guard let (settings, positional) = context.parse(arguments, with: options, into: Settings(), status: &status) else { return status }
+            guard let (settings, positional) = context.parse(arguments, with: options, into: initial, status: &status) else { return status }
             guard positional == ["requeue"] else { return context.fail("outbox: expected requeue (see \(context.program) help outbox)") }
             guard !settings.statuses.isEmpty else { return context.fail("outbox: requeue needs --status failed, expired or failed,expired") }
-            return await running("outbox", context) {
-                let count = try await withDatabase(settings) { try await OutboxMaintenance.requeue(statuses: settings.statuses, since: settings.since, on: $0) }
-                if settings.json { print(json: ["requeued": JSONValue(count)]) } else { Swift.print("requeued \(count) row(s)") }
+            return await Self.running("outbox", context) {
+                let count = try await Self.withDatabase(settings) { try await OutboxMaintenance.requeue(statuses: settings.statuses, since: settings.since, on: $0) }
+                if settings.json { Self.print(json: ["requeued": JSONValue(count)]) } else { Swift.print("requeued \(count) row(s)") }
             }
         }
-    }()
+    }
 
     // MARK: - prune
 
     /// `prune --older-than DURATION`.
-    static let pruneCommand: WorkerCommand = {
-        let options = OptionTable<Settings>([
-            workerOption("--database-url"), json,
+    var pruneCommand: WorkerCommand {
+        let options = table([
+            workerOption("--database-url"), Self.json,
             CommandOption("--older-than", placeholder: "DURATION", default: "required",
                           help: "delete rows older than this (at least 1h; keep processed_upstream longer than CCS may redeliver: days)") { settings, text throws(ConfigurationError) in
-                let age = try parseDuration(text, name: "--older-than")
+                let age = try Self.parseDuration(text, name: "--older-than")
                 guard age >= .seconds(3600) else { throw ConfigurationError("--older-than \(text) is under an hour: CCS may still redeliver such messages") }
                 settings.olderThan = age
             },
         ]) { settings throws(ConfigurationError) in
-            try requireDatabase(&settings)
+            try Self.requireDatabase(&settings)
             guard settings.olderThan != nil else { throw ConfigurationError("missing --older-than DURATION (such as 14d)") }
         }
+        let initial = self.initial
         return WorkerCommand(name: "prune", synopsis: "--older-than DURATION [options]",
                              summary: "delete old processed_upstream records, finished outbox rows and dead letters, in small batches",
                              options: options.help, optionsMarkdown: options.markdownTable) { arguments, context in
             var status: Int32 = 0
-            guard let (settings, positional) = context.parse(arguments, with: options, into: Settings(), status: &status) else { return status }
+            guard let (settings, positional) = context.parse(arguments, with: options, into: initial, status: &status) else { return status }
             if let extra = positional.first { return context.fail("prune: unexpected argument \(extra)") }
-            return await running("prune", context) {
-                let deleted = try await withDatabase(settings) { try await OutboxMaintenance.prune(olderThan: settings.olderThan!, on: $0) }
+            return await Self.running("prune", context) {
+                let deleted = try await Self.withDatabase(settings) { try await OutboxMaintenance.prune(olderThan: settings.olderThan!, on: $0) }
                 if settings.json {
-                    print(json: .object(deleted.mapValues { JSONValue($0) }))
+                    Self.print(json: .object(deleted.mapValues { JSONValue($0) }))
                 } else {
                     Swift.print(deleted.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value) row(s) deleted" }.joined(separator: "\n"))
                 }
             }
         }
-    }()
+    }
 }

@@ -7,13 +7,21 @@ import Foundation
 /// counts as unset. `-h` and `--help` anywhere ask for help instead.
 public struct OptionTable<Settings>: Sendable {
     public var options: [CommandOption<Settings>]
+    /// Options parsed like the others but not listed one by one in help: the settings of
+    /// another command that this one takes too (a maintenance command takes every setting
+    /// of `run`, so that it builds the application as `run` does).
+    public var unlisted: [CommandOption<Settings>]
+    /// The line help shows for the unlisted options.
+    public var unlistedNote: String?
     /// Runs after the options are applied: checks what is required and how settings go
     /// together (throws `ConfigurationError`).
     public let finish: @Sendable (inout Settings) throws(ConfigurationError) -> Void
 
-    public init(_ options: [CommandOption<Settings>],
+    public init(_ options: [CommandOption<Settings>], unlisted: [CommandOption<Settings>] = [], unlistedNote: String? = nil,
                 finish: @escaping @Sendable (inout Settings) throws(ConfigurationError) -> Void = { _ throws(ConfigurationError) in }) {
         self.options = options
+        self.unlisted = unlisted
+        self.unlistedNote = unlistedNote
         self.finish = finish
     }
 
@@ -47,7 +55,7 @@ public struct OptionTable<Settings>: Sendable {
                 flag = String(argument[..<equals])
                 value = String(argument[argument.index(after: equals)...])
             }
-            guard let option = options.first(where: { $0.flag == flag }) else {
+            guard let option = options.first(where: { $0.flag == flag }) ?? unlisted.first(where: { $0.flag == flag }) else {
                 throw ConfigurationError("unknown option \(flag) (see --help)")
             }
             if option.placeholder == nil {
@@ -59,7 +67,7 @@ public struct OptionTable<Settings>: Sendable {
             }
             given[flag] = value
         }
-        for option in options {
+        for option in options + unlisted {
             let text = given[option.flag] ?? option.environment.flatMap { environment[$0] }
             guard let text, !text.isEmpty else { continue }
             try option.apply(&settings, text)
@@ -80,6 +88,9 @@ public struct OptionTable<Settings>: Sendable {
             text += " (default: \(option.defaultDescription))"
             let prefix = flag.count >= width ? flag + "\n" + String(repeating: " ", count: width) : flag.padding(toLength: width, withPad: " ", startingAt: 0)
             lines.append(prefix + Self.wrap(text, width: 100 - width).joined(separator: "\n" + String(repeating: " ", count: width)))
+        }
+        if let unlistedNote, !unlisted.isEmpty {
+            lines.append(contentsOf: Self.wrap(unlistedNote, width: 98).map { "  " + $0 })
         }
         return lines.joined(separator: "\n")
     }

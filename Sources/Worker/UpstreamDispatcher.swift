@@ -8,6 +8,8 @@ struct UpstreamDispatcher: Sendable {
     let handlers: UpstreamHandlers
     let logger: Logger
     let metrics: WorkerMetrics
+    /// One warning per category and minute for messages no route matches.
+    let unroutedWarnings = WarningThrottle()
 
     /// A handler refused one message for good (`PermanentFailure`, or a reply FCM would
     /// refuse) during a batch: the batch rolls back and commits again without handling it.
@@ -17,6 +19,16 @@ struct UpstreamDispatcher: Sendable {
         let error: any Error
 
         var description: String { "\(route): \(error)" }
+    }
+
+    /// A handler's call threw: what it threw, and which handler. (The database going away
+    /// under a handler is not its failure: that error goes up as it is, and the batch waits
+    /// for the database.)
+    struct HandlerFailure: Error, CustomStringConvertible {
+        let route: String
+        let error: any Error
+
+        var description: String { "\(error)" }
     }
 
     /// A handler ran past its `timeout`.
@@ -29,14 +41,37 @@ struct UpstreamDispatcher: Sendable {
 
     /// True for an error retrying cannot fix.
     static func isPermanent(_ error: any Error) -> Bool {
-        error is PermanentFailure || error is DownstreamValidationError || error is Refusal
+        if let failure = error as? HandlerFailure { return isPermanent(failure.error) }
+        return error is PermanentFailure || error is DownstreamValidationError || error is Refusal
+    }
+
+    /// The handler an error came from, and its reason code, for the dead letter it makes.
+    static func blame(_ error: any Error) -> (handler: String?, code: String?) {
+        switch error {
+        case let failure as HandlerFailure: (failure.route, code(of: failure.error))
+        case let refusal as Refusal: (refusal.route, code(of: refusal.error))
+        default: (nil, code(of: error))
+        }
+    }
+
+    /// A refusal's reason code: a `PermanentFailure`'s own, `invalid_downstream` for a reply
+    /// FCM would refuse, `timeout` for a call cancelled at its limit.
+    static func code(of error: any Error) -> String? {
+        switch error {
+        case let failure as PermanentFailure: failure.code
+        case is DownstreamValidationError: "invalid_downstream"
+        case is Timeout: "timeout"
+        default: nil
+        }
     }
 
     /// Runs every matching handler's `check` on each message of `batch`: the messages a
-    /// handler refused come back as dead letters in their place (with the refusal). Before
-    /// that, a message whose `message_id`, `from` or `category` holds U+0000 (JSON allows
-    /// `\u0000`; PostgreSQL's text holds none, and libpq would cut the text there, making
-    /// another message's id of it) is dead-lettered as unreadable.
+    /// handler refused come back as dead letters in their place (with the refusal), and so
+    /// do the messages no route matches (`unrouted`: kept, never marked handled, replayable
+    /// once the routes are fixed). Before that, a message whose `message_id`, `from` or
+    /// `category` holds U+0000 (JSON allows `\u0000`; PostgreSQL's text holds none, and
+    /// libpq would cut the text there, making another message's id of it) is dead-lettered
+    /// as unreadable.
     func check(_ batch: [UpstreamWork]) -> [UpstreamWork] {
         batch.map { work in
             guard case .message(let message) = work.kind else { return work }
@@ -46,17 +81,40 @@ struct UpstreamDispatcher: Sendable {
                 return Self.unreadable(work, message, error: "its \(field) holds U+0000, which PostgreSQL text cannot hold "
                                                             + "(message_id \(shown))")
             }
+            var routed = false
             for route in handlers.routes where route.match.matches(message) {
+                routed = true
                 do {
                     try route.handler.check(message)
                 } catch {
                     logger.warning("message \(message.messageID) refused by handler \(route.name), dead-lettered: \(error)",
                                    metadata: ["message_id": message.messageID, "handler": route.name])
-                    return Self.deadLetter(work, message, error: "\(route.name): \(error)")
+                    return Self.deadLetter(work, message, error: "\(route.name): \(error)", handler: route.name,
+                                           code: Self.code(of: error))
                 }
             }
-            return work
+            return routed ? work : unrouted(work, message)
         }
+    }
+
+    /// `work` as the dead letter of a message no route matches, with a warning (one per
+    /// category and minute, with the number left out since).
+    private func unrouted(_ work: UpstreamWork, _ message: UpstreamMessage) -> UpstreamWork {
+        let category = message.category.map { "category \"\($0)\"" } ?? "no category"
+        let routes = handlers.routes.map { "\($0.name): \($0.match.summary)" }.joined(separator: "; ")
+        let error = "no handler's route matches it (\(category); routes: \(routes.isEmpty ? "none" : routes))"
+        if let leftOut = unroutedWarnings.admit(message.category ?? "") {
+            let since = leftOut > 0 ? " (\(leftOut) more of this category since the last warning)" : ""
+            logger.warning("message \(message.messageID) dead-lettered as unrouted: \(error)\(since); "
+                           + "fix the routes, then replay it with dead-letters replay",
+                           metadata: ["message_id": message.messageID, "category": message.category ?? ""])
+        }
+        var letter = Self.deadLetter(work, message, error: error)
+        if case .deadLetter(var dead) = letter.kind {
+            dead.reason = "unrouted"
+            letter.kind = .deadLetter(dead)
+        }
+        return letter
     }
 
     /// The first of `message_id`, `from` and `category` that holds U+0000, if any.
@@ -82,12 +140,13 @@ struct UpstreamDispatcher: Sendable {
     }
 
     /// `work` as the dead letter of a message a handler refused.
-    static func deadLetter(_ work: UpstreamWork, _ message: UpstreamMessage, error: String) -> UpstreamWork {
+    static func deadLetter(_ work: UpstreamWork, _ message: UpstreamMessage, error: String, handler: String? = nil,
+                           code: String? = nil) -> UpstreamWork {
         var letter = work
         letter.attempts = 1
         letter.kind = .deadLetter(.init(messageID: message.messageID, from: message.from, category: message.category,
                                         rawPayload: message.rawPayload, reason: "handler_failed", error: error,
-                                        attempts: 1, receivedAt: message.receivedAt))
+                                        attempts: 1, receivedAt: message.receivedAt, handler: handler, code: code))
         return letter
     }
 
@@ -116,9 +175,15 @@ struct UpstreamDispatcher: Sendable {
                         }
                     }
                 }
-            } catch {
+            } catch let error as PostgresError where error.kind == .connection {
                 metrics.handler(route.name, runs: matching.count, failed: true)
                 throw error
+            } catch let error as Refusal {
+                metrics.handler(route.name, runs: matching.count, failed: true)
+                throw error
+            } catch {
+                metrics.handler(route.name, runs: matching.count, failed: true)
+                throw HandlerFailure(route: route.name, error: error)
             }
             metrics.handler(route.name, runs: matching.count, failed: false)
         }

@@ -72,6 +72,15 @@ public enum HandlerMatch: Sendable {
 
     var isAll: Bool { if case .all = self { true } else { false } }
 
+    /// What it selects, for logs and dead letters.
+    var summary: String {
+        switch self {
+        case .all: "every message"
+        case .category(let category): "category \"\(category)\""
+        case .when: "a predicate"
+        }
+    }
+
     func matches(_ message: UpstreamMessage) -> Bool {
         switch self {
         case .all: true

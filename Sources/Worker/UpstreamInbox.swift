@@ -89,11 +89,13 @@ struct UpstreamInbox: Sendable {
     func enqueue(_ letters: [UpstreamWork.DeadLetter], into transaction: UpstreamTransaction) {
         for letter in letters {
             transaction.enqueue(PostgresStatement("""
-                INSERT INTO dead_letters (message_id, from_token, category, raw_payload, reason, error, attempts, received_at)
-                VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                INSERT INTO dead_letters (message_id, from_token, category, raw_payload, reason, error, attempts, received_at,
+                                          handler, code)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
                 """, [letter.messageID.map { .text($0) } ?? .null, letter.from.map { .text($0) } ?? .null,
                       letter.category.map { .text($0) } ?? .null, .text(letter.rawPayload), .text(letter.reason),
-                      letter.error.map { .text($0) } ?? .null, .int(Int64(letter.attempts)), .timestamptz(letter.receivedAt)]))
+                      letter.error.map { .text($0) } ?? .null, .int(Int64(letter.attempts)), .timestamptz(letter.receivedAt),
+                      letter.handler.map { .text($0) } ?? .null, letter.code.map { .text($0) } ?? .null]))
         }
     }
 

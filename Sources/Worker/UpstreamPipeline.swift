@@ -139,7 +139,8 @@ final class UpstreamPipeline: Sendable {
                       case .message(let message) = batch[index].kind else { return await failed(batch[0], error: refusal, in: lane) }
                 logger.error("message \(refusal.messageID) refused by handler \(refusal.route), dead-lettered: \(refusal.error)",
                              metadata: ["message_id": refusal.messageID, "handler": refusal.route])
-                batch[index] = UpstreamDispatcher.deadLetter(batch[index], message, error: refusal.description)
+                batch[index] = UpstreamDispatcher.deadLetter(batch[index], message, error: refusal.description, handler: refusal.route,
+                                                             code: UpstreamDispatcher.code(of: refusal.error))
             } catch let error as PostgresError where error.kind == .connection {
                 if Task.isCancelled { return batch }
                 metrics.databaseErrors.add(1, ordering: .relaxed)
@@ -165,7 +166,9 @@ final class UpstreamPipeline: Sendable {
     private func failed(_ work: UpstreamWork, error: any Error, in lane: Lane) async -> [UpstreamWork]? {
         let description = String(describing: error)
         var generator = SystemRandomGenerator()
-        switch scheduler.failure(of: work, description: description, permanent: UpstreamDispatcher.isPermanent(error), now: .now, using: &generator) {
+        let blame = UpstreamDispatcher.blame(error)
+        switch scheduler.failure(of: work, description: description, permanent: UpstreamDispatcher.isPermanent(error),
+                                 handler: blame.handler, code: blame.code, now: .now, using: &generator) {
         case .deadLetter(let letter):
             logger.error("message \(work.messageID ?? "?") failed \(letter.attempts) time(s), dead-lettered: \(description)",
                          metadata: ["message_id": work.messageID ?? ""])

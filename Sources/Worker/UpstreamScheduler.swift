@@ -70,9 +70,10 @@ struct UpstreamScheduler: Sendable {
     }
 
     /// The decision for `work` after its handling threw `error` (described as
-    /// `description`). `permanent` failures are dead-lettered at once.
-    func failure<G: RandomNumberGenerator>(of work: UpstreamWork, description: String, permanent: Bool,
-                                           now: ContinuousClock.Instant, using generator: inout G) -> Failure {
+    /// `description`, thrown by `handler` with reason `code`, when known). `permanent`
+    /// failures are dead-lettered at once.
+    func failure<G: RandomNumberGenerator>(of work: UpstreamWork, description: String, permanent: Bool, handler: String? = nil,
+                                           code: String? = nil, now: ContinuousClock.Instant, using generator: inout G) -> Failure {
         var work = work
         work.attempts += 1
         guard case .message(let message) = work.kind else {
@@ -83,7 +84,8 @@ struct UpstreamScheduler: Sendable {
             var letter = work
             letter.kind = .deadLetter(.init(messageID: message.messageID, from: message.from, category: message.category,
                                             rawPayload: message.rawPayload, reason: "handler_failed",
-                                            error: description, attempts: work.attempts, receivedAt: message.receivedAt))
+                                            error: description, attempts: work.attempts, receivedAt: message.receivedAt,
+                                            handler: handler, code: code))
             return .deadLetter(letter)
         }
         let delay = retryBackoff.delay(attempt: work.attempts - 1, using: &generator)

@@ -10,12 +10,16 @@ struct UpstreamWork: Sendable {
         var from: String?
         var category: String?
         var rawPayload: String
-        /// `unackable`, `unreadable`, `unknown_type` or `handler_failed` (the
-        /// `dead_letters.reason` values).
+        /// `unackable`, `unreadable`, `unknown_type`, `handler_failed`, `unrouted` or
+        /// `oversized` (the `dead_letters.reason` values).
         var reason: String
         var error: String?
         var attempts: Int
         var receivedAt: Date
+        /// The handler that refused it or failed it last (`dead_letters.handler`).
+        var handler: String? = nil
+        /// The reason code of its refusal (`dead_letters.code`): a `PermanentFailure`'s code.
+        var code: String? = nil
     }
 
     /// Both cases hold one reference, so work is small and cheap to copy along the pipeline.

@@ -76,12 +76,12 @@ public enum WorkerMain {
         TLSContext.initializeForProcess()
         let program = program ?? URL(fileURLWithPath: CommandLine.arguments.first ?? "fcm-worker").lastPathComponent
         let context = WorkerCommandContext(program: program, environment: environment)
-        let names = makeHandlers(settings).names
-        let all = [runCommand(settings: settings, options: options, handlerNames: names, defaultHandlers: defaultHandlers,
-                              migrations: migrations, makeHandlers: makeHandlers),
-                   migrateCommand(migrations: migrations), MaintenanceCommands.statusCommand(migrations: migrations),
-                   MaintenanceCommands.deadLettersCommand(handlers: { makeHandlers(settings) }, migrations: migrations),
-                   MaintenanceCommands.outboxCommand, MaintenanceCommands.pruneCommand] + commands
+        let definition = ApplicationDefinition(settings: settings, options: options, defaultHandlers: defaultHandlers,
+                                               migrations: migrations, makeHandlers: makeHandlers)
+        let names = definition.handlerNames
+        let maintenance = MaintenanceCommands(definition: definition)
+        let all = [runCommand(definition), migrateCommand(definition), maintenance.statusCommand, maintenance.deadLettersCommand,
+                   maintenance.outboxCommand, maintenance.pruneCommand] + commands
         var arguments = arguments
         if let first = arguments.first, first.hasPrefix("--"), !["--help", "--version"].contains(first) {
             arguments.insert("run", at: 0)
@@ -144,27 +144,14 @@ public enum WorkerMain {
     }
 
     /// `run`: connect to CCS, ack upstream messages, run the handlers, send the outbox.
-    static func runCommand<Settings: Sendable>(settings: Settings, options applicationOptions: [CommandOption<Settings>],
-                                               handlerNames: [String], defaultHandlers: [String]?, migrations: [MigrationSet],
-                                               makeHandlers: @escaping @Sendable (Settings) -> UpstreamHandlers) -> WorkerCommand {
-        var workerTable = WorkerConfiguration.options
-        if let index = workerTable.options.firstIndex(where: { $0.flag == "--handlers" }) {
-            let chosen = defaultHandlers ?? handlerNames
-            workerTable.options[index] = CommandOption("--handlers", environment: "FCM_HANDLERS", placeholder: "a,b",
-                                                       default: chosen.joined(separator: ","),
-                                                       help: "handlers to run, of: \(handlerNames.joined(separator: ", "))",
-                                                       apply: workerTable.options[index].apply)
-        }
-        let finishWorker = workerTable.finish
+    static func runCommand<Settings: Sendable>(_ definition: ApplicationDefinition<Settings>) -> WorkerCommand {
+        let finishWorker = WorkerConfiguration.options.finish
         let options = OptionTable<RunSettings<Settings>>(
-            workerTable.options.map { $0.lifted(to: \RunSettings<Settings>.worker) }
-                + applicationOptions.map { $0.lifted(to: \RunSettings<Settings>.application) }
+            definition.runOptions(worker: \RunSettings<Settings>.worker, application: \RunSettings<Settings>.application)
         ) { settings throws(ConfigurationError) in
             try finishWorker(&settings.worker)
         }
-        var initial = WorkerConfiguration(senderID: "", serverKey: "")
-        initial.migrationSets = migrations
-        let start = RunSettings(worker: initial, application: settings)
+        let start = RunSettings(worker: definition.initialWorker, application: definition.settings)
         return WorkerCommand(name: "run", summary: "connect to CCS, ack upstream messages, run the handlers, send the outbox",
                              options: options.help, optionsMarkdown: options.markdownTable) { arguments, context in
             var status: Int32 = 0
@@ -173,10 +160,7 @@ public enum WorkerMain {
             var configuration = parsed.worker
             let handlers: UpstreamHandlers
             do throws(ConfigurationError) {
-                let available = makeHandlers(parsed.application)
-                let names = configuration.handlers ?? defaultHandlers ?? available.names
-                configuration.handlers = names
-                handlers = try available.selecting(names)
+                handlers = try definition.handlers(for: &configuration, application: parsed.application)
             } catch {
                 return context.fail(error.description)
             }
@@ -222,19 +206,26 @@ public enum WorkerMain {
 
     /// `migrate`: apply the pending migrations; `migrate status`: list every migration
     /// of every set with when it was applied.
-    static func migrateCommand(migrations: [MigrationSet]) -> WorkerCommand {
-        let options = OptionTable<WorkerConfiguration>(WorkerConfiguration.options.options.filter { ["--database-url", "--migrations-dir"].contains($0.flag) }) { settings throws(ConfigurationError) in
-            guard settings.databaseURL != nil else {
+    static func migrateCommand<Settings: Sendable>(_ definition: ApplicationDefinition<Settings>) -> WorkerCommand {
+        let own: Set<String> = ["--database-url", "--migrations-dir"]
+        let options = OptionTable<RunSettings<Settings>>(
+            definition.runOptions(worker: \RunSettings<Settings>.worker, application: \RunSettings<Settings>.application)
+                .filter { own.contains($0.flag) },
+            unlisted: definition.runOptions(worker: \RunSettings<Settings>.worker, application: \RunSettings<Settings>.application,
+                                            excluding: own),
+            unlistedNote: "It takes every setting of run as well (see help run)."
+        ) { settings throws(ConfigurationError) in
+            guard settings.worker.databaseURL != nil else {
                 throw ConfigurationError("missing database URL: pass --database-url or set DATABASE_URL")
             }
         }
-        var initial = WorkerConfiguration(senderID: "", serverKey: "")
-        initial.migrationSets = migrations
+        let initial = RunSettings(worker: definition.initialWorker, application: definition.settings)
         return WorkerCommand(name: "migrate", synopsis: "[status] [options]",
                              summary: "apply pending database migrations (the worker's, then the application's), each in its own transaction; status lists them",
-                             options: options.help, optionsMarkdown: options.markdownTable) { [initial] arguments, context in
+                             options: options.help, optionsMarkdown: options.markdownTable) { arguments, context in
             var status: Int32 = 0
-            guard let (configuration, positional) = context.parse(arguments, with: options, into: initial, status: &status) else { return status }
+            guard let (parsed, positional) = context.parse(arguments, with: options, into: initial, status: &status) else { return status }
+            let configuration = parsed.worker
             let listing = positional.first == "status"
             if let extra = positional.dropFirst(listing ? 1 : 0).first { return context.fail("migrate: unexpected argument \(extra)") }
             do {

@@ -193,7 +193,10 @@ final class WorkerMetrics: Sendable {
         page.counter("fcm_worker_upstream_handled_total", "upstream messages whose handlers committed", counts.handled)
         page.counter("fcm_worker_upstream_duplicates_total", "redelivered upstream messages skipped (handled before)", counts.duplicates)
         page.counter("fcm_worker_upstream_dead_lettered_total", "upstream messages kept in dead_letters, by reason",
-                     ["unackable", "unreadable", "unknown_type", "handler_failed"].map { ([("reason", $0)], Double(counts.deadLettered[$0] ?? 0)) })
+                     ["unackable", "unreadable", "unknown_type", "handler_failed", "unrouted", "oversized"]
+                        .map { ([("reason", $0)], Double(counts.deadLettered[$0] ?? 0)) })
+        page.counter("fcm_worker_upstream_unrouted_total", "upstream messages no handler's route matched (dead-lettered as unrouted)",
+                     counts.deadLettered["unrouted"] ?? 0)
         page.counter("fcm_worker_upstream_retries_total", "handling attempts that failed and were scheduled again", counts.retries)
         page.counter("fcm_worker_upstream_spooled_total", "acked upstream messages spooled to disk at shutdown", counts.spooled)
         page.gauge("fcm_worker_upstream_queue_depth", "upstream messages queued or waiting for a retry", Double(sources.queueDepth()))

@@ -42,7 +42,7 @@ private final class ScriptedHandler: UpstreamHandler, Sendable {
         }
         context.execute("INSERT INTO handled (message_id) VALUES ($1)", message.messageID)
         switch message.data["do"] {
-        case "refuse": throw PermanentFailure("this message can never be handled")
+        case "refuse": throw PermanentFailure("this message can never be handled", code: "never")
         case "bad-reply": try context.reply(data: ["gcm.reserved": "x"])
         case "sleep":
             try await Task.sleep(for: .seconds(30))
@@ -97,10 +97,14 @@ private func fixture(_ handler: ScriptedHandler, timeout: Duration? = nil,
         #expect(handler.count(refused) == 1)
         #expect(batch[..<4].map(handler.count) == [2, 2, 2, 2])
         #expect(batch[5...].map(handler.count) == [1, 1, 1, 1, 1])
-        let rows = try await fixture.query("SELECT reason, attempts, error FROM dead_letters WHERE message_id = $1", [.init(refused)])
+        let rows = try await fixture.query("SELECT reason, attempts, error, handler, code FROM dead_letters WHERE message_id = $1",
+                                           [.init(refused)])
         #expect(rows.first?.string("reason") == "handler_failed")
         #expect(rows.first?.int("attempts") == 1)
         #expect(rows.first?.string("error")?.contains("can never be handled") == true)
+        // Which handler refused it, and its reason code: columns of their own.
+        #expect(rows.first?.string("handler") == "scripted")
+        #expect(rows.first?.string("code") == "never")
         #expect(try await fixture.query("SELECT count(*) FROM handled").first?.int(0) == 10)
         // afterCommit ran once for each handled message, after its commit.
         #expect(Set(handler.announced.all) == Set(others + [first]))
@@ -114,8 +118,10 @@ private func fixture(_ handler: ScriptedHandler, timeout: Duration? = nil,
         let id = fixture.sendUpstream(from: "phone", data: ["do": "bad-reply"])
         try await fixture.deadLettered(id)
         #expect(handler.count(id) == 1)
-        let rows = try await fixture.query("SELECT error FROM dead_letters WHERE message_id = $1", [.init(id)])
+        let rows = try await fixture.query("SELECT error, handler, code FROM dead_letters WHERE message_id = $1", [.init(id)])
         #expect(rows.first?.string("error")?.contains("data.gcm.reserved") == true)
+        #expect(rows.first?.string("handler") == "scripted")
+        #expect(rows.first?.string("code") == "invalid_downstream")
         #expect(try await fixture.query("SELECT count(*) FROM downstream_messages").first?.int(0) == 0)
         #expect(handler.announced.all.isEmpty)
         try await fixture.stop()
@@ -130,8 +136,10 @@ private func fixture(_ handler: ScriptedHandler, timeout: Duration? = nil,
         try await fixture.deadLettered(id)
         #expect(ContinuousClock.now - started < .seconds(25), "the 30 s sleep was not cancelled (a hang detector: the busy pass of scripts/test has taken 10 s here)")
         try await fixture.committed(quick)
-        let rows = try await fixture.query("SELECT error FROM dead_letters WHERE message_id = $1", [.init(id)])
+        let rows = try await fixture.query("SELECT error, handler, code FROM dead_letters WHERE message_id = $1", [.init(id)])
         #expect(rows.first?.string("error")?.contains("timeout") == true)
+        #expect(rows.first?.string("handler") == "scripted")
+        #expect(rows.first?.string("code") == "timeout")
         #expect(try await fixture.query("SELECT count(*) FROM handled WHERE message_id = $1", [.init(id)]).first?.int(0) == 0)
         try await fixture.stop()
     }

@@ -1,6 +1,8 @@
 import FCM
 import Foundation
+import Handlers
 import Postgres
+import Runtime
 import Testing
 import Worker
 
@@ -106,6 +108,53 @@ import Worker
         let again = try await Self.fcmWorker(["dead-letters", "replay", "\(replayable)", "--database-url", database.url, "--handlers", "store"])
         #expect(again.output.contains("replayed already"))
         #expect(try await database.count("upstream_messages", where: "message_id = 'dl-1'") == 1)
+    }
+
+    /// A message no handler's route matches is kept, never marked handled: dead-lettered as
+    /// `unrouted` with a warning (one per category and minute), counted, and replayed once
+    /// the routes are fixed. Before, it was recorded as handled and counted so, and gone.
+    @Test func anUnroutedMessageIsKeptAndReplayedOnceTheRoutesAreFixed() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let configuration = try ccs.worker(database: database)
+        var handlers = UpstreamHandlers()
+        handlers.register("support", StoreHandler(), for: .category("com.example.supportdesk"))
+        let lines = BlockingLock<[String]>([])
+        let worker = FCMWorker(configuration: configuration, handlers: handlers,
+                               logger: Logger(label: "test", minimumLevel: .info) { line in
+                                   TestLog.record(line)
+                                   lines.withLock { $0.append(line) }
+                               })
+        let task = Task { try await worker.run() }
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        for index in 0..<3 { ccs.simulator.injectUpstream(from: "phone-\(index)", category: "com.example.app", messageID: "lost-\(index)") }
+        ccs.simulator.injectUpstream(from: "phone-9", category: "com.example.supportdesk", messageID: "routed")
+        await database.waitForRows(in: "dead_letters", count: 3, within: .seconds(10))
+        await database.waitForRows(in: "upstream_messages", count: 1, within: .seconds(10))
+        let letters = try await database.query("SELECT message_id, reason, error FROM dead_letters ORDER BY message_id")
+        #expect(letters.map { $0.string(0) } == ["lost-0", "lost-1", "lost-2"])
+        #expect(letters.allSatisfy { $0.string(1) == "unrouted" })
+        #expect(letters.first?.string(2)?.contains(#"category "com.example.app"; routes: support: category "com.example.supportdesk""#) == true,
+                "\(letters.first?.string(2) ?? "")")
+        #expect(try await database.count("processed_upstream", where: "message_id LIKE 'lost-%' AND outcome = 'handled'") == 0,
+                "none is recorded as handled")
+        #expect(try await database.count("upstream_messages", where: "message_id LIKE 'lost-%'") == 0)
+        let warnings = lines.withLock { $0 }.filter { $0.contains("dead-lettered as unrouted") }
+        #expect(warnings.count == 1, "one warning per category and minute: \(warnings)")
+        let page = worker.metricsPage
+        #expect(page.contains("fcm_worker_upstream_unrouted_total 3"))
+        #expect(page.contains("fcm_worker_upstream_handled_total 1"))
+        task.cancel()
+        _ = await task.result
+
+        // The routes fixed (the store handler takes every category): replayed, once.
+        let replay = try await Self.fcmWorker(["dead-letters", "replay", "--all", "--json", "--database-url", database.url,
+                                               "--handlers", "store"])
+        #expect(replay.status == 0, "\(replay.errors)")
+        #expect(try JSONValue.parse(replay.output)["replayed"]?.arrayValue?.count == 3)
+        #expect(try await database.count("upstream_messages", where: "message_id LIKE 'lost-%'") == 3)
     }
 
     @Test func requeueSendsFinishedRowsAgainAndPruneDeletesOnlyOldOnes() async throws {

@@ -11,10 +11,11 @@ public struct ChatMessage: UpstreamHandler {
     }
 
     public func check(_ message: UpstreamMessage) throws {
-        guard let room = message.data["room"], !room.isEmpty else { throw PermanentFailure("chat needs data.room") }
-        guard let text = message.data["text"] else { throw PermanentFailure("chat needs data.text") }
+        guard let room = message.data["room"], !room.isEmpty else { throw PermanentFailure("chat needs data.room", code: "missing_room") }
+        guard let text = message.data["text"] else { throw PermanentFailure("chat needs data.text", code: "missing_text") }
         guard text.count <= settings.maximumLength else {
-            throw PermanentFailure("chat text of \(text.count) characters is over the limit of \(settings.maximumLength)")
+            throw PermanentFailure("chat text of \(text.count) characters is over the limit of \(settings.maximumLength)",
+                                   code: "text_too_long")
         }
     }
 
@@ -25,7 +26,7 @@ public struct ChatMessage: UpstreamHandler {
     public func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws {
         let room = message.data["room"] ?? "", text = message.data["text"] ?? ""
         let sender = try await context.query(Recipient.self, "SELECT token FROM devices WHERE token = $1", [.init(message.from)])
-        guard !sender.isEmpty else { throw PermanentFailure("chat from a device that never registered") }
+        guard !sender.isEmpty else { throw PermanentFailure("chat from a device that never registered", code: "unregistered_sender") }
         context.execute("INSERT INTO chat_messages (message_id, room, sender, body, sent_at) VALUES ($1, $2, $3, $4, $5)",
                         message.messageID, room, message.from, text, message.receivedAt)
         let recipients = try await context.query(Recipient.self, """

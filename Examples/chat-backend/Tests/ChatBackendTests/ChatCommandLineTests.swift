@@ -75,4 +75,57 @@ import Worker
         _ = try await admin.execute("DROP SCHEMA \(schema) CASCADE")
         await admin.close()
     }
+
+    /// `dead-letters replay` builds the handlers as `run` does: from the chat settings given
+    /// by flag or by environment variable (before, it refused the flag and ignored the
+    /// variable, and the replayed messages were refused again by the default limit).
+    @Test func replayBuildsTheHandlersFromTheSettingsGivenByFlagOrVariable() async throws {
+        let base = try ChatEndToEndTests.databaseURL
+        let schema = "chat_replay_" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "").prefix(12)
+        let admin = try await PostgresConnection.connect(base)
+        try await admin.execute("CREATE SCHEMA \(schema)")
+        let url = base + (base.contains("?") ? "&" : "?") + "options=-csearch_path%3D\(schema)"
+        let (migrated, _, migrateErrors) = try run(["migrate", "--database-url", url])
+        #expect(migrated == 0, "\(migrateErrors)")
+        let database = try await PostgresConnection.connect(url)
+        try await database.execute("INSERT INTO devices (token, user_id, platform, registered_at) VALUES ('phone-1', 'ann', 'android', now())")
+        let text = String(repeating: "x", count: 1500)
+        var letters: [Int64] = []
+        for id in ["long-1", "long-2", "long-3"] {
+            let payload = #"{"from":"phone-1","category":"com.example.chat","message_id":"\#(id)","data":{"action":"chat","room":"lobby","text":"\#(text)"}}"#
+            try await database.execute("INSERT INTO processed_upstream (message_id, outcome) VALUES ($1, 'dead_lettered')", [.text(id)])
+            letters += try await database.query("""
+                INSERT INTO dead_letters (message_id, from_token, raw_payload, reason, error, attempts, received_at, handler, code)
+                VALUES ($1, 'phone-1', $2, 'handler_failed', 'chat: chat text of 1500 characters is over the limit of 1000', 1, now(),
+                        'chat', 'text_too_long')
+                RETURNING id
+                """, [.text(id), .text(payload)]).compactMap { $0.int(0) }
+        }
+        let (listed, list, _) = try run(["dead-letters", "list", "--database-url", url])
+        #expect(listed == 0)
+        #expect(list.contains("handler_failed/text_too_long  long-1  handler chat"))
+
+        let (byFlag, flagOutput, flagErrors) = try run(["dead-letters", "replay", "\(letters[0])", "--json", "--database-url", url,
+                                                        "--chat-max-length", "2000"])
+        #expect(byFlag == 0, "\(flagErrors)")
+        #expect(try JSONValue.parse(flagOutput)["replayed"] == [JSONValue(Int(letters[0]))])
+        let (byVariable, variableOutput, variableErrors) = try run(["dead-letters", "replay", "\(letters[1])", "--json"],
+                                                                   environment: ["DATABASE_URL": url, "CHAT_MAX_LENGTH": "2000"])
+        #expect(byVariable == 0, "\(variableErrors)")
+        #expect(try JSONValue.parse(variableOutput)["replayed"] == [JSONValue(Int(letters[1]))])
+        // Without the setting, the default limit refuses it again.
+        let (byDefault, defaultOutput, _) = try run(["dead-letters", "replay", "\(letters[2])", "--json", "--database-url", url])
+        #expect(byDefault == 0)
+        #expect(try JSONValue.parse(defaultOutput)["dead_lettered_again"] == [JSONValue(Int(letters[2]))])
+        let stored = try await database.query("SELECT message_id FROM chat_messages ORDER BY 1").compactMap { $0.string(0) }
+        #expect(stored == ["long-1", "long-2"])
+        // Every maintenance command takes run's settings, the chat ones included.
+        for command in [["status"], ["outbox", "requeue", "--status", "failed"], ["prune", "--older-than", "30d"], ["migrate", "status"]] {
+            let (status, _, errors) = try run(command + ["--database-url", url, "--chat-max-length", "2000", "--sender-id", "1"])
+            #expect(status == 0, "\(command): \(errors)")
+        }
+        await database.close()
+        _ = try await admin.execute("DROP SCHEMA \(schema) CASCADE")
+        await admin.close()
+    }
 }
