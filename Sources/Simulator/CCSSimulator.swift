@@ -38,10 +38,38 @@ public final class CCSSimulator: Sendable {
         }
     }
 
+    /// An upstream message delivered and not acked yet. CCS delivers a message again when
+    /// it saw no ack (after a lost connection), and a device may send one `message_id`
+    /// twice: each delivery takes one ack, on the connection it went out on.
     struct InFlight: Sendable {
-        let session: Int
-        let deliveredAt: ContinuousClock.Instant
+        struct Delivery: Sendable {
+            let session: Int
+            let deliveredAt: ContinuousClock.Instant
+        }
+
         let record: UpstreamRecord
+        /// The oldest delivery not acked yet, then the others in order (rarely any: no
+        /// array is made for the usual single delivery).
+        var first: Delivery
+        var others: [Delivery] = []
+
+        var session: Int { first.session }
+
+        func wasDelivered(on session: Int) -> Bool {
+            first.session == session || others.contains { $0.session == session }
+        }
+
+        /// Takes the oldest delivery on `session`; nil when none went out there.
+        mutating func takeDelivery(on session: Int) -> (delivery: Delivery, remaining: Bool)? {
+            if first.session == session {
+                let taken = first
+                guard !others.isEmpty else { return (taken, false) }
+                first = others.removeFirst()
+                return (taken, true)
+            }
+            guard let index = others.firstIndex(where: { $0.session == session }) else { return nil }
+            return (others.remove(at: index), true)
+        }
     }
 
     struct SessionHandle: Sendable {
@@ -142,14 +170,14 @@ public final class CCSSimulator: Sendable {
 
     /// Queues the upstream messages of JSON Lines text (`simulate --upstream-file`): one
     /// JSON object per line, as a device's upstream message, with `data` (an object),
-    /// `from` (default `device-token-1`), `category` (default `com.example.app`),
+    /// `from` (default `device-token-1`), `category` (default `defaultCategory`),
     /// `message_id` (default: the simulator's next `up-N`), and any other member sent as
     /// given. Blank lines and lines starting with `#` are skipped. Returns the message ids,
     /// in order.
     /// - Throws: `SimulatorError` naming the first line that is not such an object (nothing
     ///   is queued then).
     @discardableResult
-    public func injectUpstream(jsonLines text: String) throws -> [String] {
+    public func injectUpstream(jsonLines text: String, defaultCategory: String = "com.example.app") throws -> [String] {
         var messages: [(from: String, category: String, data: [String: JSONValue], id: String?, extra: [String: JSONValue])] = []
         for (number, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
             let trimmed = line.trimmingCharacters(in: .whitespaces)
@@ -157,7 +185,7 @@ public final class CCSSimulator: Sendable {
             func refuse(_ reason: String) -> SimulatorError { SimulatorError("upstream line \(number + 1): \(reason)") }
             guard case .object(var members)? = try? JSONValue.parse(trimmed) else { throw refuse("not a JSON object") }
             let from = members.removeValue(forKey: "from") ?? .string("device-token-1")
-            let category = members.removeValue(forKey: "category") ?? .string("com.example.app")
+            let category = members.removeValue(forKey: "category") ?? .string(defaultCategory)
             let data = members.removeValue(forKey: "data") ?? .object([:])
             let id = members.removeValue(forKey: "message_id")
             guard case .string(let fromText) = from, !fromText.isEmpty else { throw refuse("from must be a non-empty string") }
@@ -364,7 +392,12 @@ public final class CCSSimulator: Sendable {
             }
             taken += state.undelivered.popFirst(limit - taken.count)
             for record in taken where !record.messageID.isEmpty {
-                state.inFlight[record.messageID] = InFlight(session: session, deliveredAt: now, record: record)
+                let delivery = InFlight.Delivery(session: session, deliveredAt: now)
+                if state.inFlight[record.messageID] != nil {
+                    state.inFlight[record.messageID]!.others.append(delivery)
+                } else {
+                    state.inFlight[record.messageID] = InFlight(record: record, first: delivery)
+                }
             }
             return taken
         }
@@ -378,12 +411,12 @@ public final class CCSSimulator: Sendable {
         return state.withLock { state in
             acks.map { ack in
                 let messageID = ack.messageID
-                guard let inFlight = state.inFlight.removeValue(forKey: messageID) else {
+                guard var inFlight = state.inFlight.removeValue(forKey: messageID) else {
                     return state.recentlyAcked.contains(messageID)
                         ? .violation(.duplicateAck(messageID)) : .violation(.ackForUnknownMessage(messageID))
                 }
                 // A refused ack leaves the message in flight (one lookup for the usual case).
-                guard inFlight.session == session else {
+                guard inFlight.wasDelivered(on: session) else {
                     state.inFlight[messageID] = inFlight
                     return .violation(.ackOnWrongConnection(messageID: messageID, deliveredOn: inFlight.session))
                 }
@@ -391,13 +424,15 @@ public final class CCSSimulator: Sendable {
                     state.inFlight[messageID] = inFlight
                     return .violation(.ackToWrongAddress(messageID: messageID, expected: inFlight.record.from, got: to))
                 }
+                let taken = inFlight.takeDelivery(on: session)
+                if taken?.remaining == true { state.inFlight[messageID] = inFlight }
                 state.recentlyAcked.insert(messageID)
                 state.recentlyAckedOrder.append(messageID)
                 if state.recentlyAckedOrder.count > 100_000 {
                     for old in state.recentlyAckedOrder.prefix(50_000) { state.recentlyAcked.remove(old) }
                     state.recentlyAckedOrder.removeFirst(50_000)
                 }
-                return .accepted(latency: now - inFlight.deliveredAt)
+                return .accepted(latency: now - (taken?.delivery.deliveredAt ?? now))
             }
         }
     }
@@ -408,11 +443,22 @@ public final class CCSSimulator: Sendable {
         let wake = state.withLock { state -> [SessionHandle] in
             state.sessions[session] = nil
             state.boundSessions.removeAll { $0 == session }
-            let orphans = state.inFlight.values.filter { $0.session == session }
-                .sorted { $0.deliveredAt < $1.deliveredAt }.map(\.record)
-            for record in orphans { state.inFlight[record.messageID] = nil }
+            // Each delivery on it that was not acked goes out again.
+            var orphans: [(record: UpstreamRecord, deliveredAt: ContinuousClock.Instant)] = []
+            for (messageID, inFlight) in state.inFlight where inFlight.wasDelivered(on: session) {
+                var rest = inFlight
+                while let (delivery, remaining) = rest.takeDelivery(on: session) {
+                    orphans.append((inFlight.record, delivery.deliveredAt))
+                    if !remaining {
+                        state.inFlight[messageID] = nil
+                        break
+                    }
+                    state.inFlight[messageID] = rest
+                }
+            }
+            let orphanRecords = orphans.sorted { $0.deliveredAt < $1.deliveredAt }.map(\.record)
             let targeted = state.targeted.removeValue(forKey: session) ?? []
-            state.undelivered.prepend(contentsOf: orphans + targeted)
+            state.undelivered.prepend(contentsOf: orphanRecords + targeted)
             return state.boundSessions.compactMap { state.sessions[$0] }
         }
         record(.closed(session: session, reason: reason))

@@ -145,5 +145,14 @@ public struct UpstreamHandlers: Sendable {
 
     /// The registered names, in order.
     public var names: [String] { routes.map(\.name) }
+
+    /// The categories the routes select by `.category`, in registration order, each once.
+    public var categories: [String] {
+        var categories: [String] = []
+        for route in routes {
+            if case .category(let category) = route.match, !categories.contains(category) { categories.append(category) }
+        }
+        return categories
+    }
     public var isEmpty: Bool { routes.isEmpty }
 }

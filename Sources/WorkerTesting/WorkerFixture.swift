@@ -30,6 +30,12 @@ public final class WorkerFixture: Sendable {
     public let configuration: WorkerConfiguration
     /// The database URL of the fixture's schema (for your own queries).
     public let databaseURL: String
+    /// The category `sendUpstream` gives a message when the call names none: the one given
+    /// to `start`, or else the first category the handlers are routed by
+    /// (`.category("…")`), or else `com.example.app`.
+    public let category: String
+    /// Whether `stop()` lets protocol violations the simulated CCS recorded pass.
+    private let allowsProtocolViolations: Bool
     private let schema: String?
     private let baseURL: String
     private let worker: FCMWorker
@@ -44,12 +50,16 @@ public final class WorkerFixture: Sendable {
     ///   - databaseURL: a PostgreSQL database the tests may create schemas in.
     ///   - isolated: run in a new schema of that database, dropped by `stop()` (true), or
     ///     in the database as it is (false).
+    ///   - category: the category of messages sent without one (see `category`).
     ///   - answer: how the simulated CCS answers each downstream message (default: ack).
+    ///   - allowsProtocolViolations: true for a test that makes the worker break CCS's rules
+    ///     on purpose; otherwise `stop()` fails on any violation the simulator recorded.
     ///   - configure: changes to the worker's settings (connections, ack mode, …).
     /// - Throws: what starting the simulators, creating the schema or starting the worker threw.
     public static func start(handlers: UpstreamHandlers, migrations: [MigrationSet] = [], databaseURL: String,
-                             isolated: Bool = true,
+                             isolated: Bool = true, category: String? = nil,
                              answer: @escaping @Sendable (DownstreamRequest) -> DownstreamResponse = { _ in .ack() },
+                             allowsProtocolViolations: Bool = false,
                              configure: (inout WorkerConfiguration) -> Void = { _ in },
                              logLevel: Logger.Level = .warning) async throws -> WorkerFixture {
         let events = FixtureEvents()
@@ -111,7 +121,9 @@ public final class WorkerFixture: Sendable {
                                logger: Logger(label: "fixture worker", minimumLevel: logLevel),
                                observer: { events.record($0) })
         let task = Task { try await worker.run() }
-        let fixture = WorkerFixture(simulator: simulator, http: http, configuration: configuration, databaseURL: url, schema: schema,
+        let fixture = WorkerFixture(simulator: simulator, http: http, configuration: configuration, databaseURL: url,
+                                    category: category ?? handlers.categories.first ?? "com.example.app",
+                                    allowsProtocolViolations: allowsProtocolViolations, schema: schema,
                                     baseURL: databaseURL, worker: worker, task: task, events: events, files: [caFile, spoolFile])
         do {
             try await events.wait(for: "the worker to connect and its outbox to listen", timeout: .seconds(30), failing: task) {
@@ -125,12 +137,14 @@ public final class WorkerFixture: Sendable {
     }
 
     private init(simulator: CCSSimulator, http: FCMHTTPSimulator, configuration: WorkerConfiguration, databaseURL: String,
-                 schema: String?, baseURL: String, worker: FCMWorker, task: Task<Void, any Error>, events: FixtureEvents,
-                 files: [String]) {
+                 category: String, allowsProtocolViolations: Bool, schema: String?, baseURL: String, worker: FCMWorker,
+                 task: Task<Void, any Error>, events: FixtureEvents, files: [String]) {
         self.simulator = simulator
         self.http = http
         self.configuration = configuration
         self.databaseURL = databaseURL
+        self.category = category
+        self.allowsProtocolViolations = allowsProtocolViolations
         self.schema = schema
         self.baseURL = baseURL
         self.worker = worker
@@ -149,17 +163,24 @@ public final class WorkerFixture: Sendable {
 
     // MARK: Sending as a device
 
-    /// Sends an upstream message as the device `from` would; returns its message id.
+    /// Sends an upstream message as the device `from` would, in `category` (nil: the
+    /// fixture's `category`, the one its handlers are routed by); returns its message id
+    /// (`up-1`, `up-2`, … unless given).
     @discardableResult
-    public func sendUpstream(from token: String, data: [String: JSONValue], category: String = "com.example.app",
+    public func sendUpstream(from token: String, data: [String: JSONValue], category: String? = nil,
                              messageID: String? = nil) -> String {
-        simulator.injectUpstream(from: token, category: category, data: data, messageID: messageID)
+        simulator.injectUpstream(from: token, category: category ?? self.category, data: data, messageID: messageID)
     }
 
-    /// Sends the upstream messages of JSON Lines text (see `CCSSimulator.injectUpstream(jsonLines:)`).
+    /// Sends the upstream messages of JSON Lines text, the format of `fcm-worker simulate
+    /// --upstream-file`: one JSON object per line with `data`, and `from`, `category`,
+    /// `message_id` or any other member when wanted (a line without `category` gets the
+    /// fixture's `category`). Returns their message ids, in order.
+    /// - Throws: `SimulatorError` naming the first line that is not a JSON object (nothing
+    ///   is sent then).
     @discardableResult
     public func sendUpstream(jsonLines text: String) throws -> [String] {
-        try simulator.injectUpstream(jsonLines: text)
+        try simulator.injectUpstream(jsonLines: text, defaultCategory: category)
     }
 
     // MARK: Waiting for what happened
@@ -183,9 +204,10 @@ public final class WorkerFixture: Sendable {
         }
     }
 
-    /// Waits until CCS has received `count` downstream messages to `token` that `matching`
-    /// accepts (more may follow), and returns all of those received so far, in order, each
-    /// as CCS got it (`json`): `downstream(to: "phone-1") { $0.json["data"]?["text"] != nil }`.
+    /// Waits until CCS has received at least `count` downstream messages to `token` that
+    /// `matching` accepts, and returns every one of those received so far (possibly more
+    /// than `count`), in order, each as CCS got it (`json`):
+    /// `downstream(to: "phone-1") { $0.json["data"]?["text"] != nil }`.
     public func downstream(to token: String, count: Int = 1, timeout: Duration = .seconds(10),
                            matching: @escaping @Sendable (DownstreamRequest) -> Bool = { _ in true }) async throws -> [DownstreamRequest] {
         let selected: @Sendable (DownstreamRequest) -> Bool = { $0.to == token && matching($0) }
@@ -224,7 +246,9 @@ public final class WorkerFixture: Sendable {
 
     /// Shuts the worker down gracefully, stops the simulators, drops the schema (when
     /// isolated) and removes the fixture's files.
-    /// - Throws: what the worker's `run()` threw, if it failed.
+    /// - Throws: what the worker's `run()` threw, if it failed; otherwise a `SimulatorError`
+    ///   listing the protocol violations the simulated CCS recorded (unless the fixture was
+    ///   started with `allowsProtocolViolations`).
     public func stop() async throws {
         worker.requestShutdown()
         let outcome = await task.result
@@ -238,6 +262,11 @@ public final class WorkerFixture: Sendable {
         }
         for file in files { try? FileManager.default.removeItem(atPath: file) }
         try outcome.get()
+        let violations = simulator.violations
+        if !violations.isEmpty, !allowsProtocolViolations {
+            throw SimulatorError("the worker broke CCS's protocol \(violations.count) time(s): "
+                                 + violations.prefix(5).map { "\($0)" }.joined(separator: "; "))
+        }
     }
 }
 

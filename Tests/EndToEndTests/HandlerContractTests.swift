@@ -7,6 +7,7 @@ import Synchronization
 import Testing
 import Worker
 import WorkerTesting
+import XMPP
 
 /// Counts calls per message id, can hold the first call until released, and refuses or
 /// fails the messages it is told to.
@@ -211,6 +212,51 @@ private func fixture(_ handler: ScriptedHandler, timeout: Duration? = nil,
                 Issue.record("accepted \(text)")
             } catch let error as SimulatorError {
                 #expect(error.description == "upstream \(reason)")
+            }
+        }
+    }
+
+    /// A fixture whose handlers are routed by a category sends messages in that category
+    /// when the test names none (it sent `com.example.app`, which no route matched, and the
+    /// message was marked handled without a handler running).
+    @Test func theFixtureSendsTheCategoryItsHandlersAreRoutedBy() async throws {
+        let handler = ScriptedHandler()
+        var handlers = UpstreamHandlers()
+        handlers.register("support", handler, for: .category("com.example.supportdesk"))
+        let fixture = try await WorkerFixture.start(handlers: handlers, migrations: [handledTable], databaseURL: try TestDatabase.baseURL)
+        #expect(fixture.category == "com.example.supportdesk")
+        let id = fixture.sendUpstream(from: "phone", data: ["ticket": "1"])
+        try await fixture.committed(id)
+        #expect(handler.count(id) == 1)
+        let lines = try fixture.sendUpstream(jsonLines: #"{"from": "phone", "data": {}}"#)
+        try await fixture.committed(lines[0])
+        #expect(handler.count(lines[0]) == 1)
+        // Another category reaches no handler: kept as unrouted, and the wait says so.
+        let other = fixture.sendUpstream(from: "phone", data: [:], category: "com.example.app")
+        try await fixture.deadLettered(other)
+        #expect(handler.count(other) == 0)
+        try await fixture.stop()
+    }
+
+    /// `stop()` fails the test when the simulated CCS recorded a protocol violation, unless
+    /// the fixture was started expecting some.
+    @Test func stoppingAFixtureFailsOnAProtocolViolationUnlessAllowed() async throws {
+        for allowed in [false, true] {
+            var handlers = UpstreamHandlers()
+            handlers.register("scripted", ScriptedHandler())
+            let fixture = try await WorkerFixture.start(handlers: handlers, migrations: [handledTable], databaseURL: try TestDatabase.baseURL,
+                                                        allowsProtocolViolations: allowed)
+            // A client of its own acks a message CCS never sent.
+            let client = try await XMPPConnection<XMLElement>.connect(fixture.configuration.xmppClient)
+            try await client.send(serialized: CCSStanza.ack(to: "phone", messageID: "never-sent"))
+            try await fixture.simulator.wait(for: "the violation") { !$0.violations.isEmpty }
+            await client.close()
+            do {
+                try await fixture.stop()
+                #expect(allowed, "stop() passed a violation")
+            } catch let error as SimulatorError {
+                #expect(!allowed)
+                #expect(error.description.contains("never-sent"), "\(error)")
             }
         }
     }

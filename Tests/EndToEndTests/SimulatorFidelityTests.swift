@@ -71,6 +71,56 @@ import XMPP
         await second.close()
     }
 
+    /// CCS delivers a message again when it saw no ack, and a device may send one
+    /// `message_id` twice: each delivery takes its own ack (before, the second was called
+    /// a duplicate ack), on the connection it went out on; a third ack is a duplicate.
+    @Test func eachDeliveryOfAMessageIdTakesOneAckOnItsOwnConnection() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let (first, firstSession) = try await ccs.connect()
+        let (second, secondSession) = try await ccs.connect()
+        ccs.simulator.injectUpstream(from: "device-a", messageID: "twice", session: firstSession)
+        ccs.simulator.injectUpstream(from: "device-a", messageID: "twice", session: secondSession)
+        ccs.simulator.injectUpstream(from: "device-b", messageID: "again", session: firstSession)
+        ccs.simulator.injectUpstream(from: "device-b", messageID: "again", session: firstSession)
+        #expect(try await nextPayload(first)["message_id"] == .string("twice"))
+        #expect(try await nextPayload(second)["message_id"] == .string("twice"))
+        #expect(try await nextPayload(first)["message_id"] == .string("again"))
+        #expect(try await nextPayload(first)["message_id"] == .string("again"))
+        try await second.send(serialized: CCSStanza.ack(to: "device-a", messageID: "twice"))
+        try await first.send(serialized: CCSStanza.ack(to: "device-a", messageID: "twice"))
+        try await first.send(serialized: CCSStanza.ack(to: "device-b", messageID: "again"))
+        try await first.send(serialized: CCSStanza.ack(to: "device-b", messageID: "again"))
+        try await ccs.simulator.wait(for: "four acks") { $0.acked.count >= 4 }
+        #expect(ccs.simulator.violations.isEmpty, "\(ccs.simulator.violations)")
+        try await first.send(serialized: CCSStanza.ack(to: "device-b", messageID: "again"))
+        try await ccs.simulator.wait(for: "the duplicate") { $0.violations.contains(.duplicateAck("again")) }
+        #expect(ccs.simulator.violations.count == 1)
+        await first.close()
+        await second.close()
+    }
+
+    /// A delivery not acked when its connection drops goes out again: both deliveries of a
+    /// message sent twice on it, once each.
+    @Test func everyUnackedDeliveryOfALostConnectionIsDeliveredAgain() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let (first, firstSession) = try await ccs.connect()
+        ccs.simulator.injectUpstream(from: "device-a", messageID: "sent-twice", session: firstSession)
+        ccs.simulator.injectUpstream(from: "device-a", messageID: "sent-twice", session: firstSession)
+        #expect(try await nextPayload(first)["message_id"] == .string("sent-twice"))
+        #expect(try await nextPayload(first)["message_id"] == .string("sent-twice"))
+        await first.close()
+        let (second, _) = try await ccs.connect()
+        #expect(try await nextPayload(second)["message_id"] == .string("sent-twice"))
+        #expect(try await nextPayload(second)["message_id"] == .string("sent-twice"))
+        try await second.send(serialized: CCSStanza.ack(to: "device-a", messageID: "sent-twice"))
+        try await second.send(serialized: CCSStanza.ack(to: "device-a", messageID: "sent-twice"))
+        try await ccs.simulator.wait(for: "two acks") { $0.acked.count >= 2 }
+        #expect(ccs.simulator.violations.isEmpty, "\(ccs.simulator.violations)")
+        await second.close()
+    }
+
     @Test func moreThanAHundredPendingIsAViolationAndOnlyAnswersFreeSlots() async throws {
         let ccs = try TestCCS(configure: { $0.responder = { _ in .noAnswer } })
         defer { ccs.simulator.stop() }
