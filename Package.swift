@@ -64,6 +64,10 @@ let package = Package(
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "Runtime"]),
         .testTarget(name: "WorkerTests", dependencies: ["Worker", "FCM", "Runtime"]),
         .testTarget(name: "FuzzRegressionTests", dependencies: ["FuzzChecks"]),
+        // The Swift blocks of docs/handlers.md and README.md, copied by scripts/extract-doc-snippets:
+        // built with the tests so that the docs always compile (the test among them runs too).
+        .testTarget(name: "HandlerDocs", dependencies: ["Worker", "Handlers", "WorkerTesting"], path: "Tests/HandlerDocs",
+                    swiftSettings: swiftSettings),
         .testTarget(name: "EndToEndTests", dependencies: ["Worker", "Handlers", "Simulator", "WorkerTesting", "Runtime", "Transport", "XMPP", "FCM", "Postgres"]),
     ],
     swiftLanguageModes: [.v6]

@@ -61,6 +61,37 @@ public struct UpstreamMessage: Sendable {
     /// `data` as JSON text exactly as the device sent it (numbers to every digit, members
     /// in their order): what to store in a `jsonb` column.
     public var dataJSON: String { storage.dataJSON }
+
+    /// `data` decoded as `type` (through `JSONDecoder`, from `dataJSON`: dates as ISO 8601).
+    /// Device SDKs send every data value as a string: declare `String` properties for those
+    /// (numbers and booleans only where the device sent JSON ones).
+    /// - Throws: `PermanentFailure` (code `invalid_data`) saying which field does not fit:
+    ///   thrown on from a handler, it dead-letters the message at once.
+    public func decodeData<T: Decodable>(_ type: T.Type = T.self) throws(PermanentFailure) -> T {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        do {
+            return try decoder.decode(type, from: Data(dataJSON.utf8))
+        } catch let error as DecodingError {
+            throw PermanentFailure("data does not fit \(T.self): \(Self.describe(error))", code: "invalid_data")
+        } catch {
+            throw PermanentFailure("data does not fit \(T.self): \(error)", code: "invalid_data")
+        }
+    }
+
+    /// A decoding error in one line: what was wrong, and where.
+    private static func describe(_ error: DecodingError) -> String {
+        func path(_ keys: [any CodingKey]) -> String {
+            keys.isEmpty ? "data" : "data." + keys.map { $0.intValue.map(String.init) ?? $0.stringValue }.joined(separator: ".")
+        }
+        switch error {
+        case .keyNotFound(let key, let context): return "\(path(context.codingPath + [key])) is missing"
+        case .typeMismatch(let type, let context): return "\(path(context.codingPath)) is not \(type)"
+        case .valueNotFound(let type, let context): return "\(path(context.codingPath)) is null, expected \(type)"
+        case .dataCorrupted(let context): return "\(path(context.codingPath)): \(context.debugDescription)"
+        @unknown default: return "\(error)"
+        }
+    }
     /// The whole JSON object, including fields the worker does not use.
     public var raw: JSONValue {
         Self.memo(storage.parsedRaw) { (try? JSONValue.parse(storage.rawPayload)) ?? .object([:]) }

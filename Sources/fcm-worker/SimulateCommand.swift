@@ -156,7 +156,8 @@ enum SimulateCommand {
             load?.attach(simulator)
             let endpointHost = host.contains(":") ? "[\(host)]" : host
             let envPath = outDirectory + "/simulator.env"
-            try """
+            // It holds the server key: readable by its owner only, from its first byte.
+            try writePrivately("""
                 FCM_ENDPOINT=\(endpointHost):\(simulator.port)
                 FCM_XMPP_DOMAIN=\(configuration.domain)
                 FCM_SENDER_ID=\(senderID)
@@ -164,7 +165,7 @@ enum SimulateCommand {
                 FCM_CA_FILE=\(caPath)
                 FCM_HTTP_ENDPOINT=\(endpointHost):\(httpSimulator.port)
 
-                """.write(toFile: envPath, atomically: true, encoding: .utf8)
+                """, to: envPath)
             printLine("""
                 simulated CCS listening on \(endpointHost):\(simulator.port) (direct TLS)
                 simulated legacy HTTP API on https://\(endpointHost):\(httpSimulator.port) (/fcm/send, /fcm/notification)
@@ -359,5 +360,21 @@ extension SimulatorEvent {
         case .upstreamDelivered, .upstreamAcked, .downstreamReceived, .downstreamAnswered, .receiptSent, .pingAnswered: true
         default: false
         }
+    }
+}
+
+/// Writes `text` to `path` with mode 0600 (an existing file is truncated and made so).
+private func writePrivately(_ text: String, to path: String) throws {
+    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+    guard fd >= 0 else { throw SimulatorError("cannot write \(path): \(String(cString: strerror(errno)))") }
+    defer { close(fd) }
+    guard fchmod(fd, 0o600) == 0 else { throw SimulatorError("cannot restrict \(path): \(String(cString: strerror(errno)))") }
+    let bytes = Array(text.utf8)
+    var written = 0
+    while written < bytes.count {
+        let count = bytes[written...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        if count < 0, errno == EINTR { continue }
+        guard count > 0 else { throw SimulatorError("cannot write \(path): \(String(cString: strerror(errno)))") }
+        written += count
     }
 }

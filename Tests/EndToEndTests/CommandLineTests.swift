@@ -134,6 +134,23 @@ import Testing
         #expect(try await Self.runCapturingOutput(["simulate", "--help"]).status == 0)
     }
 
+    /// `simulator.env` holds the server key: readable by its owner only (it was 0644).
+    @Test func theSimulatorsSettingsFileIsReadableByItsOwnerOnly() async throws {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("sim-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let path = folder + "/simulator.env"
+        let outcome = try await Self.run(["simulate", "--out", folder, "--quiet"]) {
+            try await waitUntil("simulator.env is written") {
+                ((try? String(contentsOfFile: path, encoding: .utf8)) ?? "").contains("FCM_HTTP_ENDPOINT")
+            }
+        }
+        #expect(outcome.status == 0, "\(outcome.standardError)")
+        let attributes = try FileManager.default.attributesOfItem(atPath: path)
+        #expect((attributes[.posixPermissions] as? Int) == 0o600)
+        #expect(try String(contentsOfFile: path, encoding: .utf8).contains("FCM_SERVER_KEY="))
+    }
+
     /// Runs `fcm-worker` and returns its status and standard output.
     static func runCapturingOutput(_ arguments: [String]) async throws -> (status: Int32, standardOutput: String) {
         let process = Process()

@@ -114,6 +114,33 @@ final class Announcements: Sendable {
         #expect(try JSONValue(encoding: ["n": Int64.max])["n"]?.serialized == "9223372036854775807")
     }
 
+    /// `decodeData` reads `data` into a `Decodable` type; what does not fit is a
+    /// `PermanentFailure` (dead-lettered at once) naming the field.
+    @Test func dataDecodesIntoATypeAndWhatDoesNotFitIsAPermanentFailureNamingTheField() throws {
+        struct Ticket: Decodable, Equatable {
+            let subject: String
+            let priority: String?
+            let tags: [String]
+        }
+        let message = UpstreamMessage(from: "phone", data: ["subject": "printer", "tags": ["a", "b"]])
+        #expect(try message.decodeData(Ticket.self) == Ticket(subject: "printer", priority: nil, tags: ["a", "b"]))
+        let missing = UpstreamMessage(from: "phone", data: ["tags": []])
+        #expect(throws: PermanentFailure.self) { try missing.decodeData(Ticket.self) }
+        do {
+            _ = try missing.decodeData(Ticket.self)
+        } catch {
+            #expect(error.code == "invalid_data")
+            #expect(error.description == "data does not fit Ticket: data.subject is missing")
+        }
+        let wrong = UpstreamMessage(from: "phone", data: ["subject": "x", "tags": ["a", 3]])
+        do {
+            _ = try wrong.decodeData(Ticket.self)
+            Issue.record("decoded a number as a string")
+        } catch {
+            #expect(error.description == "data does not fit Ticket: data.tags.1 is not String")
+        }
+    }
+
     @Test func swiftValuesBecomeStatementParameters() throws {
         let date = Date(timeIntervalSince1970: 1_700_000_000.25)
         let id = UUID(uuidString: "6F9619FF-8B86-D011-B42D-00C04FC964FF")!
