@@ -12,14 +12,14 @@ public struct PostgresConnectionString: Sendable, CustomStringConvertible {
 
     /// Parses `text`.
     /// - Throws: `PostgresError` of kind `.configuration` naming what libpq refused, with
-    ///   any quoted part of the text left out (it may hold the password).
+    ///   the password (and any quoted part of libpq's message that shows some of it) left out.
     public init(_ text: String) throws(PostgresError) {
         var error: UnsafeMutablePointer<CChar>?
         guard let options = PQconninfoParse(text, &error) else {
             let message = error.map { String(cString: $0) } ?? "libpq could not parse it"
             if let error { PQfreemem(error) }
             throw PostgresError(kind: .configuration,
-                                message: "the database URL cannot be parsed: \(Self.withoutQuotedParts(message))")
+                                message: "the database URL cannot be parsed: \(Self.redactParseError(message, of: text))")
         }
         defer { PQconninfoFree(options) }
         var parameters: [(String, String)] = []
@@ -77,11 +77,33 @@ public struct PostgresConnectionString: Sendable, CustomStringConvertible {
         return text
     }
 
-    /// `message` with every double-quoted part replaced by `"…"`.
-    private static func withoutQuotedParts(_ message: String) -> String {
-        let line = message.split(whereSeparator: \.isNewline).joined(separator: " ")
-        guard let expression = try? NSRegularExpression(pattern: #""[^"]*""#) else { return "(unreadable)" }
-        return expression.stringByReplacingMatches(in: line, range: NSRange(line.startIndex..., in: line), withTemplate: "\"…\"")
+    /// libpq's message about a string it could not parse, on one line, without the password:
+    /// a double-quoted part that shows any of what looks like the password in `text` (a
+    /// URL's `user:password@`, a `password=` value) becomes `"…"`, the others stay, so that
+    /// the message still says what is wrong (`missing "=" after "dbname"`). With no
+    /// password to be seen in `text`, nothing is left out.
+    static func redactParseError(_ message: String, of text: String) -> String {
+        let line = redactPatterns(message)
+        var secrets: [String] = []
+        let patterns = [#"://[^:@/\s]*:([^@\s]*)@"#, #"password\s*=\s*'((?:[^'\\]|\\.)*)'"#, #"password\s*=\s*([^'\s&]+)"#]
+        for pattern in patterns {
+            guard let expression = try? NSRegularExpression(pattern: pattern, options: [.caseInsensitive]) else { continue }
+            for match in expression.matches(in: text, range: NSRange(text.startIndex..., in: text)) {
+                if let range = Range(match.range(at: 1), in: text), !text[range].isEmpty { secrets.append(String(text[range])) }
+            }
+        }
+        guard !secrets.isEmpty, let quoted = try? NSRegularExpression(pattern: #""([^"]*)""#) else { return line }
+        var result = line
+        for match in quoted.matches(in: line, range: NSRange(line.startIndex..., in: line)).reversed() {
+            guard let whole = Range(match.range, in: line), let inner = Range(match.range(at: 1), in: line) else { continue }
+            let part = String(line[inner])
+            let showsSecret = secrets.contains { secret in
+                part.contains(secret) || (part.count >= 3 && secret.contains(part))
+                    || part.split(whereSeparator: \.isWhitespace).contains { $0.count >= 3 && secret.contains($0) }
+            }
+            if showsSecret, let target = Range(NSRange(whole, in: line), in: result) { result.replaceSubrange(target, with: "\"…\"") }
+        }
+        return result
     }
 
     private static func quote(_ value: String) -> String {

@@ -11,6 +11,26 @@ public enum TLSTrust: Sendable, Equatable {
     case caPEM(String)
 }
 
+extension TLSTrust {
+    /// Checks, without connecting, that `path` is a readable file of PEM certificates
+    /// OpenSSL can read (at least one), so that a bad `--ca-file` is refused at start.
+    /// - Throws: `TransportError.certificateRejected` saying what is wrong with the file.
+    public static func checkCAFile(_ path: String) throws(TransportError) {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw .certificateRejected("the CA file \(path) does not exist or is not readable")
+        }
+        guard let pem = String(data: data, encoding: .utf8) else {
+            throw .certificateRejected("the CA file \(path) is not PEM text")
+        }
+        do {
+            let certificates = try PEM.certificates(pem)
+            certificates.forEach { X509_free($0) }
+        } catch {
+            throw .certificateRejected("the CA file \(path) holds no PEM certificate OpenSSL can read")
+        }
+    }
+}
+
 /// A server's certificate chain and private key, PEM-encoded.
 public struct TLSIdentity: Sendable {
     public var certificateChainPEM: String

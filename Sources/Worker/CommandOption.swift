@@ -1,3 +1,5 @@
+import Runtime
+
 /// One setting of a command: its flag, environment variable, default, help text, and how
 /// its text is parsed into the settings. Options make up an `OptionTable`, from which a
 /// command gets its parsing, its `--help` and the README's table.
@@ -39,12 +41,13 @@ public struct CommandOption<Settings>: Sendable {
         }
     }
 
-    /// A duration in seconds (more than 0, at most a day), stored at `keyPath`; `name`
-    /// says what it is in errors.
+    /// A duration in seconds (more than 0, or at least `minimum` when given; at most a
+    /// day), stored at `keyPath`; `name` says what it is in errors.
     public static func seconds(_ flag: String, environment: String?, default defaultDescription: String, help: String, name: String,
+                               minimum: Duration? = nil,
                                _ keyPath: any WritableKeyPath<Settings, Duration> & Sendable) -> CommandOption {
         CommandOption(flag, environment: environment, placeholder: "SECONDS", default: defaultDescription, help: help) { settings, text throws(ConfigurationError) in
-            settings[keyPath: keyPath] = try parseSeconds(text, name: name)
+            settings[keyPath: keyPath] = try parseSeconds(text, name: name, minimum: minimum)
         }
     }
 
@@ -64,12 +67,16 @@ public struct CommandOption<Settings>: Sendable {
         }
     }
 
-    /// Seconds, more than 0 and at most a day.
-    public static func parseSeconds(_ text: String, name: String) throws(ConfigurationError) -> Duration {
+    /// Seconds, more than 0 (or at least `minimum`) and at most a day.
+    public static func parseSeconds(_ text: String, name: String, minimum: Duration? = nil) throws(ConfigurationError) -> Duration {
         guard let seconds = Double(text), seconds > 0, seconds <= 86_400 else {
             throw ConfigurationError("invalid \(name) \(text): expected seconds, more than 0")
         }
-        return .milliseconds(Int64((seconds * 1000).rounded()))
+        let duration = Duration.milliseconds(Int64((seconds * 1000).rounded()))
+        if let minimum, duration < minimum {
+            throw ConfigurationError("invalid \(name) \(text): expected at least \(minimum.formattedSeconds)")
+        }
+        return duration
     }
 
     /// A whole number in `range`.

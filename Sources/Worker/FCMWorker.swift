@@ -60,7 +60,7 @@ public struct FCMWorker: Sendable {
 
     private func runUntilShutdown() async throws {
         guard let databaseURL = configuration.databaseURL else {
-            throw ConfigurationError("missing database URL: pass --database-url or set DATABASE_URL (handlers persist into PostgreSQL)")
+            throw ConfigurationError("missing database URL: pass --database-url or --database-url-file, or set DATABASE_URL (handlers persist into PostgreSQL)")
         }
         let target: PostgresConnectionString
         do { target = try PostgresConnectionString(databaseURL) } catch { throw ConfigurationError(error.message) }

@@ -24,6 +24,9 @@ final class HTTPOutboxSender: Sendable {
     /// Rung on NOTIFY and on each write-back commit.
     let doorbell: Doorbell
     private let state = BlockingLock(State())
+    /// One line a minute per kind of failed request (an unknown host, a refused
+    /// certificate, 5xx answers): the rows retry quietly otherwise.
+    private let failureWarnings = WarningThrottle()
     /// Rows processed at once (each may be a multicast of several requests).
     private let batch = 8
     /// The longest `Retry-After` honoured: FCM's answer holds a row back at most this long.
@@ -206,6 +209,7 @@ final class HTTPOutboxSender: Sendable {
             record([OutboxUpdate(rowID: row.id, status: .failed, attempts: row.attempts + 1, sentOn: "http", sentAt: now,
                                            errorCode: "HTTP_400", errorDescription: reason)])
         case .refused(.unavailable(_, let retryAfter)):
+            warn(failure, kind: "unavailable")
             record([retry(code: "HTTP_UNAVAILABLE", notBefore: retryAfter)])
         case .refused(.unexpected), .transport:
             if case .transport(.cancelled) = failure {
@@ -213,7 +217,34 @@ final class HTTPOutboxSender: Sendable {
                 record([OutboxSettlement.handBack(rowID: row.id, sentBefore: true, now: now)])
                 return
             }
+            warn(failure, kind: Self.kind(of: failure))
             record([retry(code: "HTTP_UNAVAILABLE", notBefore: nil)])
+        }
+    }
+
+    /// Logs a failed request: an error for what only the configuration can fix (a refused
+    /// certificate, a host that does not resolve), a warning otherwise; once a minute per kind.
+    private func warn(_ failure: FCMHTTPClient.Failure, kind: String) {
+        guard let leftOut = failureWarnings.admit(kind) else { return }
+        let since = leftOut > 0 ? " (\(leftOut) more since the last line)" : ""
+        let text = "HTTP requests to FCM fail: \(failure)\(since); rows with transport http are retried with backoff"
+        switch failure {
+        case .transport(.certificateRejected), .transport(.resolutionFailed):
+            logger.error(text + ": check --http-endpoint and --ca-file")
+        default:
+            logger.warning(text)
+        }
+    }
+
+    /// A name for the kind of a failed request, for `warn`.
+    private static func kind(of failure: FCMHTTPClient.Failure) -> String {
+        switch failure {
+        case .transport(.certificateRejected): "certificate"
+        case .transport(.resolutionFailed): "resolution"
+        case .transport(.connectFailed): "connect"
+        case .transport: "transport"
+        case .refused: "refused"
+        case .invalid: "invalid"
         }
     }
 

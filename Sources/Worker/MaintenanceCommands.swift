@@ -41,7 +41,7 @@ struct MaintenanceCommands<Application: Sendable>: Sendable {
 
     private static func requireDatabase(_ settings: inout Settings) throws(ConfigurationError) {
         guard settings.worker.databaseURL != nil else {
-            throw ConfigurationError("missing database URL: pass --database-url or set DATABASE_URL")
+            throw ConfigurationError("missing database URL: pass --database-url or --database-url-file, or set DATABASE_URL")
         }
     }
 
@@ -90,7 +90,7 @@ struct MaintenanceCommands<Application: Sendable>: Sendable {
 
     /// `status`: what the database says about the worker.
     var statusCommand: WorkerCommand {
-        let options = table([workerOption("--database-url"), workerOption("--migrations-dir"), workerOption("--spool-file"), Self.json])
+        let options = table([workerOption("--database-url"), workerOption("--database-url-file"), workerOption("--migrations-dir"), workerOption("--spool-file"), Self.json])
         let initial = self.initial
         return WorkerCommand(name: "status", summary: "print pending migrations, the outbox by transport and status, dead letters, "
                                  + "token states and the spool (database only; --json for scripts)",
@@ -120,7 +120,7 @@ struct MaintenanceCommands<Application: Sendable>: Sendable {
     /// `dead-letters list|replay`.
     var deadLettersCommand: WorkerCommand {
         let options = table([
-            workerOption("--database-url"), workerOption("--handlers"), workerOption("--max-attempts"), Self.json,
+            workerOption("--database-url"), workerOption("--database-url-file"), workerOption("--handlers"), workerOption("--max-attempts"), Self.json,
             .toggle("--all", help: "replay: every dead letter not replayed yet that handlers can take") { $0.all = $1 },
             .integer("--limit", environment: nil, default: "50", help: "list: at most this many, newest first", name: "limit",
                      range: 1...100_000, \.limit),
@@ -172,7 +172,7 @@ struct MaintenanceCommands<Application: Sendable>: Sendable {
     /// `outbox requeue --status failed|expired [--since DURATION]`.
     var outboxCommand: WorkerCommand {
         let options = table([
-            workerOption("--database-url"), Self.json,
+            workerOption("--database-url"), workerOption("--database-url-file"), Self.json,
             CommandOption("--status", placeholder: "failed|expired", default: "required",
                           help: "which finished rows to send again (both: failed,expired)") { settings, text throws(ConfigurationError) in
                 let statuses = text.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
@@ -206,7 +206,7 @@ struct MaintenanceCommands<Application: Sendable>: Sendable {
     /// `prune --older-than DURATION`.
     var pruneCommand: WorkerCommand {
         let options = table([
-            workerOption("--database-url"), Self.json,
+            workerOption("--database-url"), workerOption("--database-url-file"), Self.json,
             CommandOption("--older-than", placeholder: "DURATION", default: "required",
                           help: "delete rows older than this (at least 1h; keep processed_upstream longer than CCS may redeliver: days)") { settings, text throws(ConfigurationError) in
                 let age = try Self.parseDuration(text, name: "--older-than")

@@ -32,18 +32,34 @@ public struct Migrator: Sendable {
         return try await withLock(connection) {
             let applied = try await appliedChecksums(connection)
             try await verify(applied, connection)
+            let pending = sets.flatMap { set in
+                set.migrations.filter { applied[Key(set: set.name, version: $0.version)] == nil }.map { (set, $0) }
+            }
+            // Refused before any runs: each runs in one transaction of the migrator's.
+            for (set, migration) in pending {
+                if let keyword = MigrationScript.transactionControlStatement(in: migration.sql) {
+                    throw MigrationError(description: "migration \(Self.label(set, migration)) holds a \(keyword) statement: each migration "
+                                         + "runs in one transaction the migrator opens and commits; remove it (nothing was applied)")
+                }
+            }
             var done: [String] = []
-            for set in sets {
-                for migration in set.migrations where applied[Key(set: set.name, version: migration.version)] == nil {
+            for (set, migration) in pending {
+                do {
                     try await connection.transaction { tx in
                         try await tx.simpleQuery(migration.sql)
+                        // Still in the migrator's transaction (a SAVEPOINT fails outside one).
+                        try await tx.simpleQuery("SAVEPOINT fcm_migration_check; RELEASE SAVEPOINT fcm_migration_check")
                         try await tx.execute("""
                             INSERT INTO schema_migrations (migration_set, version, name, checksum)
                             VALUES ($1, $2, $3, encode(sha256(convert_to($4, 'UTF8')), 'hex'))
                             """, [.text(set.name), .int(Int64(migration.version)), .text(migration.name), .text(migration.sql)])
                     }
-                    done.append(Self.label(set, migration))
+                } catch let error as PostgresError where error.kind != .connection {
+                    let applied = done.isEmpty ? "none applied" : "applied before it: \(done.joined(separator: ", "))"
+                    throw MigrationError(description: "migration \(Self.label(set, migration)) failed and was rolled back "
+                                         + "(\(applied)): \(error.message)")
                 }
+                done.append(Self.label(set, migration))
             }
             return done
         }

@@ -3,8 +3,11 @@ import Foundation
 /// The options of one command, in the order help lists them.
 ///
 /// Parsing takes `--flag value` and `--flag=value`, switches without a value, and the
-/// environment variable of every option not given as a flag (flags win); an empty value
-/// counts as unset. `-h` and `--help` anywhere ask for help instead.
+/// environment variable of every option not given as a flag. Flags win, also over another
+/// option's variable: every value from the environment is applied first, then every flag
+/// (so `--server-key-file` beats `FCM_SERVER_KEY`). An empty environment variable counts
+/// as unset; an empty flag value (`--connections=`) is an error. `-h` and `--help` anywhere
+/// ask for help instead.
 public struct OptionTable<Settings>: Sendable {
     public var options: [CommandOption<Settings>]
     /// Options parsed like the others but not listed one by one in help: the settings of
@@ -65,11 +68,16 @@ public struct OptionTable<Settings>: Sendable {
                 value = arguments[index]
                 index += 1
             }
+            guard value?.isEmpty == false else { throw ConfigurationError("\(flag) is given an empty value: give it one, or leave it out") }
             given[flag] = value
         }
-        for option in options + unlisted {
-            let text = given[option.flag] ?? option.environment.flatMap { environment[$0] }
-            guard let text, !text.isEmpty else { continue }
+        let all = options + unlisted
+        for option in all where given[option.flag] == nil {
+            guard let variable = option.environment, let text = environment[variable], !text.isEmpty else { continue }
+            try option.apply(&settings, text)
+        }
+        for option in all {
+            guard let text = given[option.flag] else { continue }
             try option.apply(&settings, text)
         }
         try finish(&settings)

@@ -158,7 +158,7 @@ struct OutboxStore: Sendable {
             UPDATE downstream_messages AS d SET
                 status = 'acked', claimed_by = $7, attempts = greatest(d.attempts, u.attempts), sent_on = u.sent_on,
                 sent_at = to_timestamp(u.sent_us::float8 / 1000000), acked_at = to_timestamp(u.acked_us::float8 / 1000000),
-                available_at = NULL
+                available_at = NULL, error_code = NULL, error_description = NULL
             FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])
                 AS u(id, attempts, sent_on, sent_us, acked_us, claim)
             WHERE d.id = u.id AND u.claim IN (SELECT id FROM live)
@@ -196,8 +196,11 @@ struct OutboxStore: Sendable {
                 sent_at = coalesce(to_timestamp(u.sent_at), d.sent_at),
                 acked_at = coalesce(to_timestamp(u.acked_at), d.acked_at),
                 delivered_at = coalesce(to_timestamp(u.delivered_at), d.delivered_at),
-                error_code = coalesce(u.error_code, d.error_code),
-                error_description = coalesce(u.error_description, d.error_description),
+                -- An answer of success keeps no error of an earlier attempt.
+                error_code = CASE WHEN u.status IN ('acked', 'delivered') THEN u.error_code
+                                  ELSE coalesce(u.error_code, d.error_code) END,
+                error_description = CASE WHEN u.status IN ('acked', 'delivered') THEN u.error_description
+                                         ELSE coalesce(u.error_description, d.error_description) END,
                 canonical_token = coalesce(u.canonical_token, d.canonical_token),
                 token_results = coalesce(u.token_results::jsonb, d.token_results),
                 available_at = CASE WHEN u.status = 'delivered' THEN NULL

@@ -121,13 +121,10 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             }
             settings.senderID = text
         },
-        CommandOption("--server-key", environment: "FCM_SERVER_KEY", placeholder: "KEY", default: "required (or a key file)",
-                      help: "FCM server key; wins over a key file") { settings, text throws(ConfigurationError) in
-            settings.serverKey = try serverKey(text, from: "the server key")
-        },
+        // Before --server-key: of the two given the same way (both flags, or both variables),
+        // the key applies last and wins.
         CommandOption("--server-key-file", environment: "FCM_SERVER_KEY_FILE", placeholder: "PATH", default: "none",
                       help: "file holding the server key (one line; not readable by group or others)") { settings, path throws(ConfigurationError) in
-            guard settings.serverKey.isEmpty else { return }
             guard let contents = try? String(contentsOfFile: path, encoding: .utf8) else {
                 throw ConfigurationError("cannot read the server key file \(path)")
             }
@@ -137,6 +134,10 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
                 settings.warnings.append("the server key file \(path) can be read by group or others "
                                          + "(mode \(String(permissions, radix: 8))): chmod 600 it")
             }
+        },
+        CommandOption("--server-key", environment: "FCM_SERVER_KEY", placeholder: "KEY", default: "required (or a key file)",
+                      help: "FCM server key; wins over a key file given the same way (flags win over variables)") { settings, text throws(ConfigurationError) in
+            settings.serverKey = try serverKey(text, from: "the server key")
         },
         CommandOption("--endpoint", environment: "FCM_ENDPOINT", placeholder: "HOST:PORT", default: "fcm-xmpp.googleapis.com:5235",
                       help: "CCS's address (5236 for FCM's testing service)") { settings, text throws(ConfigurationError) in
@@ -151,10 +152,35 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         },
         CommandOption("--ca-file", environment: "FCM_CA_FILE", placeholder: "PATH", default: "the system trust store",
                       help: "PEM certificate authorities to trust for CCS and HTTP") { settings, path throws(ConfigurationError) in
-            guard FileManager.default.isReadableFile(atPath: path) else {
-                throw ConfigurationError("the CA file \(path) does not exist or is not readable")
+            do throws(TransportError) {
+                try TLSTrust.checkCAFile(path)
+            } catch {
+                if case .certificateRejected(let reason) = error { throw ConfigurationError(reason) }
+                throw ConfigurationError("the CA file \(path) cannot be used: \(error)")
             }
             settings.caFile = path
+        },
+        // Before --database-url: of the two given the same way, the URL applies last and wins.
+        CommandOption("--database-url-file", environment: "FCM_DATABASE_URL_FILE", placeholder: "PATH", default: "none",
+                      help: "file holding the database URL (one line): keeps its password out of ps and the environment") { settings, path throws(ConfigurationError) in
+            guard let contents = try? String(contentsOfFile: path, encoding: .utf8) else {
+                throw ConfigurationError("cannot read the database URL file \(path)")
+            }
+            let url = contents.trimmingCharacters(in: .whitespacesAndNewlines)
+            guard !url.isEmpty, !url.contains(where: { $0 == "\n" || $0 == "\r" }) else {
+                throw ConfigurationError("the database URL file \(path) must hold one line")
+            }
+            do throws(PostgresError) {
+                _ = try PostgresConnectionString(url)
+            } catch {
+                throw ConfigurationError("the database URL file \(path): \(error.message)")
+            }
+            settings.databaseURL = url
+            if let attributes = try? FileManager.default.attributesOfItem(atPath: path),
+               let permissions = attributes[.posixPermissions] as? Int, permissions & 0o077 != 0 {
+                settings.warnings.append("the database URL file \(path) can be read by group or others "
+                                         + "(mode \(String(permissions, radix: 8))): chmod 600 it")
+            }
         },
         CommandOption("--database-url", environment: "DATABASE_URL", placeholder: "URL", default: "required",
                       help: "PostgreSQL URL or key=value connection string") { settings, text throws(ConfigurationError) in
@@ -166,8 +192,8 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             settings.databaseURL = text
         },
         .seconds("--database-timeout", environment: "FCM_DATABASE_TIMEOUT", default: "15",
-                 help: "a database call that waits this long has its connection dropped and replaced, and is retried",
-                 name: "database timeout", \.databaseTimeout),
+                 help: "a database call that waits this long has its connection dropped and replaced, and is retried (at least 0.1)",
+                 name: "database timeout", minimum: .milliseconds(100), \.databaseTimeout),
         .integer("--connections", environment: "FCM_CONNECTIONS", default: "1", help: "CCS connections to keep open (1 to 1000)",
                  name: "connection count", range: 1...1000, \.connections),
         CommandOption("--handlers", environment: "FCM_HANDLERS", placeholder: "a,b", default: "every registered handler",
@@ -198,10 +224,11 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         .toggle("--migrate", environment: "FCM_MIGRATE", help: "apply pending migrations at start instead of refusing to start") { settings, on in
             settings.migrate = on
         },
-        .seconds("--ping-interval", environment: "FCM_PING_INTERVAL", default: "60", help: "ping CCS after this much silence",
-                 name: "ping interval", \.pingInterval),
+        .seconds("--ping-interval", environment: "FCM_PING_INTERVAL", default: "60", help: "ping CCS after this much silence (at least 1)",
+                 name: "ping interval", minimum: .seconds(1), \.pingInterval),
         .seconds("--ping-timeout", environment: "FCM_PING_TIMEOUT", default: "15",
-                 help: "a connection silent this long after a ping is dropped and replaced", name: "ping timeout", \.pingTimeout),
+                 help: "a connection silent this long after a ping is dropped and replaced (at least 1)", name: "ping timeout",
+                 minimum: .seconds(1), \.pingTimeout),
         CommandOption("--outbox-lease", environment: "FCM_OUTBOX_LEASE", placeholder: "SECONDS", default: "60",
                       help: "claim on an outbox row before another worker may take it over") { settings, text throws(ConfigurationError) in
             settings.downstream.lease = try CommandOption<WorkerConfiguration>.parseSeconds(text, name: "outbox lease")

@@ -207,7 +207,7 @@ public enum WorkerMain {
     /// `migrate`: apply the pending migrations; `migrate status`: list every migration
     /// of every set with when it was applied.
     static func migrateCommand<Settings: Sendable>(_ definition: ApplicationDefinition<Settings>) -> WorkerCommand {
-        let own: Set<String> = ["--database-url", "--migrations-dir"]
+        let own: Set<String> = ["--database-url-file", "--database-url", "--migrations-dir"]
         let options = OptionTable<RunSettings<Settings>>(
             definition.runOptions(worker: \RunSettings<Settings>.worker, application: \RunSettings<Settings>.application)
                 .filter { own.contains($0.flag) },
@@ -216,7 +216,7 @@ public enum WorkerMain {
             unlistedNote: "It takes every setting of run as well (see help run)."
         ) { settings throws(ConfigurationError) in
             guard settings.worker.databaseURL != nil else {
-                throw ConfigurationError("missing database URL: pass --database-url or set DATABASE_URL")
+                throw ConfigurationError("missing database URL: pass --database-url or --database-url-file, or set DATABASE_URL")
             }
         }
         let initial = RunSettings(worker: definition.initialWorker, application: definition.settings)

@@ -8,11 +8,11 @@ import Worker
 enum GroupsCommand {
     /// The settings of `run` that device-group operations use.
     static let options = OptionTable<WorkerConfiguration>(WorkerConfiguration.options.options.filter {
-        ["--sender-id", "--server-key", "--server-key-file", "--http-endpoint", "--ca-file", "--database-url"].contains($0.flag)
+        ["--sender-id", "--server-key", "--server-key-file", "--http-endpoint", "--ca-file", "--database-url-file", "--database-url"].contains($0.flag)
     }) { settings throws(ConfigurationError) in
         try WorkerConfiguration.options.finish(&settings)
         guard settings.databaseURL != nil else {
-            throw ConfigurationError("missing database URL: pass --database-url or set DATABASE_URL")
+            throw ConfigurationError("missing database URL: pass --database-url or --database-url-file, or set DATABASE_URL")
         }
     }
 

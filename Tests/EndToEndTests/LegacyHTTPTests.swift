@@ -238,6 +238,8 @@ private struct TestHTTP {
         #expect(try await database.outboxRow(single)["sent_on"] == "http")
         let row = try await database.outboxRow(multicast)
         #expect(row["attempts"] == "2")
+        // Acked in the end: no error of its first attempt is left on it (it kept Unavailable).
+        #expect(row["error_code"] == nil && row["error_description"] == nil, "\(row)")
         // The retry went to the flaky token only.
         let bodies = http.requests.map(\.body).filter { $0.contains("flaky") }
         #expect(bodies.count == 2)

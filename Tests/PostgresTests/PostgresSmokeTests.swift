@@ -68,6 +68,20 @@ func testDatabaseURL() throws -> String {
         }
     }
 
+    /// The message still says what is wrong where it shows no password (it said
+    /// `missing "…" after "…"` for every mistake), and hides the part that shows one.
+    @Test func anUnparsableStringsMessageShowsWhatIsWrongButNotThePassword() {
+        func message(_ text: String) -> String {
+            do { _ = try PostgresConnectionString(text) } catch { return error.message }
+            return "parsed"
+        }
+        #expect(message("host=h dbname") == #"the database URL cannot be parsed: missing "=" after "dbname" in connection info string"#)
+        #expect(message("postgresql://u:pw@h/db?sslmode")
+                == #"the database URL cannot be parsed: missing key/value separator "=" in URI query parameter: "sslmode""#)
+        #expect(message("postgresql://u:s3cr%zzet@h/db") == #"the database URL cannot be parsed: invalid percent-encoded token: "…""#)
+        #expect(message("host=h password=s3cret dbname") == #"the database URL cannot be parsed: missing "=" after "dbname" in connection info string"#)
+    }
+
     @Test func keepalivesAndATCPUserTimeoutAreOnUnlessTheStringSaysOtherwise() throws {
         let plain = try PostgresConnectionString("postgresql://u@h/d").adding(ConnectionHandle.networkDefaults)
         #expect(plain.contains { $0 == ("keepalives", "1") })

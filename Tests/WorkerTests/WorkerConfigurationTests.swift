@@ -109,6 +109,13 @@ import XMPP
             (["--retry-base", "soon"], base, "invalid retry base"),
             (["--io-niceness", "-21"], base, "invalid I/O niceness"),
             (["--io-niceness", "high"], base, "invalid I/O niceness"),
+            // An empty flag value is an error, never the default in disguise.
+            (["--connections="], base, "--connections is given an empty value"),
+            (["--handlers", ""], base, "--handlers is given an empty value"),
+            (["--handlers", " , "], base, "--handlers names no handler"),
+            (["--ping-interval", "0.001"], base, "invalid ping interval 0.001: expected at least 1.0 s"),
+            (["--ping-timeout", "0.5"], base, "invalid ping timeout 0.5: expected at least 1.0 s"),
+            (["--database-url-file", "/nonexistent/url"], base, "cannot read the database URL file /nonexistent/url"),
         ]
         for (arguments, environment, expected) in cases {
             do {
@@ -162,6 +169,58 @@ import XMPP
                 #expect(!error.description.contains("s3cret"), "\(error.description)")
                 #expect(!error.description.contains("\n"))
             }
+        }
+    }
+
+    /// Flags win over variables, also across the two ways of giving the server key (an
+    /// `FCM_SERVER_KEY` in the environment beat `--server-key-file` on the command line);
+    /// given the same way, the key wins over the file.
+    @Test func flagsWinOverVariablesAcrossTheServerKeyAndItsFile() throws {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("key-\(UUID())").path
+        try "key-from-file\n".write(toFile: file, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let sender = ["FCM_SENDER_ID": "1"]
+        func key(_ arguments: [String], _ environment: [String: String]) throws -> String {
+            try WorkerConfiguration.parse(arguments: arguments, environment: sender.merging(environment) { $1 }).serverKey
+        }
+        #expect(try key(["--server-key-file", file], ["FCM_SERVER_KEY": "key-from-env"]) == "key-from-file")
+        #expect(try key(["--server-key", "key-from-flag"], ["FCM_SERVER_KEY_FILE": file]) == "key-from-flag")
+        #expect(try key(["--server-key", "key-from-flag", "--server-key-file", file], [:]) == "key-from-flag")
+        #expect(try key([], ["FCM_SERVER_KEY": "key-from-env", "FCM_SERVER_KEY_FILE": file]) == "key-from-env")
+        #expect(try key([], ["FCM_SERVER_KEY_FILE": file]) == "key-from-file")
+        // An empty variable is unset, as before.
+        #expect(try WorkerConfiguration.parse(arguments: [], environment: base.merging(["FCM_CONNECTIONS": ""]) { $1 }).connections == 1)
+    }
+
+    /// A CA file that holds no certificate is refused at start (exit 2), not at the first
+    /// connection (where it exited 1, and a supervisor restarted it in a loop).
+    @Test func aCAFileWithoutACertificateIsRefusedAtStart() throws {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("ca-\(UUID()).pem").path
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        for (garbage, reason) in [(Data("this is not a certificate\n".utf8), "holds no PEM certificate OpenSSL can read"),
+                                  (Data([0xff, 0xfe, 0x00, 0x9c]), "is not PEM text")] {
+            try garbage.write(to: URL(fileURLWithPath: file))
+            #expect(throws: ConfigurationError("the CA file \(file) \(reason)")) {
+                try WorkerConfiguration.parse(arguments: ["--ca-file", file], environment: base)
+            }
+        }
+    }
+
+    /// The database URL from a file (out of `ps` and the environment), one line; the URL
+    /// given the same way wins over it.
+    @Test func theDatabaseURLComesFromAFile() throws {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("db-\(UUID())").path
+        try "postgresql://fcm:file-secret@db.internal/fcm\n".write(toFile: file, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let configuration = try WorkerConfiguration.parse(arguments: ["--database-url-file", file], environment: base)
+        #expect(configuration.databaseURL == "postgresql://fcm:file-secret@db.internal/fcm")
+        #expect(configuration.warnings.contains { $0.contains("can be read by group or others") })
+        let both = try WorkerConfiguration.parse(arguments: ["--database-url-file", file, "--database-url", "postgresql://other/db"],
+                                                 environment: base)
+        #expect(both.databaseURL == "postgresql://other/db")
+        try "postgresql://a/b\npostgresql://c/d\n".write(toFile: file, atomically: true, encoding: .utf8)
+        #expect(throws: ConfigurationError("the database URL file \(file) must hold one line")) {
+            try WorkerConfiguration.parse(arguments: ["--database-url-file", file], environment: base)
         }
     }
 }

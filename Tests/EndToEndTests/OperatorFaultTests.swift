@@ -1,0 +1,86 @@
+import Foundation
+import Handlers
+import Postgres
+import Runtime
+import Simulator
+import Testing
+import Worker
+
+/// What an operator's fault trial found, each fixed: settings and files an operator gets
+/// wrong get one clear line and a status that stops a restart loop, and a failing
+/// endpoint is said in the log instead of retried in silence.
+@Suite struct OperatorFaultTests {
+    /// A migration holding `COMMIT` was recorded as applied while what followed it ran
+    /// outside its transaction; a failing migration's error did not name its file.
+    @Test func aMigrationThatEndsItsTransactionIsRefusedAndAFailingOneIsNamed() async throws {
+        let database = try await TestDatabase.make(migrated: false)
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("migrations-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        try "CREATE TABLE tickets (id int);\n".write(toFile: folder + "/0001_tickets.sql", atomically: true, encoding: .utf8)
+        try "CREATE TABLE notes (id int);\nCOMMIT;\nCREATE INDEX notes_id ON notes (id);\n"
+            .write(toFile: folder + "/0002_notes.sql", atomically: true, encoding: .utf8)
+        let refused = try await CommandLineTests.run(["migrate", "--database-url", database.url, "--migrations-dir", folder])
+        #expect(refused.status == 2)
+        #expect(refused.standardError.contains("migration app/0002_notes holds a COMMIT statement"), "\(refused.standardError)")
+        #expect(try await database.query("SELECT to_regclass('schema_migrations') IS NULL OR NOT EXISTS (SELECT FROM schema_migrations)")
+            .first?.bool(0) == true, "nothing was applied")
+        #expect(try await database.query("SELECT to_regclass('notes') IS NULL").first?.bool(0) == true)
+
+        // A COMMIT inside a function's body is the function's.
+        try "CREATE TABLE notes (id int);\nCREATE PROCEDURE tidy() LANGUAGE plpgsql AS $$ BEGIN COMMIT; END $$;\n"
+            .write(toFile: folder + "/0002_notes.sql", atomically: true, encoding: .utf8)
+        try "CREATE TABLE broken (id no_such_type);\n".write(toFile: folder + "/0003_broken.sql", atomically: true, encoding: .utf8)
+        let failed = try await CommandLineTests.run(["migrate", "--database-url", database.url, "--migrations-dir", folder])
+        #expect(failed.status == 2)
+        #expect(failed.standardError.contains("migration app/0003_broken failed and was rolled back"), "\(failed.standardError)")
+        #expect(failed.standardError.contains("no_such_type"))
+        #expect(try await database.count("schema_migrations", where: "migration_set = 'app'") == 2)
+        #expect(try await database.query("SELECT to_regclass('broken') IS NULL").first?.bool(0) == true)
+    }
+
+    /// A CA file of garbage exited 1 at the first connection (a restart loop under
+    /// systemd); now it is refused at start with status 2 and one line.
+    @Test func aCAFileOfGarbageExitsWithStatus2AndOneLine() async throws {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("garbage-\(UUID()).pem").path
+        try "-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n".write(toFile: file, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let outcome = try await CommandLineTests.run(["run", "--sender-id", "1", "--server-key", "k", "--database-url", "postgresql://h/d",
+                                                      "--ca-file", file])
+        #expect(outcome.status == 2)
+        #expect(outcome.standardError == "fcm-worker: the CA file \(file) holds no PEM certificate OpenSSL can read\n")
+    }
+
+    /// An HTTP endpoint that cannot be reached (here a host that does not resolve) left the
+    /// rows retrying with nothing in the log; now it says so, once a minute.
+    @Test func anHTTPEndpointThatCannotBeReachedIsLogged() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        var configuration = try ccs.downstreamWorker(database: database)
+        configuration.httpEndpoint = "no-such-host.invalid:443"
+        let lines = BlockingLock<[String]>([])
+        var handlers = UpstreamHandlers()
+        handlers.register("store", StoreHandler())
+        let worker = FCMWorker(configuration: configuration, handlers: handlers,
+                               logger: Logger(label: "test", minimumLevel: .info) { line in
+                                   TestLog.record(line)
+                                   lines.withLock { $0.append(line) }
+                               })
+        let task = Task { try await worker.run() }
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        _ = try await database.query("""
+            INSERT INTO downstream_messages (target, transport, payload) VALUES ('token-b', 'http', '{"data":{"k":"v"}}'),
+                                                                                ('token-c', 'http', '{"data":{"k":"v"}}')
+            """)
+        try await waitUntil("the failure is logged", within: .seconds(20)) {
+            lines.withLock { $0 }.contains { $0.contains("HTTP requests to FCM fail") }
+        }
+        let said = lines.withLock { $0 }.filter { $0.contains("HTTP requests to FCM fail") }
+        #expect(said.count == 1, "once a minute: \(said)")
+        #expect(said.first?.contains("no-such-host.invalid") == true)
+        #expect(said.first?.contains("check --http-endpoint and --ca-file") == true)
+        try await database.waitForOutbox("status = 'retry'", count: 2)
+    }
+}
