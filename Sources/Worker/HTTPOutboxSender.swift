@@ -102,6 +102,7 @@ final class HTTPOutboxSender: Sendable {
         case .success(let prepared):
             message = prepared.0
         case .failure(let refusal):
+            refusal.log(rowID: row.id, to: logger, throttle: failureWarnings)
             record([OutboxUpdate(rowID: row.id, status: refusal.status, errorCode: refusal.errorCode,
                                            errorDescription: refusal.description)])
             return

@@ -12,9 +12,11 @@ extension OutboxStore.ClaimedRow {
 
     /// The message this row describes (to the canonical token if its target was replaced)
     /// and its parsed payload, or why it is not sent: its token was refused before, its
-    /// payload is invalid (checked against every rule of FCM with `validating`), or its
-    /// time to live or `maximumAge` has passed. `time_to_live: 0` ("now or never") still
-    /// gets its first attempt.
+    /// payload is invalid (checked against every rule of FCM with `validating`), its time to
+    /// live has passed (`EXPIRED`), or it was sent before and is older than `maximumAge`
+    /// (`--retry-max-age`, `RETRY_MAX_AGE`). `maximumAge` limits retries only: a row never
+    /// sent (a backlog after a long outage) gets its first attempt while its time to live
+    /// lasts, and `time_to_live: 0` ("now or never") gets its first attempt too.
     func message(id messageID: String, validating: Bool, maximumAge: Duration,
                  now: Date) -> Result<(DownstreamMessage, payload: JSONValue), Refusal> {
         if registrationIDs == nil, let tokenState, tokenState != .replaced {
@@ -34,10 +36,33 @@ extension OutboxStore.ClaimedRow {
         let age = now.timeIntervalSince(createdAt)
         let timeToLive = message.timeToLive ?? DownstreamMessage.maximumTimeToLive
         let firstTryOfNowOrNever = timeToLive == 0 && attempts == 0
-        if (age > Double(timeToLive) && !firstTryOfNowOrNever) || age > maximumAge.seconds {
+        if age > Double(timeToLive) && !firstTryOfNowOrNever {
             return .failure(Refusal(status: .expired, errorCode: "EXPIRED",
                                     description: "its time to live (\(timeToLive) s) passed before it could be sent"))
         }
+        if attempts > 0, age > maximumAge.seconds {
+            return .failure(Refusal(status: .expired, errorCode: "RETRY_MAX_AGE",
+                                    description: "not sent again after \(attempts) attempt(s): queued \(Int(age)) s ago, "
+                                        + "over --retry-max-age (\(Int(maximumAge.seconds)) s)"))
+        }
         return .success((message, parsed))
+    }
+}
+
+extension OutboxStore.ClaimedRow.Refusal {
+    /// Logs a row settled without being sent: an invalid one each time (a bug in what
+    /// wrote it), expired ones once a minute per reason (a backlog past its time to live is
+    /// many rows), with how many more since.
+    func log(rowID: Int64, to logger: Logger, throttle: WarningThrottle) {
+        switch errorCode {
+        case "INVALID_MESSAGE":
+            logger.warning("outbox row \(rowID) is invalid and is not sent: \(description)")
+        case "EXPIRED", "RETRY_MAX_AGE":
+            guard let leftOut = throttle.admit(errorCode) else { return }
+            let since = leftOut > 0 ? " (and \(leftOut) more row(s) since the last line)" : ""
+            logger.warning("outbox row \(rowID) expired without being sent: \(description)\(since)")
+        default:
+            break
+        }
     }
 }

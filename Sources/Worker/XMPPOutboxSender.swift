@@ -84,6 +84,8 @@ final class XMPPOutboxSender: Sendable {
     private let logger: Logger
     private let metrics: WorkerMetrics
     private let state = BlockingLock(State())
+    /// Expired rows are logged once a minute per reason.
+    private let refusalWarnings = WarningThrottle()
     /// Rung on NOTIFY, on each write-back commit, and when rows are wanted.
     let doorbell: Doorbell
 
@@ -524,9 +526,7 @@ final class XMPPOutboxSender: Sendable {
             case .success(let prepared):
                 (message, payload) = prepared
             case .failure(let refusal):
-                if refusal.errorCode == "INVALID_MESSAGE" {
-                    logger.warning("outbox row \(row.id) is invalid and is not sent: \(refusal.description)")
-                }
+                refusal.log(rowID: row.id, to: logger, throttle: refusalWarnings)
                 updates.append(OutboxUpdate(rowID: row.id, status: refusal.status, errorCode: refusal.errorCode,
                                             errorDescription: refusal.description))
                 continue

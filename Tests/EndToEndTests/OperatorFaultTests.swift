@@ -83,4 +83,42 @@ import Worker
         #expect(said.first?.contains("check --http-endpoint and --ca-file") == true)
         try await database.waitForOutbox("status = 'retry'", count: 2)
     }
+
+    /// `--retry-max-age` limits retries, not first sends: after an outage longer than a day
+    /// the backlog was expired unsent, with a wrong reason ("time to live (2419200 s)
+    /// passed") and no log line.
+    @Test func aBacklogOlderThanTheRetryMaximumAgeIsSentAndOnlyRetriesStopThere() async throws {
+        let log = DownstreamLog()
+        let ccs = try TestCCS(log: log)
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let rows = try await database.query("""
+            INSERT INTO downstream_messages (target, payload, created_at, attempts, status) VALUES
+                ('backlog', '{"data":{"k":"v"}}', now() - interval '2 days', 0, 'pending'),
+                ('retried', '{"data":{"k":"v"}}', now() - interval '2 days', 3, 'retry'),
+                ('short-lived', '{"data":{"k":"v"},"time_to_live":60}', now() - interval '2 minutes', 0, 'pending')
+            RETURNING id
+            """).compactMap { $0.int(0) }
+        let lines = BlockingLock<[String]>([])
+        var handlers = UpstreamHandlers()
+        handlers.register("store", StoreHandler())
+        let worker = FCMWorker(configuration: try ccs.downstreamWorker(database: database), handlers: handlers,
+                               logger: Logger(label: "test", minimumLevel: .info) { line in
+                                   TestLog.record(line)
+                                   lines.withLock { $0.append(line) }
+                               })
+        let task = Task { try await worker.run() }
+        defer { task.cancel() }
+        try await database.waitForOutbox("status IN ('acked', 'expired')", count: 3)
+        #expect(try await database.outboxRow(rows[0])["status"] == "acked", "a first send is limited by its time to live only")
+        let retried = try await database.outboxRow(rows[1])
+        #expect(retried["status"] == "expired" && retried["error_code"] == "RETRY_MAX_AGE")
+        #expect(retried["error_description"]?.contains("over --retry-max-age (86400 s)") == true, "\(retried)")
+        let shortLived = try await database.outboxRow(rows[2])
+        #expect(shortLived["status"] == "expired" && shortLived["error_code"] == "EXPIRED")
+        #expect(shortLived["error_description"] == "its time to live (60 s) passed before it could be sent")
+        #expect(log.all.map { $0.json["to"]?.stringValue } == ["backlog"])
+        let said = lines.withLock { $0 }.filter { $0.contains("expired without being sent") }
+        #expect(said.count == 2, "one line per reason: \(said)")
+    }
 }
