@@ -102,6 +102,10 @@ enum SimulateCommand {
             return fail("simulate: cannot create the output directory: \(error)")
         }
 
+        // SIGTERM and SIGINT stop it from here on: the files below tell others it runs,
+        // and a signal right after they appear must still end it cleanly.
+        let stopped = AsyncStream<Void>.makeStream()
+        let trap = SignalTrap { _ in stopped.continuation.finish() }
         let logger = Logger(label: "simulator")
         let simulator: CCSSimulator
         let httpSimulator: FCMHTTPSimulator
@@ -179,8 +183,6 @@ enum SimulateCommand {
             return fail("simulate: \(error)")
         }
 
-        let stopped = AsyncStream<Void>.makeStream()
-        let trap = SignalTrap { _ in stopped.continuation.finish() }
         let watcher = Task {
             guard exitWhenAcked, upstreamCount > 0, rate >= 0 else { return }
             while simulator.counters.upstreamAcked < upstreamCount { try await Task.sleep(for: .milliseconds(2)) }
