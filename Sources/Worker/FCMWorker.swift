@@ -17,13 +17,17 @@ import XMPP
 /// `requestShutdown()` skips the waiting: spool and close at once.
 ///
 /// It throws configuration errors that retrying cannot fix: refused credentials or
-/// certificate, an unknown XMPP domain, pending migrations, an unusable spool.
+/// certificate, an unknown XMPP domain, pending migrations, an unusable spool; and, after a
+/// shutdown that could keep some acked messages neither in the database nor in the spool,
+/// `ShutdownLoss` with their count.
 public struct FCMWorker: Sendable {
     public let configuration: WorkerConfiguration
     public let handlers: UpstreamHandlers
     public let logger: Logger
     private let observer: WorkerObserver?
     private let shutdown = ShutdownSignal()
+    /// Acked messages the shutdown could not keep: thrown as `ShutdownLoss` at the end.
+    private let losses = ShutdownLosses()
     /// What `/metrics` shows (also without `--metrics-address`, for embedding applications).
     let metrics = WorkerMetrics()
 
@@ -83,6 +87,10 @@ public struct FCMWorker: Sendable {
             throw error
         }
         for pool in [upstreamPool, outboxPool] { await pool.close() }
+        if let loss = losses.loss {
+            logger.error("stopped: \(loss)")
+            throw loss
+        }
         logger.info("stopped")
     }
 
@@ -113,7 +121,7 @@ public struct FCMWorker: Sendable {
             .init("reading", [ccs.reading]),
             .init("pipeline", [UpstreamPipelineService(pipeline: pipeline, spool: spool, shutdownTimeout: configuration.shutdownTimeout,
                                                        shutdown: shutdown, logger: logger.labeled("pipeline"), observer: observer,
-                                                       metrics: metrics)]),
+                                                       metrics: metrics, losses: losses)]),
             // After the pipeline: the journal writes and acks what it still holds (the
             // streams are still open) and deletes the segments whose messages all
             // committed; what did not commit stays in it for the next start.
@@ -188,6 +196,7 @@ public struct FCMWorker: Sendable {
             return
         }
         for file in files { try file.remove() }
+        metrics.replayed(entries.count)
         observer?(.replayed(count: entries.count))
         logger.info("spool and journal replayed and removed")
     }

@@ -14,6 +14,8 @@ struct UpstreamPipelineService: Service {
     let logger: Logger
     let observer: WorkerObserver?
     let metrics: WorkerMetrics
+    /// Where acked messages that could not be spooled are reported.
+    let losses: ShutdownLosses
 
     var name: String { "pipeline" }
 
@@ -41,6 +43,8 @@ struct UpstreamPipelineService: Service {
         } catch {
             logger.error("COULD NOT WRITE THE SPOOL \(spool.path): \(error); \(acked.count) acked message(s) are lost: "
                          + acked.compactMap(\.messageID).joined(separator: ","))
+            metrics.lost(acked.count)
+            losses.record(acked.count, reason: "could not write the spool \(spool.path): \(error)")
         }
     }
 }

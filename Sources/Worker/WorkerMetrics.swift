@@ -20,6 +20,8 @@ final class WorkerMetrics: Sendable {
         var deadLettered: [String: Int] = [:]
         var retries = 0
         var spooled = 0
+        var replayed = 0
+        var lost = 0
         var batches = Histogram.sizes
         var commitSeconds = Histogram.seconds
         var receiveToCommit = Histogram.seconds
@@ -114,6 +116,14 @@ final class WorkerMetrics: Sendable {
         upstream.withLock { $0.spooled += count }
     }
 
+    func replayed(_ count: Int) {
+        upstream.withLock { $0.replayed += count }
+    }
+
+    func lost(_ count: Int) {
+        upstream.withLock { $0.lost += count }
+    }
+
     func handler(_ name: String, runs: Int, failed: Bool) {
         handlers.withLock { counts in
             counts[name, default: HandlerCounts()].runs += runs
@@ -199,6 +209,10 @@ final class WorkerMetrics: Sendable {
                      counts.deadLettered["unrouted"] ?? 0)
         page.counter("fcm_worker_upstream_retries_total", "handling attempts that failed and were scheduled again", counts.retries)
         page.counter("fcm_worker_upstream_spooled_total", "acked upstream messages spooled to disk at shutdown", counts.spooled)
+        page.counter("fcm_worker_upstream_replayed_total",
+                     "acked upstream messages a previous run left in the spool or the journal, replayed at this start", counts.replayed)
+        page.counter("fcm_worker_upstream_lost_total", "acked upstream messages a shutdown could keep neither in the database nor on disk",
+                     counts.lost)
         page.gauge("fcm_worker_upstream_queue_depth", "upstream messages queued or waiting for a retry", Double(sources.queueDepth()))
         page.histogram("fcm_worker_upstream_batch_size", "messages per committed batch", [([], counts.batches)])
         page.histogram("fcm_worker_upstream_commit_seconds", "time to commit one batch (handlers included)", [([], counts.commitSeconds)])

@@ -121,4 +121,67 @@ import Worker
         let said = lines.withLock { $0 }.filter { $0.contains("expired without being sent") }
         #expect(said.count == 2, "one line per reason: \(said)")
     }
+
+    /// A shutdown that cannot keep what it acked (the spool's disk full, or gone as here)
+    /// exited 0 after logging the loss: a supervisor saw a clean stop. Now it exits 1 with
+    /// the count.
+    @Test func aShutdownThatLosesAckedMessagesExitsNonZeroWithTheCount() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let proxy = try FaultProxy(targetPort: URLComponents(string: try TestDatabase.baseURL)!.port!)
+        defer { proxy.stop() }
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("gone-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let spool = folder + "/spool"
+        let (worker, errors) = try WorkerProcess.start(ccs, databaseURL: proxy.url(replacingPortIn: database.url), spool: spool,
+                                                       ["--shutdown-timeout", "1", "--database-timeout", "1", "--concurrency", "1"])
+        defer { if worker.isRunning { worker.terminate() } }
+        try await ccs.simulator.waitForBoundSessions(1)
+        proxy.set(.stall(newConnectionsWork: false))
+        for index in 0..<100 { ccs.simulator.injectUpstream(from: "d\(index % 10)", messageID: "lost-\(index)") }
+        try await ccs.simulator.wait(for: "every ack", timeout: .seconds(30)) { Set($0.acked).count >= 100 }
+        // The spool's storage goes (an unmounted volume; as root, a full disk cannot be had
+        // without mounting one): the shutdown cannot write it.
+        try FileManager.default.removeItem(atPath: folder)
+        _ = try await WorkerProcess.terminate(worker, limit: .seconds(20))
+        let log = String(decoding: await readToEnd(errors.fileHandleForReading), as: UTF8.self)
+        #expect(worker.terminationStatus == 1, "\(log.suffix(2000))")
+        let last = log.split(separator: "\n").last.map(String.init) ?? ""
+        #expect(last.hasPrefix("fcm-worker: the shutdown lost 100 acked message(s): could not write the spool \(spool)"), "\(last)")
+    }
+
+    /// What a shutdown spooled is counted, and so is what the next start replays (a counter
+    /// that rises in a process's last moment is seldom scraped: the replay's is).
+    @Test func spooledAndReplayedMessagesAreCounted() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let proxy = try FaultProxy(targetPort: URLComponents(string: try TestDatabase.baseURL)!.port!)
+        defer { proxy.stop() }
+        var configuration = try ccs.worker(database: database)
+        configuration.databaseURL = proxy.url(replacingPortIn: database.url)
+        configuration.databaseTimeout = .seconds(1)
+        configuration.shutdownTimeout = .seconds(1)
+        var handlers = UpstreamHandlers()
+        handlers.register("store", StoreHandler())
+        let first = FCMWorker(configuration: configuration, handlers: handlers, logger: Logger(label: "test", minimumLevel: .warning) { TestLog.record($0) })
+        let task = Task { try await first.run() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        proxy.set(.stall(newConnectionsWork: false))
+        for index in 0..<50 { ccs.simulator.injectUpstream(from: "d\(index % 10)", messageID: "spooled-\(index)") }
+        try await ccs.simulator.wait(for: "every ack", timeout: .seconds(30)) { Set($0.acked).count >= 50 }
+        task.cancel()
+        try await task.value
+        #expect(first.metricsPage.contains("fcm_worker_upstream_spooled_total 50"))
+        #expect(first.metricsPage.contains("fcm_worker_upstream_lost_total 0"))
+
+        proxy.set(.pass)
+        let second = FCMWorker(configuration: configuration, handlers: handlers, logger: Logger(label: "test", minimumLevel: .warning) { TestLog.record($0) })
+        let next = Task { try await second.run() }
+        defer { next.cancel() }
+        await database.waitForRows(in: "upstream_messages", count: 50, within: .seconds(20))
+        try await waitUntil("the replay is counted") { second.metricsPage.contains("fcm_worker_upstream_replayed_total 50") }
+    }
 }
