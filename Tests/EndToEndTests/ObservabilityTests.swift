@@ -15,11 +15,11 @@ func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async thr
     return try await thread.run(body)
 }
 
-func httpGet(port: Int, path: String) async throws -> (status: Int, body: String) {
+func httpGet(port: Int, path: String, timeout seconds: Int = 10) async throws -> (status: Int, body: String) {
     try await blocking {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         defer { close(fd) }
-        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        var timeout = timeval(tv_sec: seconds, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
@@ -170,6 +170,43 @@ func parsePrometheus(_ page: String) throws -> [String: Double] {
         try await waitUntil("ready with the database back") { try await ready() }
         task.cancel()
         try await task.value
+    }
+
+    /// Idle connections delayed `/healthz` by 2 s each (one connection served at a time):
+    /// 18 made a `curl -m 3` probe fail. Now every connection is served at once, and the
+    /// oldest go when there are more than the server keeps.
+    @Test func idleConnectionsNeverDelayAProbe() async throws {
+        let server = try MetricsServer(address: "127.0.0.1:0", routes: .init(metrics: { "up 1\n" },
+                                                                              health: { .init(ok: true, reason: "ok") },
+                                                                              readiness: { .init(ok: true, reason: "ready") }),
+                                       requestDeadline: .seconds(30), maximumConnections: 64)
+        defer { server.stop() }
+        let port = server.port
+        // 100 connections that never send a byte, and one that sends half a request.
+        let idle = try await blocking { () -> [Int32] in
+            var fds: [Int32] = []
+            for index in 0..<101 {
+                let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+                var address = sockaddr_in()
+                address.sin_family = sa_family_t(AF_INET)
+                address.sin_port = in_port_t(UInt16(port).bigEndian)
+                address.sin_addr.s_addr = inet_addr("127.0.0.1")
+                let connected = withUnsafePointer(to: &address) {
+                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+                }
+                guard connected == 0 else { throw SimulatorError("connection \(index) refused") }
+                if index == 100 { _ = Array("GET /metr".utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } }
+                fds.append(fd)
+            }
+            return fds
+        }
+        defer { for fd in idle { close(fd) } }
+        // A probe with curl -m 3's patience: answered, however many wait.
+        for path in ["/healthz", "/readyz", "/metrics"] {
+            let answer = try await httpGet(port: port, path: path, timeout: 3)
+            #expect(answer.status == 200, "\(path)")
+        }
+        #expect(try await httpGet(port: port, path: "/metrics", timeout: 3).body == "up 1\n")
     }
 
     @Test func logLinesAreOneEntryEachAndJSONParses() throws {
