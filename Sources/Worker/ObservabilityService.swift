@@ -140,6 +140,9 @@ struct ObservabilityService: Service {
         guard metrics.databaseReachable.load(ordering: .relaxed) else {
             return .init(ok: false, reason: "not ready: the database did not answer the last probe")
         }
+        if let failure = metrics.journalFailure.withLock({ $0 }) {
+            return .init(ok: false, reason: "not ready: the journal cannot be written (\(failure)); messages wait unacked")
+        }
         return .init(ok: true, reason: "ready: \(open) CCS connection(s) open, database reachable")
     }
 

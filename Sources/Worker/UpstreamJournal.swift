@@ -21,9 +21,13 @@ import Glibc
 ///   `segmentBytes`, and deleted once every message in it has committed; when everything
 ///   written has committed and no message waits, the current segment is deleted too, so an
 ///   idle worker keeps no journal.
-/// - **Failures.** A write that fails (disk full, I/O error) leaves its messages unacked:
-///   CCS redelivers them, and the error is logged. They are still handled if they reach
-///   the pipeline, exactly once.
+/// - **Failures.** A write that fails (disk full, I/O error, the folder gone) is retried,
+///   from the last complete record (a torn tail is cut off first), with backoff from 100 ms
+///   to 5 s, until it succeeds: its messages stay unacked meanwhile (CCS sends no more on a
+///   connection that leaves 100 unacked), `/readyz` says why the worker is not ready, each
+///   failure is counted, and once the disk takes the write the acks go out and receiving
+///   resumes by itself. A shutdown gives up the retries: those messages were never acked,
+///   and CCS redelivers them. They are handled if they reached the pipeline, exactly once.
 ///
 /// The journal runs as a service: cancelled, it writes and acks what is queued and ends.
 /// Its writer is a thread of its own, so that neither the flush nor the acks wait behind
@@ -55,11 +59,16 @@ final class UpstreamJournal: Service, CCSJournal {
     private final class SegmentFile: @unchecked Sendable {
         var segment = -1
         var descriptor: Int32 = -1
+        /// The file's size after its last complete, flushed write.
+        var completeBytes: off_t = 0
+        /// A write failed since: bytes past `completeBytes` may be a torn record.
+        var torn = false
 
         func close() {
             if descriptor >= 0 { Glibc.close(descriptor) }
             descriptor = -1
             segment = -1
+            torn = false
         }
 
         deinit { close() }
@@ -179,6 +188,11 @@ final class UpstreamJournal: Service, CCSJournal {
             wake()
         }
         disk.shutdown()
+        let left = outstanding
+        if left > 0 {
+            logger.warning("\(left) journaled message(s) did not commit before the shutdown ended: they stay in the journal "
+                           + "beside \(spoolPath), and the next start replays them (keep that disk)")
+        }
     }
 
     private func wake() {
@@ -252,23 +266,42 @@ final class UpstreamJournal: Service, CCSJournal {
         return Turn(records: records, segment: segment, closing: closing, deletable: deletable, stopping: state.stopping)
     }
 
-    /// Writes `records` to `segment`, flushes them, then sends their acks.
+    /// Writes `records` to `segment`, flushes them, then sends their acks. A failed write
+    /// is tried again (with backoff) until it succeeds, or the journal stops.
     private func write(_ records: [Record], to segment: Int) {
-        let written: Int
-        let started = ContinuousClock.now
-        do {
-            written = try writeAndFlush(records, to: segment)
-            let took = (ContinuousClock.now - started).seconds
-            metrics.journalFlushes.withLock {
-                $0.seconds.observe(took)
-                $0.sizes.observe(Double(records.count))
+        var written = 0
+        var retry = Backoff(base: .milliseconds(100), cap: .seconds(5), jitter: .none)
+        var failures = 0
+        while true {
+            let started = ContinuousClock.now
+            do {
+                written = try writeAndFlush(records, to: segment)
+                let took = (ContinuousClock.now - started).seconds
+                metrics.journalFlushes.withLock {
+                    $0.seconds.observe(took)
+                    $0.sizes.observe(Double(records.count))
+                }
+                break
+            } catch {
+                failures += 1
+                metrics.journalFlushes.withLock { $0.failures += 1 }
+                metrics.journalFailure.withLock { $0 = "\(error)" }
+                if failures == 1 {
+                    logger.error("could not write the journal \(path(of: segment)): \(error); \(records.count) message(s) wait "
+                                 + "unacked, and the write is tried again until the disk takes it")
+                }
+                let delay = retry.next()
+                guard waitUnlessStopping(for: delay) else {
+                    logger.error("shutting down with \(records.count) message(s) neither journaled nor acked: CCS redelivers them")
+                    metrics.journalFailure.withLock { $0 = nil }
+                    return
+                }
             }
-        } catch {
-            metrics.journalFlushes.withLock { $0.failures += 1 }
-            file.close()
-            logger.error("could not write the journal \(path(of: segment)): \(error); \(records.count) message(s) are not acked "
-                         + "(CCS will redeliver them)")
-            return
+        }
+        if failures > 0 {
+            metrics.journalFailure.withLock { $0 = nil }
+            logger.notice("the journal \(path(of: segment)) is written again after \(failures) failed attempt(s); "
+                          + "\(records.count) message(s) acked")
         }
         state.withLock { state in
             if state.current == segment { state.currentBytes += written }
@@ -286,8 +319,21 @@ final class UpstreamJournal: Service, CCSJournal {
         }
     }
 
+    /// Waits `delay` on the journal's thread; false at once when the journal is stopping.
+    private func waitUnlessStopping(for delay: Duration) -> Bool {
+        let until = Date().addingTimeInterval(delay.seconds)
+        wakeup.lock()
+        defer { wakeup.unlock() }
+        while !state.withLock({ $0.stopping }) {
+            guard wakeup.wait(until: until) else { return true }
+        }
+        return false
+    }
+
     /// On the journal's thread: appends the records to `segment` (opened, and its creation
     /// made durable, when new) in one write, then `fdatasync`. Returns the bytes written.
+    /// After a failed write, what it may have left past the last complete record is cut
+    /// off first, so that no record follows a torn one.
     private func writeAndFlush(_ records: [Record], to segment: Int) throws -> Int {
         if file.segment != segment {
             file.close()
@@ -296,15 +342,28 @@ final class UpstreamJournal: Service, CCSJournal {
             guard descriptor >= 0 else { throw SpoolError("cannot open \(path): \(String(cString: strerror(errno)))") }
             file.descriptor = descriptor
             file.segment = segment
+            file.completeBytes = lseek(descriptor, 0, SEEK_END)
             try Spool.syncFolder(of: path)
+        }
+        if file.torn {
+            guard ftruncate(file.descriptor, file.completeBytes) == 0 else {
+                throw SpoolError("cannot cut the torn end of \(path(of: segment)): \(String(cString: strerror(errno)))")
+            }
+            file.torn = false
         }
         var bytes: [UInt8] = []
         bytes.reserveCapacity(records.count * 512)
         for record in records { Spool.appendRecord(record.entry, to: &bytes) }
-        try bytes.withUnsafeBytes { try Spool.writeAll($0, to: file.descriptor, path: path(of: segment)) }
-        guard fdatasync(file.descriptor) == 0 else {
-            throw SpoolError("cannot flush \(path(of: segment)) to disk: \(String(cString: strerror(errno)))")
+        do {
+            try bytes.withUnsafeBytes { try Spool.writeAll($0, to: file.descriptor, path: path(of: segment)) }
+            guard fdatasync(file.descriptor) == 0 else {
+                throw SpoolError("cannot flush \(path(of: segment)) to disk: \(String(cString: strerror(errno)))")
+            }
+        } catch {
+            file.torn = true
+            throw error
         }
+        file.completeBytes += off_t(bytes.count)
         return bytes.count
     }
 }

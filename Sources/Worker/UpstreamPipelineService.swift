@@ -33,8 +33,10 @@ struct UpstreamPipelineService: Service {
         deadline.cancel()
         guard !leftovers.isEmpty else { return }
         let acked = leftovers.filter(\.isAcked)
+        let journaled = leftovers.count { $0.journalSegment != nil }
         logger.warning("\(leftovers.count) message(s) could not be committed before the shutdown deadline; "
-                       + "\(acked.count) acked one(s) go to the spool \(spool.path)")
+                       + "\(acked.count) acked one(s) go to the spool \(spool.path)"
+                       + (journaled > 0 ? ", \(journaled) journaled one(s) stay in the journal for the next start" : ""))
         guard !acked.isEmpty else { return }
         do {
             try spool.append(acked.map(\.spoolEntry))

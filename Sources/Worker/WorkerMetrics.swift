@@ -69,6 +69,8 @@ final class WorkerMetrics: Sendable {
     let downstreamRoundTrip = BlockingLock(Histogram.seconds)
     /// Journal mode: each group write and its `fdatasync`, and the messages it carried.
     let journalFlushes = BlockingLock((seconds: Histogram.seconds, sizes: Histogram.sizes, failures: 0))
+    /// Journal mode: why the journal cannot be written now (nil while it can), for `/readyz`.
+    let journalFailure = BlockingLock<String?>(nil)
     let databaseErrors = Atomic(0)
     let backlog = BlockingLock<[Backlog]>([])
     let sources = BlockingLock(Sources())
@@ -236,8 +238,11 @@ final class WorkerMetrics: Sendable {
         page.histogram("fcm_worker_journal_flush_seconds", "journal mode: one group write and its fdatasync, before the acks of its messages",
                        [([], journal.seconds)])
         page.histogram("fcm_worker_journal_flush_messages", "journal mode: messages per group write", [([], journal.sizes)])
-        page.counter("fcm_worker_journal_write_failures_total", "journal mode: group writes that failed (their messages were not acked)",
+        page.counter("fcm_worker_journal_write_failures_total",
+                     "journal mode: group writes that failed (their messages wait unacked while the write is tried again)",
                      [([], Double(journal.failures))])
+        page.gauge("fcm_worker_journal_failing", "journal mode: 1 while the journal cannot be written (receiving waits)",
+                   journalFailure.withLock { $0 } == nil ? 0 : 1)
         let groups = backlog.withLock { $0 }
         page.gauge("fcm_worker_outbox_rows", "outbox rows still to send (pending, retry, sending), by transport and status",
                    groups.map { ([("transport", $0.transport), ("status", $0.status)], Double($0.rows)) })

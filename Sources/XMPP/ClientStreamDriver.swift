@@ -82,16 +82,19 @@ final class ClientStreamDriver: StreamDriver {
                 negotiationDeadline = nil
                 establishment.complete(.success(jid))
             case .deliver(let stanza):
-                let interception = intercept(stanza)
+                // Intercepted and queued together: once receiving stopped, a stanza is not
+                // intercepted at all (not acked, not journaled), and one intercepted always
+                // reaches the consumer.
+                var intercepted: (reply: String?, inbound: (any Sendable)?, closesSendGate: Bool)?
+                let queued = inbox.push { () -> (any Sendable)? in
+                    let interception = intercept(stanza)
+                    intercepted = interception
+                    return interception.inbound
+                }
+                guard let interception = intercepted, queued?.accepted == true else { continue }
                 if interception.closesSendGate { loop.closeGate() }
-                // Queue first: a reply (an ack) goes out only for a stanza the consumer gets.
-                guard let inbound = interception.inbound else {
-                    if let reply = interception.reply { loop.write(reply) }
-                    continue
-                }
-                if inbox.push(inbound).accepted, let reply = interception.reply {
-                    loop.write(reply)
-                }
+                // Queued first: a reply (an ack) goes out only for a stanza the consumer gets.
+                if let reply = interception.reply { loop.write(reply) }
             case .fail(let error):
                 loop.close(reason: error)
                 return

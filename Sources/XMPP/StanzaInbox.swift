@@ -53,6 +53,27 @@ final class StanzaInbox: Sendable {
         return result
     }
 
+    /// Runs `intercept` and queues what it returns, at once with respect to `stop()`: after
+    /// `stop()`, `intercept` is not called at all (the stanza is neither acked nor journaled:
+    /// CCS redelivers it), and whatever it did for a stanza is always matched by the item
+    /// reaching the consumer. (Intercepting first and pushing after left a window in which a
+    /// stanza journal mode had journaled, and so would ack, was refused by a `stop()` and
+    /// never handled.) Returns nil when stopped, else the push's result; `intercept` runs
+    /// under the inbox's lock: keep it short.
+    func push(intercepting intercept: () -> Item?) -> PushResult? {
+        let (waiter, item, result) = state.withLock { state -> (CheckedContinuation<[Item]?, Never>?, Item?, PushResult?) in
+            if state.stopped { return (nil, nil, nil) }
+            guard let item = intercept() else { return (nil, nil, PushResult(accepted: true, hasRoom: state.items.count < capacity)) }
+            if let waiter = state.consumer.removeFirst() {
+                return (waiter, item, PushResult(accepted: true, hasRoom: true))
+            }
+            state.items.append(item)
+            return (nil, nil, PushResult(accepted: true, hasRoom: state.items.count < capacity))
+        }
+        if let waiter, let item { waiter.resume(returning: [item]) }
+        return result
+    }
+
     /// True while the consumer has room for more.
     var hasRoom: Bool { state.withLock { !$0.stopped && $0.items.count < capacity } }
 

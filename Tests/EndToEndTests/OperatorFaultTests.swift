@@ -184,4 +184,54 @@ import Worker
         await database.waitForRows(in: "upstream_messages", count: 50, within: .seconds(20))
         try await waitUntil("the replay is counted") { second.metricsPage.contains("fcm_worker_upstream_replayed_total 50") }
     }
+
+    /// In journal mode, a journal that could not be written (its disk full) left its
+    /// messages unacked for good: CCS sent no more on the connection, `/readyz` said ready,
+    /// and nothing arrived until a restart. Now the write is tried again until it succeeds,
+    /// `/readyz` and a metric say so meanwhile, and receiving resumes by itself.
+    @Test func aJournalThatCannotBeWrittenIsRetriedAndReceivingResumes() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("journal-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        var configuration = try ccs.worker(database: database)
+        configuration.spoolFile = folder + "/spool"
+        configuration.ackMode = .journal
+        configuration.metricsAddress = "127.0.0.1:0"
+        let events = WorkerEvents()
+        var handlers = UpstreamHandlers()
+        handlers.register("store", StoreHandler())
+        let worker = FCMWorker(configuration: configuration, handlers: handlers,
+                               logger: Logger(label: "test", minimumLevel: .warning) { TestLog.record($0) }, observer: { events.record($0) })
+        let task = Task { try await worker.run() }
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        try await events.wait(for: "the metrics listener") { $0.contains { if case .serving = $0 { true } else { false } } }
+        let port = events.all.compactMap { if case .serving(let port) = $0 { port } else { nil } }.first!
+        for index in 0..<20 { ccs.simulator.injectUpstream(from: "d\(index % 5)", messageID: "before-\(index)") }
+        try await ccs.simulator.wait(for: "20 acks") { Set($0.acked).count >= 20 }
+        await database.waitForRows(in: "upstream_messages", count: 20, within: .seconds(10))
+        // An idle worker keeps no journal: the next message opens a new segment.
+        try await waitUntil("the journal is emptied") { UpstreamJournalFiles.names(beside: configuration.spoolFile).isEmpty }
+
+        // The journal's disk goes: every write fails.
+        try FileManager.default.removeItem(atPath: folder)
+        for index in 0..<30 { ccs.simulator.injectUpstream(from: "d\(index % 5)", messageID: "during-\(index)") }
+        try await waitUntil("a failed journal write is counted") { worker.metricsPage.contains("fcm_worker_journal_failing 1") }
+        let probe = try await httpGet(port: port, path: "/readyz")
+        #expect(probe.status == 503 && probe.body.contains("the journal cannot be written"), "\(probe)")
+        #expect(Set(ccs.simulator.events.acked).count == 20, "nothing is acked that is not journaled")
+
+        // The disk is back: the write goes through, the acks go out, receiving resumes.
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        try await ccs.simulator.wait(for: "50 acks", timeout: .seconds(20)) { Set($0.acked).count >= 50 }
+        for index in 0..<10 { ccs.simulator.injectUpstream(from: "d\(index % 5)", messageID: "after-\(index)") }
+        try await ccs.simulator.wait(for: "60 acks", timeout: .seconds(20)) { Set($0.acked).count >= 60 }
+        await database.waitForRows(in: "upstream_messages", count: 60, within: .seconds(20))
+        #expect(try await database.count("upstream_messages") == 60)
+        #expect(worker.metricsPage.contains("fcm_worker_journal_failing 0"))
+        #expect(try await httpGet(port: port, path: "/readyz").status == 200)
+    }
 }

@@ -72,10 +72,39 @@ import Testing
         #expect(second.terminationStatus == 0, "\(log.suffix(2000))")
         #expect(try await database.count("upstream_messages") == 2000)
         #expect(log.contains("replaying 2000 spooled or journaled message(s)"), "\(log.suffix(2000))")
-        // Committed messages leave no journal behind (a message the worker journaled just
-        // as reading stopped may stay for the next start: only if it is stored already).
-        let left = UpstreamJournalFiles.messageIDs(beside: spool, prefix: "o")
-        #expect(left.isSubset(of: try await database.storedMessageIDs()), "\(UpstreamJournalFiles.names(beside: spool)) \(log.suffix(3000))")
+        // Committed messages leave no journal behind: a message is journaled (and so acked)
+        // only if it reaches the pipeline, however close to the stop it came.
+        #expect(UpstreamJournalFiles.names(beside: spool).isEmpty, "\(UpstreamJournalFiles.names(beside: spool)) \(log.suffix(3000))")
+    }
+
+    /// A graceful shutdown in journal mode with time left commits everything it acked (38
+    /// acked messages were left to the journal once in four runs: a message journaled as
+    /// reading stopped never reached the pipeline), then exits 0 and leaves no journal.
+    @Test func sigtermInJournalModeCommitsEverythingAckedWhileTheTimeoutAllows() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let spool = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID())").path
+        let (worker, errors) = try startWorkerProcess(ccs, database, spool: spool, ["--ack-mode", "journal", "--shutdown-timeout", "10"])
+        defer { if worker.isRunning { worker.terminate() } }
+        try await ccs.simulator.waitForBoundSessions(1)
+        // The table is locked: messages are journaled and acked, and wait to commit.
+        let locker = try await database.connect()
+        try await locker.execute("BEGIN")
+        try await locker.execute("LOCK TABLE upstream_messages IN ACCESS EXCLUSIVE MODE")
+        for index in 0..<1600 { ccs.simulator.injectUpstream(from: "d\(index % 50)", messageID: "j\(index)") }
+        try await ccs.simulator.wait(for: "1000 acks", timeout: .seconds(30)) { Set($0.acked).count >= 1000 }
+        kill(worker.processIdentifier, SIGTERM)
+        try await Task.sleep(for: .seconds(2))
+        try await locker.execute("COMMIT")
+        await locker.close()
+        try await waitForExit(worker)
+        let log = String(decoding: await readToEnd(errors.fileHandleForReading), as: UTF8.self)
+        #expect(worker.terminationStatus == 0, "\(log.suffix(2000))")
+        let acked = Set(ccs.simulator.events.acked)
+        let notCommitted = acked.subtracting(try await database.storedMessageIDs())
+        #expect(notCommitted.isEmpty, "\(notCommitted.count) acked message(s) left uncommitted, e.g. \(notCommitted.prefix(5)): \(log.suffix(2000))")
+        #expect(UpstreamJournalFiles.names(beside: spool).isEmpty)
     }
 
     @Test func sigtermWithWorkInFlightCommitsEverythingAckedAndExitsZero() async throws {

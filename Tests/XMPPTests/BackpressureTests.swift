@@ -34,6 +34,21 @@ final class Locked<Value: Sendable>: Sendable {
         #expect(await consumer.value == "x")
     }
 
+    /// Interception and queueing are one step with respect to `stop()`: a stanza is either
+    /// intercepted and handed out, or (after `stop()`) not intercepted at all. Journal mode
+    /// journals, and so acks, in its interception: one intercepted, then refused by a stop
+    /// in between, was acked and never handled.
+    @Test func aStanzaIsInterceptedOnlyIfItIsHandedOut() async {
+        let inbox = StanzaInbox(capacity: 4) {}
+        let intercepted = Locked<[String]>([])
+        #expect(inbox.push { intercepted.withLock { $0.append("first") }; return XMLElement("first") }?.accepted == true)
+        inbox.stop()
+        #expect(inbox.push { intercepted.withLock { $0.append("late") }; return XMLElement("late") } == nil)
+        #expect(intercepted.withLock { $0 } == ["first"], "nothing is intercepted after stop()")
+        #expect(await inbox.next().flatMap { $0 as? XMLElement }?.name == "first")
+        #expect(await inbox.next() == nil)
+    }
+
     @Test func aStoppedInboxRefusesNewStanzasButHandsOutTheQueuedOnes() async {
         let inbox = StanzaInbox(capacity: 4) {}
         inbox.push(XMLElement("queued"))
