@@ -61,6 +61,8 @@ public struct CCSUnusableMessage: Sendable {
         case unackable
         /// A `message_type` CCS did not document.
         case unknownType = "unknown_type"
+        /// A stanza over the size limit: read to its end, kept as its first bytes.
+        case oversized
     }
 
     public let payload: String

@@ -83,6 +83,26 @@ struct CCSInterceptor: StanzaInterceptor {
         }
     }
 
+    /// A stanza over the size limit, read to its end without being kept: dead-lettered as
+    /// `oversized` with its first bytes, and acked (as an unusable message is) when its
+    /// `message_id` and `from` could be read, so that CCS neither redelivers it forever nor
+    /// stops sending on the connection. The connection goes on.
+    func interceptOversized(_ stanza: OversizedStanza) -> Interception<CCSInbound> {
+        let receivedAt = Date()
+        guard stanza.name == "message", stanza.attribute("type") != "error" else {
+            return Interception(inbound: .ignored(XMLElement(name: stanza.name, namespace: stanza.namespace,
+                                                             attributeList: stanza.attributes, children: [])))
+        }
+        let members = stanza.members
+        let identity = members["message_type"] == nil
+            ? CCSMessage.Identity(messageID: members["message_id"], from: members["from"], category: members["category"]) : nil
+        return unusable(stanza.textSample, reason: .oversized,
+                        detail: "a stanza of \(stanza.byteCount) bytes, over the size limit: kept as its first "
+                            + "\(stanza.textSample.utf8.count) bytes of text"
+                            + (identity?.messageID == nil ? " (its message_id could not be read: not acked)" : ""),
+                        members: identity, at: receivedAt)
+    }
+
     /// Journal mode: the messages of the read just parsed go to disk together (and then
     /// their acks out).
     func didInterceptRead() {

@@ -33,7 +33,9 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
     public func check(_ bytes: [UInt8]) throws(FuzzFinding) {
         switch self {
         case .json: try Self.checkJSON(bytes)
-        case .xml: try Self.checkSplits(bytes, "XML stream parser", Self.xmlEvents)
+        case .xml:
+            try Self.checkSplits(bytes, "XML stream parser") { Self.xmlEvents($0, skipping: false) }
+            try Self.checkSplits(bytes, "XML stream parser skipping oversized stanzas") { Self.xmlEvents($0, skipping: true) }
         case .ccs: try Self.checkCCS(bytes)
         case .http: try Self.checkSplits(bytes, "HTTP message reader", Self.httpMessages)
         case .spool: try Self.checkSpool(bytes)
@@ -128,8 +130,8 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
         }
     }
 
-    private static func xmlEvents(_ reads: [ArraySlice<UInt8>]) -> Events {
-        let parser = XMLStreamParser(maxStanzaBytes: 4096, maxDepth: 16)
+    private static func xmlEvents(_ reads: [ArraySlice<UInt8>], skipping: Bool) -> Events {
+        let parser = XMLStreamParser(maxStanzaBytes: 4096, maxDepth: 16, skipsOversizedStanzas: skipping)
         var result = Events()
         for read in reads {
             let (events, failure) = read.withUnsafeBytes { parser.parse($0) }

@@ -68,6 +68,9 @@ struct CCSServerNegotiation {
             return [.send(header + "<stream:features><mechanisms xmlns=\"\(XMPPNamespace.sasl)\"><mechanism>X-OAUTH2</mechanism><mechanism>X-GOOGLE-TOKEN</mechanism><mechanism>PLAIN</mechanism></mechanisms></stream:features>")]
         case .stanza(let element):
             return handle(element)
+        case .oversizedStanza(let stanza):
+            // The simulator's parser ends the stream on one (as CCS does); if it ever read one on.
+            return violate("policy-violation", "a <\(stanza.name)> of \(stanza.byteCount) bytes, over the size limit")
         }
     }
 

@@ -259,6 +259,10 @@ final class CCSConnections: Sendable {
                 case .unreadable, .unknownType:
                     logger.warning("unusable CCS message, dead-lettered: \(message.detail)")
                     observer?(.unreadable(slot: index, reason: message.detail))
+                case .oversized:
+                    logger.warning("oversized CCS message \(message.messageID.map { String($0.prefix(200)) } ?? "(no message_id)"), "
+                                   + "dead-lettered: \(message.detail)")
+                    observer?(.unreadable(slot: index, reason: message.detail))
                 }
                 if case .sent = message.ack, let messageID = message.messageID {
                     observer?(.acked(connection: connection.label, messageID: messageID))

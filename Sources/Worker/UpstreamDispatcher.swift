@@ -69,17 +69,18 @@ struct UpstreamDispatcher: Sendable {
     /// handler refused come back as dead letters in their place (with the refusal), and so
     /// do the messages no route matches (`unrouted`: kept, never marked handled, replayable
     /// once the routes are fixed). Before that, a message whose `message_id`, `from` or
-    /// `category` holds U+0000 (JSON allows `\u0000`; PostgreSQL's text holds none, and
-    /// libpq would cut the text there, making another message's id of it) is dead-lettered
-    /// as unreadable.
+    /// `category` cannot be stored as it is is dead-lettered as unreadable, once: one holding
+    /// U+0000 (JSON allows `\u0000`; PostgreSQL's text holds none, and libpq would cut the
+    /// text there, making another message's id of it), or an id or token too long for an
+    /// index entry (a 15 KB `message_id` failed every attempt, then its dead letter failed
+    /// too, every second, forever). Its id is kept as its digest.
     func check(_ batch: [UpstreamWork]) -> [UpstreamWork] {
         batch.map { work in
             guard case .message(let message) = work.kind else { return work }
-            if let field = Self.fieldHoldingNul(message) {
-                let shown = message.messageID.replacingOccurrences(of: "\u{0}", with: "\\u0000")
-                logger.warning("message \(shown) dead-lettered: its \(field) holds U+0000", metadata: ["message_id": shown])
-                return Self.unreadable(work, message, error: "its \(field) holds U+0000, which PostgreSQL text cannot hold "
-                                                            + "(message_id \(shown))")
+            if let problem = Self.unstorableField(message) {
+                let shown = Self.shown(message.messageID)
+                logger.warning("message \(shown) dead-lettered: \(problem)", metadata: ["message_id": shown])
+                return Self.unreadable(work, message, error: "\(problem) (message_id \(shown))")
             }
             var routed = false
             for route in handlers.routes where route.match.matches(message) {
@@ -117,25 +118,42 @@ struct UpstreamDispatcher: Sendable {
         return letter
     }
 
-    /// The first of `message_id`, `from` and `category` that holds U+0000, if any.
-    static func fieldHoldingNul(_ message: UpstreamMessage) -> String? {
-        func holdsNul(_ text: String) -> Bool { text.utf8.contains(0) }
-        if holdsNul(message.messageID) { return "message_id" }
-        if holdsNul(message.from) { return "from" }
-        if let category = message.category, holdsNul(category) { return "category" }
+    /// What about `message_id`, `from` or `category` PostgreSQL cannot store as it is, if
+    /// anything: U+0000 in any, or an id or token longer than an index entry may be.
+    static func unstorableField(_ message: UpstreamMessage) -> String? {
+        let limit = UpstreamWork.longestIndexedField
+        for (field, value) in [("message_id", message.messageID), ("from", message.from)] {
+            if value.utf8.contains(0) { return "its \(field) holds U+0000, which PostgreSQL text cannot hold" }
+            if value.utf8.count > limit {
+                return "its \(field) is \(value.utf8.count) bytes long, over the \(limit) an index entry is given"
+            }
+        }
+        if let category = message.category, category.utf8.contains(0) {
+            return "its category holds U+0000, which PostgreSQL text cannot hold"
+        }
         return nil
     }
 
-    /// `work` as the dead letter of a message whose fields PostgreSQL cannot hold: only its
-    /// raw payload (JSON text, where U+0000 is the six characters `\u0000`) is kept, with
-    /// no `message_id`, so no de-duplication record is made of a cut one.
+    /// An id as the log shows it: U+0000 written out, at most 200 characters.
+    static func shown(_ id: String) -> String {
+        let text = id.replacingOccurrences(of: "\u{0}", with: "\\u0000")
+        return text.count > 200 ? text.prefix(200) + "… (\(id.utf8.count) bytes)" : text
+    }
+
+    /// `work` as the dead letter of a message whose fields PostgreSQL cannot hold: its raw
+    /// payload (JSON text, where U+0000 is the six characters `\u0000`) is kept, under the
+    /// digest of its id (`UpstreamWork.storableMessageID`): the de-duplication record holds
+    /// that, so a redelivery is acked and not kept twice, and no cut id becomes another
+    /// message's.
     static func unreadable(_ work: UpstreamWork, _ message: UpstreamMessage, error: String) -> UpstreamWork {
         var letter = work
         letter.attempts = 1
-        func storable(_ text: String?) -> String? { text.flatMap { $0.utf8.contains(0) ? nil : $0 } }
-        letter.kind = .deadLetter(.init(messageID: nil, from: storable(message.from), category: storable(message.category),
-                                        rawPayload: message.rawPayload, reason: "unreadable", error: error,
-                                        attempts: 1, receivedAt: message.receivedAt))
+        func storable(_ text: String?) -> String? {
+            text.flatMap { UpstreamWork.storableText($0) }
+        }
+        letter.kind = .deadLetter(.init(messageID: UpstreamWork.storableMessageID(message.messageID), from: storable(message.from),
+                                        category: storable(message.category), rawPayload: message.rawPayload, reason: "unreadable",
+                                        error: error, attempts: 1, receivedAt: message.receivedAt))
         return letter
     }
 

@@ -1,5 +1,6 @@
 import FCM
 import Foundation
+import Transport
 
 /// One unit of upstream work in the pipeline: a message for the handlers, or a dead letter
 /// to keep, with where its ack stands.
@@ -49,12 +50,38 @@ struct UpstreamWork: Sendable {
                   ack: arrival.ack)
     }
 
-    /// A message that cannot be handled, as a dead letter.
+    /// A message that cannot be handled, as a dead letter (its id in the form PostgreSQL
+    /// can keep, `storableMessageID`).
     init(_ unusable: CCSUnusableMessage) {
-        self.init(kind: .deadLetter(DeadLetter(messageID: unusable.messageID, from: unusable.from, category: unusable.category,
+        self.init(kind: .deadLetter(DeadLetter(messageID: unusable.messageID.map(Self.storableMessageID),
+                                               from: unusable.from.flatMap(Self.storableText),
+                                               category: unusable.category.flatMap(Self.storableText),
                                                rawPayload: unusable.payload, reason: unusable.reason.rawValue,
                                                error: unusable.detail, attempts: 0, receivedAt: unusable.receivedAt)),
                   ack: unusable.ack)
+    }
+
+    /// The longest `message_id` or `from` token kept as it is, in bytes of UTF-8: each is
+    /// a key of a PostgreSQL index (`processed_upstream`, `upstream_messages`), whose entries
+    /// hold at most about 2,700 bytes. FCM's ids and tokens are far shorter.
+    static let longestIndexedField = 1024
+
+    /// Whether `text` can be kept as it is in an indexed column: not too long, no U+0000
+    /// (PostgreSQL's text holds none, and libpq would cut it there).
+    static func isStorableKey(_ text: String) -> Bool {
+        text.utf8.count <= longestIndexedField && !text.utf8.contains(0)
+    }
+
+    /// `text` if PostgreSQL's text can hold it (no U+0000), else nil.
+    static func storableText(_ text: String) -> String? {
+        text.utf8.contains(0) ? nil : text
+    }
+
+    /// A message id as the de-duplication record and a dead letter can keep it: itself, or,
+    /// when it is too long or holds U+0000, `sha256:` and the digest of its UTF-8 (the same
+    /// for every redelivery, so that one is recognised and kept once).
+    static func storableMessageID(_ id: String) -> String {
+        isStorableKey(id) ? id : "sha256:" + SHA256.hex(Array(id.utf8))
     }
 
     /// The key that keeps one device's messages in order (its registration token).

@@ -18,6 +18,8 @@ final class ClientStreamDriver: StreamDriver {
 
     /// The interceptor, its result type-erased for the inbox.
     private let intercept: (XMLElement) -> (reply: String?, inbound: (any Sendable)?, closesSendGate: Bool)
+    /// The interceptor's `interceptOversized`, type-erased the same way.
+    private let interceptOversized: (OversizedStanza) -> (reply: String?, inbound: (any Sendable)?, closesSendGate: Bool)
     /// The interceptor's `didInterceptRead`.
     private let readIntercepted: () -> Void
 
@@ -27,8 +29,13 @@ final class ClientStreamDriver: StreamDriver {
             let interception = interceptor.intercept(stanza)
             return (interception.reply, interception.inbound, interception.closesSendGate)
         }
+        self.interceptOversized = { stanza in
+            let interception = interceptor.interceptOversized(stanza)
+            return (interception.reply, interception.inbound, interception.closesSendGate)
+        }
         self.readIntercepted = { interceptor.didInterceptRead() }
-        self.reader = XMLStreamReader(maxStanzaBytes: configuration.maxStanzaBytes, maxDepth: configuration.maxDepth)
+        self.reader = XMLStreamReader(maxStanzaBytes: configuration.maxStanzaBytes, maxDepth: configuration.maxDepth,
+                                      skipsOversizedStanzas: true)
         self.negotiation = SessionNegotiation(credentials: configuration.credentials)
         self.liveness = LivenessMonitor(idleInterval: configuration.pingInterval, timeout: configuration.pingTimeout)
         self.negotiationDeadline = .now + configuration.negotiationTimeout
@@ -72,6 +79,22 @@ final class ClientStreamDriver: StreamDriver {
         ending.complete(.success(reason))
     }
 
+    /// Intercepts a stanza and queues what the interceptor makes of it, together: once
+    /// receiving stopped, a stanza is not intercepted at all (not acked, not journaled), and
+    /// one intercepted always reaches the consumer. Its reply (an ack) is written after.
+    private func deliver(on loop: StreamLoop,
+                         _ intercept: () -> (reply: String?, inbound: (any Sendable)?, closesSendGate: Bool)) {
+        var intercepted: (reply: String?, inbound: (any Sendable)?, closesSendGate: Bool)?
+        let queued = inbox.push { () -> (any Sendable)? in
+            let interception = intercept()
+            intercepted = interception
+            return interception.inbound
+        }
+        guard let interception = intercepted, queued?.accepted == true else { return }
+        if interception.closesSendGate { loop.closeGate() }
+        if let reply = interception.reply { loop.write(reply) }
+    }
+
     private func perform(_ actions: [SessionNegotiation.Action], on loop: StreamLoop) {
         for action in actions {
             switch action {
@@ -82,19 +105,9 @@ final class ClientStreamDriver: StreamDriver {
                 negotiationDeadline = nil
                 establishment.complete(.success(jid))
             case .deliver(let stanza):
-                // Intercepted and queued together: once receiving stopped, a stanza is not
-                // intercepted at all (not acked, not journaled), and one intercepted always
-                // reaches the consumer.
-                var intercepted: (reply: String?, inbound: (any Sendable)?, closesSendGate: Bool)?
-                let queued = inbox.push { () -> (any Sendable)? in
-                    let interception = intercept(stanza)
-                    intercepted = interception
-                    return interception.inbound
-                }
-                guard let interception = intercepted, queued?.accepted == true else { continue }
-                if interception.closesSendGate { loop.closeGate() }
-                // Queued first: a reply (an ack) goes out only for a stanza the consumer gets.
-                if let reply = interception.reply { loop.write(reply) }
+                deliver(on: loop) { intercept(stanza) }
+            case .deliverOversized(let stanza):
+                deliver(on: loop) { interceptOversized(stanza) }
             case .fail(let error):
                 loop.close(reason: error)
                 return

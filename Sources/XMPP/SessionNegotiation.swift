@@ -43,6 +43,8 @@ public struct SessionNegotiation: Sendable {
         case established(jid: String)
         /// An application stanza for the consumer.
         case deliver(XMLElement)
+        /// An application stanza too large to keep, read to its end (the stream goes on).
+        case deliverOversized(OversizedStanza)
         /// End the connection with this error.
         case fail(XMPPError)
     }
@@ -96,6 +98,13 @@ public struct SessionNegotiation: Sendable {
                 return fail(.streamError(condition: condition, text: text))
             }
             return handle(stanza: element)
+        case .oversizedStanza(let stanza):
+            // Only an application stanza of an established session may be set aside; during
+            // negotiation, the stream cannot go on.
+            guard case .established = state, stanza.name != "iq" else {
+                return fail(.protocolViolation("a <\(stanza.name)> of \(stanza.byteCount) bytes, over the size limit, before the session was established"))
+            }
+            return [.deliverOversized(stanza)]
         }
     }
 

@@ -8,6 +8,10 @@ public protocol StanzaInterceptor<Inbound>: Sendable {
     /// What the consumer gets for each stanza.
     associatedtype Inbound: Sendable
     func intercept(_ stanza: XMLElement) -> Interception<Inbound>
+    /// A stanza too large to keep, read to its end (`XMPPClientConfiguration.maxStanzaBytes`):
+    /// what it can be answered with and handed on as. The default hands nothing on (it is
+    /// dropped).
+    func interceptOversized(_ stanza: OversizedStanza) -> Interception<Inbound>
     /// Called on the connection's thread after the stanzas of one read have been
     /// intercepted: work the interceptor queued for them can start here, once per read
     /// rather than once per stanza (journal mode wakes its journal's writer here, so that
@@ -17,6 +21,7 @@ public protocol StanzaInterceptor<Inbound>: Sendable {
 
 extension StanzaInterceptor {
     public func didInterceptRead() {}
+    public func interceptOversized(_ stanza: OversizedStanza) -> Interception<Inbound> { Interception(inbound: nil) }
 }
 
 /// What an interceptor makes of one stanza.

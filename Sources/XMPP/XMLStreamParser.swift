@@ -11,6 +11,40 @@ public enum XMLStreamEvent: Sendable, Equatable {
     case stanza(XMLElement)
     /// `</stream:stream>`.
     case streamClosed
+    /// A top-level element that grew past the size limit, read to its end without being
+    /// kept (only with `skipsOversizedStanzas`).
+    case oversizedStanza(OversizedStanza)
+}
+
+/// What is kept of a stanza too large to keep: its name and attributes, its size, the first
+/// bytes of its text, and the top-level string members of the JSON its text holds (a CCS
+/// stanza's `message_id` and `from`), so that it can still be acked and set aside.
+public struct OversizedStanza: Sendable, Equatable {
+    public let name: String
+    public let namespace: String?
+    public let attributes: [XMLElement.Attribute]
+    /// The stanza's size on the wire, in bytes.
+    public let byteCount: Int
+    /// The first bytes of its character data (of every element, in order), at most
+    /// `XMLStreamParser.oversizedSampleBytes`.
+    public let textSample: String
+    /// The top-level string members of its character data read as one JSON object.
+    public let members: [String: String]
+
+    /// The value of the unprefixed attribute `name`, if present.
+    public func attribute(_ name: String) -> String? {
+        attributes.first { $0.name == name && $0.namespace == nil }?.value
+    }
+
+    public init(name: String, namespace: String?, attributes: [XMLElement.Attribute], byteCount: Int, textSample: String,
+                members: [String: String]) {
+        self.name = name
+        self.namespace = namespace
+        self.attributes = attributes
+        self.byteCount = byteCount
+        self.textSample = textSample
+        self.members = members
+    }
 }
 
 /// Why the incoming stream cannot be parsed further. The connection must end.
@@ -44,8 +78,11 @@ public enum XMLStreamError: Error, Equatable, Sendable, CustomStringConvertible 
 ///
 /// Feed it bytes as they arrive, split anywhere: each complete top-level element comes out
 /// whole, once. Whitespace between stanzas (keepalives) is ignored. It refuses DTDs and
-/// entity declarations, stanzas over `maxStanzaBytes` and nesting over `maxDepth`; after the
-/// first error every further feed fails with the same error.
+/// entity declarations, and nesting over `maxDepth`; after the first error every further
+/// feed fails with the same error. A stanza over `maxStanzaBytes` is an error, or, with
+/// `skipsOversizedStanzas`, is read to its end without being kept and comes out as an
+/// `OversizedStanza` (the stream goes on); a single tag, or other token, longer than four
+/// times the limit is an error either way (expat must hold it whole).
 ///
 /// Not thread-safe: one owner (the connection's thread) uses it. A stream restart (after
 /// SASL) takes a new parser.
@@ -57,6 +94,25 @@ public final class XMLStreamParser {
 
     public let maxStanzaBytes: Int
     public let maxDepth: Int
+    /// Whether a stanza over `maxStanzaBytes` is read on and reported as oversized (true)
+    /// or ends the stream (false).
+    public let skipsOversizedStanzas: Bool
+    /// How much of an oversized stanza's character data is kept.
+    public static let oversizedSampleBytes = 4096
+
+    /// The stanza being read past the limit.
+    private struct Skipped {
+        let element: XMLElement
+        var sample: [UInt8] = []
+        var scanner = JSONMemberScanner()
+
+        mutating func read(_ bytes: UnsafeRawBufferPointer) {
+            if sample.count < XMLStreamParser.oversizedSampleBytes {
+                sample.append(contentsOf: bytes.prefix(XMLStreamParser.oversizedSampleBytes - sample.count))
+            }
+            scanner.feed(bytes)
+        }
+    }
 
     private let parser: XML_Parser
     /// Elements under construction; index 0 is the stanza, deeper ones its descendants.
@@ -70,10 +126,15 @@ public final class XMLStreamParser {
     /// before it) began: their difference bounds how much one stanza may buffer.
     private var fedBytes: Int = 0
     private var boundary: Int = 0
+    /// Where the last callback's bytes ended: what expat holds past it is one token.
+    private var progress: Int = 0
+    private var skipped: Skipped?
 
-    public init(maxStanzaBytes: Int = XMLStreamParser.defaultMaxStanzaBytes, maxDepth: Int = XMLStreamParser.defaultMaxDepth) {
+    public init(maxStanzaBytes: Int = XMLStreamParser.defaultMaxStanzaBytes, maxDepth: Int = XMLStreamParser.defaultMaxDepth,
+                skipsOversizedStanzas: Bool = false) {
         self.maxStanzaBytes = maxStanzaBytes
         self.maxDepth = maxDepth
+        self.skipsOversizedStanzas = skipsOversizedStanzas
         guard let parser = XML_ParserCreateNS("UTF-8", 0x01) else {
             fatalError("expat could not allocate a parser (out of memory)")
         }
@@ -128,7 +189,15 @@ public final class XMLStreamParser {
             let reason = XML_ErrorString(code).map { String(cString: $0) } ?? "error \(code.rawValue)"
             failure = .malformed("\(reason) at line \(XML_GetCurrentLineNumber(parser)), column \(XML_GetCurrentColumnNumber(parser))")
         }
-        if failure == nil && depth >= 1 && fedBytes - boundary > Int(maxStanzaBytes) {
+        if skipsOversizedStanzas {
+            // Read on past the limit; but one token expat must hold whole has a bound.
+            if failure == nil && depth >= 1 && fedBytes - progress > tokenLimit {
+                failure = .stanzaTooLarge(limit: maxStanzaBytes)
+            }
+            if failure == nil && skipped == nil && !open.isEmpty && fedBytes - boundary > Int(maxStanzaBytes) {
+                startSkipping()
+            }
+        } else if failure == nil && depth >= 1 && fedBytes - boundary > Int(maxStanzaBytes) {
             failure = .stanzaTooLarge(limit: maxStanzaBytes)
         }
         defer { events.removeAll(keepingCapacity: true) }
@@ -189,8 +258,58 @@ public final class XMLStreamParser {
     /// Whether the stanza under way had passed the size limit before what expat is at now:
     /// then that is the error, as a read split there would have reported it first (found by
     /// fuzzing: Fuzz/regressions/xml-limit-before-malformed-bytes, xml-limit-before-too-deep).
+    /// When oversized stanzas are skipped, passing the limit is no error: only a token past
+    /// `tokenLimit` is.
     private var passedTheLimit: Bool {
-        depth >= 1 && XML_GetCurrentByteIndex(parser) - boundary > Int(maxStanzaBytes)
+        if skipsOversizedStanzas { return depth >= 1 && XML_GetCurrentByteIndex(parser) - progress > tokenLimit }
+        return depth >= 1 && XML_GetCurrentByteIndex(parser) - boundary > Int(maxStanzaBytes)
+    }
+
+    /// The longest token (a tag, most likely) expat may hold while oversized stanzas are
+    /// skipped: four times the stanza limit.
+    private var tokenLimit: Int { Int(maxStanzaBytes) * 4 }
+
+    /// The bytes of the current callback's token end here.
+    private func noteProgress() {
+        progress = XML_GetCurrentByteIndex(parser) + Int(XML_GetCurrentByteCount(parser))
+    }
+
+    /// The stanza under way passed the limit: what was built of it is read once more (its
+    /// text, for the sample and the scanner) and dropped, and the rest is read without
+    /// being kept.
+    private func startSkipping() {
+        guard !open.isEmpty else { return }
+        skipped = Self.skipped(reading: open, pending: text)
+        text.removeAll()
+        open.removeAll()
+    }
+
+    /// What is kept of a stanza past the limit, from what was built of it: `elements`, the
+    /// stanza and its open descendants in order, and `pending` text not yet in them.
+    private static func skipped(reading elements: [XMLElement], pending: [UInt8]) -> Skipped {
+        let top = elements[0]
+        var skipping = Skipped(element: XMLElement(name: top.name, namespace: top.namespace, attributeList: top.attributes, children: []))
+        func readText(of element: XMLElement) {
+            for child in element.children {
+                switch child {
+                case .text(let text): Array(text.utf8).withUnsafeBytes { skipping.read($0) }
+                case .element(let element): readText(of: element)
+                }
+            }
+        }
+        for element in elements {
+            readText(of: element)
+        }
+        pending.withUnsafeBytes { skipping.read($0) }
+        return skipping
+    }
+
+    /// The event of a stanza read past the limit, which ends at the current callback.
+    private func oversizedEvent(_ stanza: Skipped) -> XMLStreamEvent {
+        let end = XML_GetCurrentByteIndex(parser) + Int(XML_GetCurrentByteCount(parser))
+        return .oversizedStanza(OversizedStanza(
+            name: stanza.element.name, namespace: stanza.element.namespace, attributes: stanza.element.attributes,
+            byteCount: end - boundary, textSample: String(decoding: stanza.sample, as: UTF8.self), members: stanza.scanner.members))
     }
 
     private func startElement(_ rawName: UnsafePointer<CChar>?, _ rawAttributes: UnsafeMutablePointer<UnsafePointer<CChar>?>?) {
@@ -204,8 +323,17 @@ public final class XMLStreamParser {
                 cursor = cursor.advanced(by: 2)
             }
         }
-        let element = XMLElement(name: name, namespace: namespace, attributeList: attributes, children: [])
         depth += 1
+        noteProgress()
+        if skipsOversizedStanzas && Int(XML_GetCurrentByteCount(parser)) > tokenLimit {
+            fail(.stanzaTooLarge(limit: maxStanzaBytes))
+            return
+        }
+        if skipped != nil {
+            if depth - 1 > maxDepth { fail(.tooDeep(limit: maxDepth)) }
+            return
+        }
+        let element = XMLElement(name: name, namespace: namespace, attributeList: attributes, children: [])
         if depth == 1 {
             guard name == "stream", namespace == XMPPNamespace.streams else {
                 fail(.notAStream(name))
@@ -231,13 +359,27 @@ public final class XMLStreamParser {
     private func endElement() {
         guard failure == nil else { return }
         depth -= 1
+        noteProgress()
         if depth == 0 {
             events.append(.streamClosed)
+            return
+        }
+        if let stanza = skipped {
+            guard depth == 1 else { return }
+            events.append(oversizedEvent(stanza))
+            skipped = nil
+            markBoundary()
             return
         }
         flushText()
         let element = open.removeLast()
         if open.isEmpty {
+            // Completed past the limit (in one read, no callback saw it pass): oversized too.
+            if skipsOversizedStanzas && XML_GetCurrentByteIndex(parser) + Int(XML_GetCurrentByteCount(parser)) - boundary > Int(maxStanzaBytes) {
+                events.append(oversizedEvent(Self.skipped(reading: [element], pending: [])))
+                markBoundary()
+                return
+            }
             checkStanzaSize()
             guard failure == nil else { return }
             events.append(.stanza(element))
@@ -249,7 +391,12 @@ public final class XMLStreamParser {
 
     private func characters(_ bytes: UnsafePointer<CChar>?, _ length: Int) {
         guard failure == nil, let bytes, length > 0 else { return }
+        noteProgress()
         let buffer = UnsafeRawBufferPointer(start: bytes, count: length)
+        if skipped != nil {
+            skipped?.read(buffer)
+            return
+        }
         if depth <= 1 {
             if buffer.contains(where: { !($0 == 0x20 || $0 == 0x09 || $0 == 0x0A || $0 == 0x0D) }) {
                 fail(.textOutsideStanza)
@@ -274,7 +421,10 @@ public final class XMLStreamParser {
 
     private func checkStanzaSize() {
         let end = XML_GetCurrentByteIndex(parser) + Int(XML_GetCurrentByteCount(parser))
-        if end - boundary > Int(maxStanzaBytes) {
+        guard end - boundary > Int(maxStanzaBytes) else { return }
+        if skipsOversizedStanzas {
+            startSkipping()
+        } else {
             fail(.stanzaTooLarge(limit: maxStanzaBytes))
         }
     }

@@ -6,20 +6,22 @@ import Transport
 package final class XMLStreamReader {
     private let maxStanzaBytes: Int
     private let maxDepth: Int
+    private let skipsOversizedStanzas: Bool
     private var parser: XMLStreamParser
     /// Counts stream restarts: events of a replaced parser are stale.
     private var generation = 0
 
-    package init(maxStanzaBytes: Int, maxDepth: Int) {
+    package init(maxStanzaBytes: Int, maxDepth: Int, skipsOversizedStanzas: Bool = false) {
         self.maxStanzaBytes = maxStanzaBytes
         self.maxDepth = maxDepth
-        self.parser = XMLStreamParser(maxStanzaBytes: maxStanzaBytes, maxDepth: maxDepth)
+        self.skipsOversizedStanzas = skipsOversizedStanzas
+        self.parser = XMLStreamParser(maxStanzaBytes: maxStanzaBytes, maxDepth: maxDepth, skipsOversizedStanzas: skipsOversizedStanzas)
     }
 
     /// Replaces the parser for a stream restart (after SASL success): the peer's next
     /// bytes open a new stream.
     package func restart() {
-        parser = XMLStreamParser(maxStanzaBytes: maxStanzaBytes, maxDepth: maxDepth)
+        parser = XMLStreamParser(maxStanzaBytes: maxStanzaBytes, maxDepth: maxDepth, skipsOversizedStanzas: skipsOversizedStanzas)
         generation += 1
     }
 

@@ -3,6 +3,8 @@ import Foundation
 import Postgres
 import Simulator
 import Testing
+import XMPP
+import Transport
 import Worker
 
 /// Input that can never be handled stays cheap: it is set aside once, alone, and the
@@ -37,6 +39,63 @@ import Worker
         #expect(!events.all.contains { if case .retryScheduled = $0 { true } else { false } })
         let commits = events.all.filter { if case .committed = $0 { true } else { false } }.count
         #expect(commits <= 3, "\(commits) commits for one burst")
+    }
+
+    /// A `message_id` too long for an index entry (15 KB) failed its every attempt, then its
+    /// dead letter failed too, every second, forever. Now it is dead-lettered at once, under
+    /// the digest of its id with its raw bytes, acked, and kept once when redelivered.
+    @Test func aMessageIDTooLongToIndexIsDeadLetteredOnceUnderItsDigest() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let (task, events) = startWorker(try ccs.worker(database: database))
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        let id = "long-" + String(repeating: "i", count: 15_000)
+        let json = #"{"from":"device","message_id":"\#(id)","data":{"n":"1"}}"#
+        ccs.simulator.injectRaw(json: json, messageID: id, from: "device")
+        ccs.simulator.injectUpstream(from: "device", messageID: "after-1")
+        await database.waitForRows(in: "upstream_messages", count: 1, within: .seconds(10))
+        await database.waitForRows(in: "dead_letters", count: 1, within: .seconds(10))
+        // Redelivered: acked again, kept once.
+        ccs.simulator.injectRaw(json: json, messageID: id, from: "device")
+        ccs.simulator.injectUpstream(from: "device", messageID: "after-2")
+        await database.waitForRows(in: "upstream_messages", count: 2, within: .seconds(10))
+        try await ccs.simulator.wait(for: "both acks") { $0.acked.filter { $0 == id }.count == 2 }
+        let letters = try await database.query("SELECT message_id, reason, error, raw_payload FROM dead_letters")
+        #expect(letters.count == 1)
+        #expect(letters.first?.string(0) == "sha256:" + SHA256.hex(Array(id.utf8)))
+        #expect(letters.first?.string(1) == "unreadable")
+        #expect(letters.first?.string(2)?.contains("its message_id is 15005 bytes long") == true)
+        #expect(letters.first?.string(3) == json, "its raw bytes are kept")
+        #expect(!events.all.contains { if case .retryScheduled = $0 { true } else { false } }, "never retried")
+    }
+
+    /// A stanza over 1 MiB reset the connection, and its redelivery reset it again, forever:
+    /// no other message on it was acked. Now it is read to its end, acked (its message_id
+    /// comes after its data, as CCS writes them), dead-lettered with its first bytes, and
+    /// the connection goes on.
+    @Test func aStanzaOverTheSizeLimitIsAckedSetAsideAndTheConnectionGoesOn() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let (task, _) = startWorker(try ccs.worker(database: database))
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        let huge = #"{"category":"com.example","data":{"blob":"\#(String(repeating: "b", count: 1_200_000))"},"message_id":"big-1","from":"device"}"#
+        ccs.simulator.injectUpstream(from: "device", messageID: "before")
+        ccs.simulator.injectRaw(json: huge, messageID: "big-1", from: "device")
+        ccs.simulator.injectUpstream(from: "device", messageID: "after")
+        try await ccs.simulator.wait(for: "three acks", timeout: .seconds(20)) { Set($0.acked).isSuperset(of: ["before", "big-1", "after"]) }
+        await database.waitForRows(in: "upstream_messages", count: 2, within: .seconds(10))
+        await database.waitForRows(in: "dead_letters", count: 1, within: .seconds(10))
+        let letters = try await database.query("SELECT message_id, reason, error, length(raw_payload), category FROM dead_letters")
+        #expect(letters.first?.string(0) == "big-1" && letters.first?.string(1) == "oversized")
+        #expect(letters.first?.string(2)?.contains("over the size limit") == true)
+        #expect(letters.first?.int(3) == Int64(XMLStreamParser.oversizedSampleBytes))
+        #expect(letters.first?.string(4) == "com.example")
+        #expect(ccs.simulator.counters.sessionsBound == 1, "the connection was never dropped")
+        #expect(ccs.simulator.violations.isEmpty)
     }
 
     @Test func anUnknownMessageTypeIsAckedAndDeadLetteredOnce() async throws {

@@ -124,6 +124,72 @@ private func stanzas(_ events: [XMLStreamEvent]) -> [XMLElement] {
         #expect(throws: XMLStreamError.stanzaTooLarge(limit: 1024)) { try parser.feed("</body></message>") }
     }
 
+    /// With `skipsOversizedStanzas` (a client's connection to CCS), a stanza over the limit
+    /// is read to its end without being kept and comes out as an `OversizedStanza`: its name,
+    /// size, the first bytes of its text and the top-level string members of its JSON (a CCS
+    /// message puts `message_id` and `from` after `data`). The stanzas around it come out
+    /// as usual, however the bytes are split.
+    @Test func anOversizedStanzaIsSkippedToItsEndAndTheStreamGoesOn() throws {
+        let big = String(repeating: "x", count: 5000)
+        let json = #"{"category":"com.example","data":{"text":"\#(big)","message_id":"inner"},"message_id":"m-\"1","from":"device-a"}"#
+        let stream = header + "<message id=\"before\"><gcm xmlns=\"google:mobile:data\">{}</gcm></message>"
+            + "<message id=\"big\"><gcm xmlns=\"google:mobile:data\">\(json.replacingOccurrences(of: "&", with: "&amp;"))</gcm></message>"
+            + "<message id=\"after\"/>"
+        let bytes = Array(stream.utf8)
+        for split in [bytes.count, 1, 7, 1000, 4095] {
+            let parser = XMLStreamParser(maxStanzaBytes: 1024, skipsOversizedStanzas: true)
+            var events: [XMLStreamEvent] = []
+            var offset = 0
+            while offset < bytes.count {
+                let end = min(bytes.count, offset + split)
+                events += try parser.feed(Array(bytes[offset..<end]))
+                offset = end
+            }
+            #expect(events.count == 4, "split \(split)")
+            guard events.count == 4, case .oversizedStanza(let oversized) = events[2] else {
+                Issue.record("no oversized stanza (split \(split)): \(events)")
+                continue
+            }
+            #expect(stanzas([events[1]]).map { $0.attribute("id") } == ["before"])
+            #expect(stanzas([events[3]]).map { $0.attribute("id") } == ["after"])
+            #expect(oversized.name == "message" && oversized.attribute("id") == "big")
+            #expect(oversized.members == ["category": "com.example", "message_id": "m-\"1", "from": "device-a"])
+            #expect(oversized.textSample.utf8.count == XMLStreamParser.oversizedSampleBytes)
+            #expect(oversized.textSample.hasPrefix(#"{"category":"com.example","data":{"text":"xxx"#))
+            #expect(oversized.byteCount > 5000)
+        }
+    }
+
+    @Test func insideASkippedStanzaDepthAndWellFormednessStillCount() throws {
+        let deep = XMLStreamParser(maxStanzaBytes: 64, maxDepth: 8, skipsOversizedStanzas: true)
+        _ = try deep.feed(header)
+        _ = try deep.feed("<message>" + String(repeating: "y", count: 200))
+        #expect(throws: XMLStreamError.tooDeep(limit: 8)) { try deep.feed(String(repeating: "<a>", count: 9)) }
+        let malformed = XMLStreamParser(maxStanzaBytes: 64, skipsOversizedStanzas: true)
+        _ = try malformed.feed(header)
+        _ = try malformed.feed("<message>" + String(repeating: "y", count: 200))
+        #expect(throws: XMLStreamError.self) { try malformed.feed("</other>") }
+    }
+
+    /// Skipping keeps nothing of a stanza, but expat must hold a tag whole: one longer than
+    /// four times the limit still ends the stream, in one read or in pieces.
+    @Test func aTagFourTimesTheLimitStillEndsTheStream() throws {
+        let tag = "<message a=\"" + String(repeating: "z", count: 5000) + "\">"
+        for split in [tag.utf8.count, 100] {
+            let parser = XMLStreamParser(maxStanzaBytes: 1024, skipsOversizedStanzas: true)
+            _ = try parser.feed(header)
+            let bytes = Array(tag.utf8)
+            var failed = false
+            var offset = 0
+            while offset < bytes.count, !failed {
+                let end = min(bytes.count, offset + split)
+                do { _ = try parser.feed(Array(bytes[offset..<end])) } catch { failed = error == .stanzaTooLarge(limit: 1024) }
+                offset = end
+            }
+            #expect(failed, "split \(split)")
+        }
+    }
+
     @Test func stanzasJustUnderTheLimitPass() throws {
         let parser = XMLStreamParser(maxStanzaBytes: 1024)
         _ = try parser.feed(header)
