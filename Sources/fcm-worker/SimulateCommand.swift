@@ -365,18 +365,27 @@ extension SimulatorEvent {
     }
 }
 
-/// Writes `text` to `path` with mode 0600 (an existing file is truncated and made so).
+/// Writes `text` to `path` with mode 0600, whole or not at all: to a file of its own first,
+/// renamed into place, so that a reader waiting for `path` never reads it half written.
 private func writePrivately(_ text: String, to path: String) throws {
-    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-    guard fd >= 0 else { throw SimulatorError("cannot write \(path): \(String(cString: strerror(errno)))") }
-    defer { close(fd) }
-    guard fchmod(fd, 0o600) == 0 else { throw SimulatorError("cannot restrict \(path): \(String(cString: strerror(errno)))") }
-    let bytes = Array(text.utf8)
-    var written = 0
-    while written < bytes.count {
-        let count = bytes[written...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        if count < 0, errno == EINTR { continue }
-        guard count > 0 else { throw SimulatorError("cannot write \(path): \(String(cString: strerror(errno)))") }
-        written += count
+    let temporary = path + ".tmp-\(getpid())"
+    let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+    guard fd >= 0 else { throw SimulatorError("cannot write \(temporary): \(String(cString: strerror(errno)))") }
+    do {
+        defer { close(fd) }
+        guard fchmod(fd, 0o600) == 0 else { throw SimulatorError("cannot restrict \(temporary): \(String(cString: strerror(errno)))") }
+        let bytes = Array(text.utf8)
+        var written = 0
+        while written < bytes.count {
+            let count = bytes[written...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+            if count < 0, errno == EINTR { continue }
+            guard count > 0 else { throw SimulatorError("cannot write \(temporary): \(String(cString: strerror(errno)))") }
+            written += count
+        }
+    }
+    guard rename(temporary, path) == 0 else {
+        let reason = String(cString: strerror(errno))
+        unlink(temporary)
+        throw SimulatorError("cannot write \(path): \(reason)")
     }
 }
