@@ -48,12 +48,14 @@ let package = Package(
         .target(name: "XMPP", dependencies: ["Runtime", "Transport", "CExpat"], swiftSettings: swiftSettings),
         .target(name: "FCM", dependencies: ["Runtime", "Transport", "XMPP"], swiftSettings: swiftSettings),
         .target(name: "Postgres", dependencies: ["Runtime", "CLibPQ"], swiftSettings: swiftSettings),
-        .target(name: "Worker", dependencies: ["Runtime", "Transport", "XMPP", "FCM", "Postgres"], swiftSettings: swiftSettings),
+        .target(name: "Outbox", dependencies: ["Runtime", "Transport", "XMPP", "FCM", "Postgres"], swiftSettings: swiftSettings),
+        .target(name: "Worker", dependencies: ["Runtime", "Transport", "XMPP", "FCM", "Postgres", "Outbox"], swiftSettings: swiftSettings),
         .target(name: "Handlers", dependencies: ["Worker", "FCM", "Postgres"], swiftSettings: swiftSettings),
         .target(name: "Simulator", dependencies: ["Runtime", "Transport", "XMPP", "FCM", "COpenSSL"], swiftSettings: swiftSettings),
         .target(name: "WorkerTesting", dependencies: ["Worker", "Simulator", "FCM", "Postgres", "Runtime", "Transport"],
                 swiftSettings: swiftSettings),
-        .executableTarget(name: "fcm-worker", dependencies: ["Worker", "Handlers", "Simulator"], swiftSettings: swiftSettings),
+        .executableTarget(name: "fcm-worker", dependencies: ["Worker", "Handlers", "Simulator", "Outbox", "FCM", "Postgres", "XMPP", "Transport",
+                                                             "Runtime"], swiftSettings: swiftSettings),
         // The parsers' properties, fuzzed by scripts/fuzz and replayed by FuzzRegressionTests.
         .target(name: "FuzzChecks", dependencies: ["FCM", "Transport", "XMPP", "Worker"], swiftSettings: swiftSettings),
         .executableTarget(name: "fcm-worker-fuzz", dependencies: ["FuzzChecks", "CSystem"], swiftSettings: swiftSettings),
@@ -62,13 +64,14 @@ let package = Package(
         .testTarget(name: "XMPPTests", dependencies: ["XMPP", "Transport", "Runtime"]),
         .testTarget(name: "FCMTests", dependencies: ["FCM", "XMPP", "Transport", "Runtime"]),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "Runtime"]),
-        .testTarget(name: "WorkerTests", dependencies: ["Worker", "FCM", "Runtime"]),
+        .testTarget(name: "WorkerTests", dependencies: ["Worker", "Outbox", "FCM", "Runtime"]),
         .testTarget(name: "FuzzRegressionTests", dependencies: ["FuzzChecks"]),
         // The Swift blocks of docs/handlers.md and README.md, copied by scripts/extract-doc-snippets:
         // built with the tests so that the docs always compile (the test among them runs too).
         .testTarget(name: "HandlerDocs", dependencies: ["Worker", "Handlers", "WorkerTesting"], path: "Tests/HandlerDocs",
                     swiftSettings: swiftSettings),
-        .testTarget(name: "EndToEndTests", dependencies: ["Worker", "Handlers", "Simulator", "WorkerTesting", "Runtime", "Transport", "XMPP", "FCM", "Postgres"]),
+        .testTarget(name: "EndToEndTests", dependencies: ["Worker", "Outbox", "Handlers", "Simulator", "WorkerTesting", "Runtime", "Transport", "XMPP",
+                                                          "FCM", "Postgres"]),
     ],
     swiftLanguageModes: [.v6]
 )

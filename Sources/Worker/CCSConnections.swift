@@ -1,5 +1,6 @@
 import FCM
 import Foundation
+import Outbox
 import Runtime
 import Synchronization
 import Transport
@@ -21,12 +22,12 @@ final class CCSConnections: Sendable {
     private let logger: Logger
     private let observer: WorkerObserver?
     private let pipeline: UpstreamPipeline
-    private let sender: XMPPOutboxSender
+    private let sender: any CCSLinks
     private let metrics: WorkerMetrics
     private let open = BlockingLock<[ObjectIdentifier: CCSConnection]>([:])
 
     init(configuration: WorkerConfiguration, tls: TLSContext, logger: Logger, observer: WorkerObserver?,
-         pipeline: UpstreamPipeline, sender: XMPPOutboxSender, metrics: WorkerMetrics) {
+         pipeline: UpstreamPipeline, sender: any CCSLinks, metrics: WorkerMetrics) {
         self.metrics = metrics
         self.configuration = configuration
         self.tls = tls
@@ -96,7 +97,7 @@ final class CCSConnections: Sendable {
         private var configuration: WorkerConfiguration { connections.configuration }
         private var logger: Logger { connections.logger.labeled("ccs#\(index)").with(["connection": "ccs#\(index)"]) }
         private var observer: WorkerObserver? { connections.observer }
-        private var sender: XMPPOutboxSender { connections.sender }
+        private var sender: any CCSLinks { connections.sender }
 
         init(index: Int, connections: CCSConnections) {
             self.index = index
@@ -288,14 +289,14 @@ private final class ReaderHooks: Sendable {
     private struct State {
         var link: Int?
         /// Acks of the read being parsed, for `readEnded`.
-        var acks: [XMPPOutboxSender.Answer] = []
+        var acks: [DownstreamAnswer] = []
     }
 
-    private let sender: XMPPOutboxSender
+    private let sender: any CCSLinks
     private let logger: Logger
     private let state = BlockingLock(State())
 
-    init(sender: XMPPOutboxSender, logger: Logger) {
+    init(sender: any CCSLinks, logger: Logger) {
         self.sender = sender
         self.logger = logger
     }
@@ -321,8 +322,8 @@ private final class ReaderHooks: Sendable {
 
     /// The read is parsed: its acks go to the sender together.
     func readEnded() {
-        let (link, acks) = state.withLock { state -> (Int?, [XMPPOutboxSender.Answer]) in
-            var taken: [XMPPOutboxSender.Answer] = []
+        let (link, acks) = state.withLock { state -> (Int?, [DownstreamAnswer]) in
+            var taken: [DownstreamAnswer] = []
             swap(&taken, &state.acks)
             return (state.link, taken)
         }
@@ -330,22 +331,22 @@ private final class ReaderHooks: Sendable {
     }
 
     /// Hands an ack, a nack or a stanza error received on `link` to the sender.
-    static func deliver(_ inbound: CCSInbound, on link: Int, to sender: XMPPOutboxSender, logger: Logger) {
+    static func deliver(_ inbound: CCSInbound, on link: Int, to sender: any CCSLinks, logger: Logger) {
         switch inbound {
         case .ack(let messageID, let canonical):
-            sender.received(.ack(messageID: messageID, canonicalToken: canonical), on: link)
+            sender.received([.ack(messageID: messageID, canonicalToken: canonical)], on: link)
         case .nack(let messageID, let code, let description):
             logger.info("CCS nacked \(messageID): \(code) \(description ?? "")")
-            sender.received(.nack(messageID: messageID, code: code, description: description), on: link)
+            sender.received([.nack(messageID: messageID, code: code, description: description)], on: link)
         case .stanzaError(let stanzaID, let messageID, let condition, let text):
             logger.warning("stanza error for id \(stanzaID ?? messageID ?? "?"): \(condition) \(text ?? "")")
             if let stanzaID {
-                sender.received(.stanzaError(stanzaID: stanzaID, condition: condition, text: text), on: link)
+                sender.received([.stanzaError(stanzaID: stanzaID, condition: condition, text: text)], on: link)
             } else if let messageID {
-                sender.received(.stanzaErrorForMessage(messageID: messageID, condition: condition, text: text), on: link)
+                sender.received([.stanzaErrorForMessage(messageID: messageID, condition: condition, text: text)], on: link)
             } else {
                 logger.warning("a stanza error names no stanza: the message it refused is sent again once its answer is "
-                               + "\(sender.settings.answerTimeout.formattedSeconds) late")
+                               + "\(sender.answerTimeout.formattedSeconds) late")
             }
         case .upstream, .receipt, .control, .unusable, .ignored:
             break

@@ -1,5 +1,6 @@
 import FCM
 import Foundation
+import Outbox
 import Postgres
 import Runtime
 import Transport
@@ -106,8 +107,9 @@ public struct FCMWorker: Sendable {
                               observer: observer, metrics: metrics) : nil
         let pipeline = UpstreamPipeline(pool: pools.upstream, handlers: handlers, settings: configuration.pipeline,
                                         logger: logger.labeled("pipeline"), observer: observer, metrics: metrics, journal: journal)
+        let observer = self.observer
         let outbox = Outbox(pool: pools.outbox, client: httpClient, settings: configuration.downstream,
-                            logger: logger.labeled("outbox"), observer: observer, metrics: metrics)
+                            logger: logger.labeled("outbox"), metrics: metrics, onListening: { observer?(.outboxListening) })
         let ccs = CCSConnections(configuration: configuration, tls: tls, logger: logger, observer: observer,
                                  pipeline: pipeline, sender: outbox.xmpp, metrics: metrics)
         metrics.sources.withLock { sources in

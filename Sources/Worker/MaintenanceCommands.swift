@@ -1,5 +1,6 @@
 import FCM
 import Foundation
+import Outbox
 import Postgres
 import Runtime
 

@@ -1,5 +1,6 @@
 import FCM
 import Foundation
+import Outbox
 import Runtime
 import Synchronization
 
@@ -11,7 +12,7 @@ import Synchronization
 /// Gauges are read when scraped, from the parts that hold them (`Sources`), and the
 /// outbox backlog from the database by the health probe, every 10 s while `/metrics` is
 /// served (`ObservabilityService.backlogInterval`).
-final class WorkerMetrics: Sendable {
+final class WorkerMetrics: OutboxMetrics {
     struct Upstream: Sendable {
         var received = 0
         var acked = 0
@@ -56,7 +57,7 @@ final class WorkerMetrics: Sendable {
     /// Where the scrape reads the gauges.
     struct Sources: Sendable {
         var openConnections: @Sendable () -> Int = { 0 }
-        var windows: @Sendable () -> [XMPPOutboxSender.Window] = { [] }
+        var windows: @Sendable () -> [ConnectionWindow] = { [] }
         var queueDepth: @Sendable () -> Int = { 0 }
         var databaseConnections: @Sendable () -> (upstream: Int, outbox: Int) = { (0, 0) }
     }
@@ -131,6 +132,11 @@ final class WorkerMetrics: Sendable {
             counts[name, default: HandlerCounts()].runs += runs
             if failed { counts[name, default: HandlerCounts()].failures += 1 }
         }
+    }
+
+    /// Round trips of messages sent over XMPP, in seconds.
+    func downstreamRoundTrips(_ seconds: [Double]) {
+        downstreamRoundTrip.withLock { histogram in for value in seconds { histogram.observe(value) } }
     }
 
     /// Downstream rows moved to new states by `transport` (`xmpp`, `http`).

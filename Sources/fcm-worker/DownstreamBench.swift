@@ -1,4 +1,5 @@
 import Foundation
+import Outbox
 import Postgres
 import Runtime
 import Simulator

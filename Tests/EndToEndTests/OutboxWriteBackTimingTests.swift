@@ -2,6 +2,7 @@ import Foundation
 import Postgres
 import Runtime
 import Testing
+@testable import Outbox
 @testable import Worker
 
 /// The outbox write-back lets answers that come apart share one transaction (a transaction

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+@testable import Outbox
 @testable import Worker
 
 @Suite struct ClaimLedgerTests {

@@ -2,6 +2,7 @@ import Runtime
 import FCM
 import Foundation
 import Testing
+@testable import Outbox
 @testable import Worker
 
 private func message(_ row: Int64, to target: String = "token", attempt: Int = 1) -> OutgoingDownstream {
@@ -235,7 +236,7 @@ private func message(_ row: Int64, to target: String = "token", attempt: Int = 1
             let payload = try JSONValue.parse(text)
             for (target, condition) in [("token-1", nil), (nil, "'a' in topics")] as [(String?, String?)] {
                 let message = try DownstreamMessage(target: target, condition: condition, payload: payload, messageID: "ds-7")
-                let wire = XMPPOutboxSender.wireJSON(of: message, payloadText: text, payloadHasMessageID: payload["message_id"] != nil)
+                let wire = XMPPTransport.wireJSON(of: message, payloadText: text, payloadHasMessageID: payload["message_id"] != nil)
                 #expect(try JSONValue.parse(wire) == message.json, "\(text) → \(wire)")
             }
         }

@@ -1,6 +1,7 @@
 import FCM
 import Foundation
 import Testing
+@testable import Outbox
 @testable import Worker
 
 /// SplitMix64 from a fixed seed: varied draws (a constant one would make a floating-point

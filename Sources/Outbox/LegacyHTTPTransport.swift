@@ -3,9 +3,10 @@ import Foundation
 import Postgres
 import Runtime
 
-/// Sends the outbox rows of transport `http` through FCM's legacy HTTP protocol: the HTTP
-/// shell of the `Outbox`. Rows with `registration_ids` go out as multicasts (1,000 tokens
-/// per request), the others to their `target` or `condition`.
+/// The outbox's legacy HTTP transport (`http`): sends rows through FCM's legacy HTTP
+/// protocol. Rows with `registration_ids` go out as multicasts (1,000 tokens per request),
+/// the others to their `target` or `condition`; it takes 8 rows at a time and sends them at
+/// once (the client keeps at most 4 requests in flight).
 ///
 /// Each attempt is settled like an XMPP answer (`OutboxSettlement.http`) and written
 /// through the same write-back: every token's outcome goes to the row's `token_results`,
@@ -14,99 +15,60 @@ import Runtime
 /// or a failed connection retries the row with the downstream backoff, no sooner than a
 /// `Retry-After` (capped at `maximumRetryAfter`); a 401 stops HTTP sending until the
 /// worker restarts (a configuration error, never retried in a loop).
-final class HTTPOutboxSender: Sendable {
-    private let store: OutboxStore
+package final class LegacyHTTPTransport: DownstreamTransport {
     private let client: FCMHTTPClient
-    private let writeBack: OutboxWriteBack
+    private let recorder: OutboxRecorder
     private let settings: DownstreamSettings
     private let logger: Logger
-    private let metrics: WorkerMetrics
-    /// Rung on NOTIFY and on each write-back commit.
-    let doorbell: Doorbell
     private let state = BlockingLock(State())
     /// One line a minute per kind of failed request (an unknown host, a refused
     /// certificate, 5xx answers): the rows retry quietly otherwise.
     private let failureWarnings = WarningThrottle()
-    /// Rows processed at once (each may be a multicast of several requests).
+    /// Rows taken at once (each may be a multicast of several requests).
     private let batch = 8
     /// The longest `Retry-After` honoured: FCM's answer holds a row back at most this long.
-    static let maximumRetryAfter: Duration = .seconds(300)
+    package static let maximumRetryAfter: Duration = .seconds(300)
 
     private struct State {
-        var claiming = true
-        var refused = false
+        package var refused = false
         /// Devices and topics that hit a rate limit, and until when their rows wait.
-        var slowDowns = SlowDowns()
+        package var slowDowns = SlowDowns()
     }
 
-    init(store: OutboxStore, client: FCMHTTPClient, writeBack: OutboxWriteBack, doorbell: Doorbell,
-         settings: DownstreamSettings, logger: Logger, metrics: WorkerMetrics) {
-        self.metrics = metrics
-        self.store = store
+    package init(client: FCMHTTPClient, recorder: OutboxRecorder, settings: DownstreamSettings, logger: Logger) {
         self.client = client
-        self.writeBack = writeBack
-        self.doorbell = doorbell
+        self.recorder = recorder
         self.settings = settings
         self.logger = logger
     }
 
+    package var name: String { "http" }
+    /// The client checks each request against FCM's rules itself.
+    package var validatesRows: Bool { false }
+    package func messageID(forRow id: Int64) -> String { "http" }
+    package func wantedRows() -> Int { batch }
+    package var claimThreshold: Int { 1 }
+    package var isStopped: Bool { state.withLock { $0.refused } }
+    package func tick() {}
+
+    /// Sends the rows at once and returns when each is answered (or, cancelled, handed back).
+    package func send(_ messages: [ClaimedMessage]) async {
+        await withTaskGroup(of: Void.self) { group in
+            for claimed in messages { group.addTask { await self.send(claimed.row, message: claimed.message) } }
+        }
+    }
+
+    /// Nothing waits here: the requests under way are the claim loop's `send`, which the
+    /// outbox gives until the deadline and then cancels.
+    package func finish(until deadline: ContinuousClock.Instant, shutdown: ShutdownSignal) async {}
+
     /// Hands row updates to the write-back, counted for metrics.
     private func record(_ updates: [OutboxUpdate], tokens: [TokenMark] = []) {
-        metrics.downstream(updates, transport: "http")
-        writeBack.record(updates, tokens: tokens)
+        recorder.record(updates, tokens: tokens)
     }
 
-    /// Claims and sends until `stopClaiming()` and the rows under way are settled, or
-    /// until cancelled: then the requests under way are abandoned and their rows handed
-    /// back (FCM may have taken them: they may be sent twice, never zero times).
-    func run() async {
-        var outage = Backoff.outage(base: .milliseconds(100), cap: .seconds(10))
-        // Retries, rows handed back and the rows of expired claims are found by a sweep,
-        // every sweep interval.
-        var lastSweep: ContinuousClock.Instant?
-        while state.withLock({ $0.claiming && !$0.refused }) && !Task.isCancelled {
-            let rows: [OutboxStore.ClaimedRow]
-            do {
-                let now = ContinuousClock.now
-                let sweeping = lastSweep.map { now - $0 >= settings.sweepInterval } ?? true
-                rows = try await store.claim(limit: batch, sweeping: sweeping)
-                if sweeping { lastSweep = now }
-                outage.reset()
-            } catch {
-                guard !Task.isCancelled else { return }
-                let delay = outage.next()
-                logger.warning("could not claim outbox rows for HTTP (retrying in \(delay.formattedSeconds)): \(error)")
-                await doorbell.wait(timeout: delay)
-                continue
-            }
-            if rows.isEmpty {
-                await doorbell.wait(timeout: settings.sweepInterval)
-                continue
-            }
-            await withTaskGroup(of: Void.self) { group in
-                for row in rows { group.addTask { await self.send(row) } }
-            }
-        }
-    }
-
-    /// Stops claiming; the rows under way go on until `run()` is cancelled.
-    func stopClaiming() {
-        state.withLock { $0.claiming = false }
-        doorbell.ring()
-    }
-
-    private func send(_ row: OutboxStore.ClaimedRow) async {
+    private func send(_ row: OutboxStore.ClaimedRow, message: DownstreamMessage) async {
         let now = Date()
-        let message: DownstreamMessage
-        switch row.message(id: "http", validating: false, maximumAge: settings.retry.maximumAge, now: now) {
-        case .success(let prepared):
-            message = prepared.0
-        case .failure(let refusal):
-            refusal.log(rowID: row.id, to: logger, throttle: failureWarnings)
-            record([OutboxUpdate(rowID: row.id, status: refusal.status, errorCode: refusal.errorCode,
-                                           errorDescription: refusal.description)])
-            return
-        }
         if let target = message.to ?? message.condition,
            let until = state.withLock({ $0.slowDowns.heldUntil(target, now: .now) }) {
             // Held back like XMPP's rate-limit slowdown: not sent, not counted as an attempt.

@@ -4,10 +4,10 @@ import Runtime
 
 extension OutboxStore.ClaimedRow {
     /// Why a claimed row is settled without being sent.
-    struct Refusal: Error, Sendable {
-        let status: OutboxUpdate.Status
-        let errorCode: String
-        let description: String
+    package struct Refusal: Error, Sendable {
+        package let status: OutboxUpdate.Status
+        package let errorCode: String
+        package let description: String
     }
 
     /// The message this row describes (to the canonical token if its target was replaced)
@@ -17,7 +17,7 @@ extension OutboxStore.ClaimedRow {
     /// (`--retry-max-age`, `RETRY_MAX_AGE`). `maximumAge` limits retries only: a row never
     /// sent (a backlog after a long outage) gets its first attempt while its time to live
     /// lasts, and `time_to_live: 0` ("now or never") gets its first attempt too.
-    func message(id messageID: String, validating: Bool, maximumAge: Duration,
+    package func message(id messageID: String, validating: Bool, maximumAge: Duration,
                  now: Date) -> Result<(DownstreamMessage, payload: JSONValue), Refusal> {
         if registrationIDs == nil, let tokenState, tokenState != .replaced {
             return .failure(Refusal(status: .failed, errorCode: tokenErrorCode ?? tokenState.rawValue,
@@ -53,7 +53,7 @@ extension OutboxStore.ClaimedRow.Refusal {
     /// Logs a row settled without being sent: an invalid one each time (a bug in what
     /// wrote it), expired ones once a minute per reason (a backlog past its time to live is
     /// many rows), with how many more since.
-    func log(rowID: Int64, to logger: Logger, throttle: WarningThrottle) {
+    package func log(rowID: Int64, to logger: Logger, throttle: WarningThrottle) {
         switch errorCode {
         case "INVALID_MESSAGE":
             logger.warning("outbox row \(rowID) is invalid and is not sent: \(description)")

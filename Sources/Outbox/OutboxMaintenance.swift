@@ -4,9 +4,9 @@ import Postgres
 /// The outbox's and the upstream records' upkeep: requeueing finished rows and pruning old
 /// ones in small batches (each its own transaction, so that no lock is held for long and
 /// replication keeps up).
-enum OutboxMaintenance {
+package enum OutboxMaintenance {
     /// Rows deleted, or read by a walk of the outbox, per statement.
-    static let batchSize = 5_000
+    package static let batchSize = 5_000
 
     /// Sets finished rows of `statuses` back to pending, their attempts and error cleared,
     /// and wakes the workers (NOTIFY). Returns how many rows.
@@ -14,7 +14,7 @@ enum OutboxMaintenance {
     /// With `since`, only rows created since then: the outbox is walked back from its newest
     /// row by id, a batch at a time, until a whole batch is older (no index on creation time:
     /// see migration 0008; rows are created in id order, save a transaction's few seconds).
-    static func requeue(statuses: [String], since: Duration?, on connection: PostgresConnection) async throws -> Int {
+    package static func requeue(statuses: [String], since: Duration?, on connection: PostgresConnection) async throws -> Int {
         let set = """
             UPDATE downstream_messages
             SET status = 'pending', available_at = now(), attempts = 0, claimed_by = NULL, error_code = NULL,
@@ -62,7 +62,7 @@ enum OutboxMaintenance {
     /// than `age`, a batch at a time; returns the rows deleted per table. The outbox is
     /// walked from its oldest row by id until a whole batch is newer than the cutoff (see
     /// `requeue`).
-    static func prune(olderThan age: Duration, on connection: PostgresConnection) async throws -> [String: Int] {
+    package static func prune(olderThan age: Duration, on connection: PostgresConnection) async throws -> [String: Int] {
         let cutoff = PostgresValue.timestamptz(Date().addingTimeInterval(-age.seconds))
         let tables: [(String, String)] = [
             ("processed_upstream", "SELECT ctid FROM processed_upstream WHERE processed_at < $1 LIMIT \(batchSize)"),

@@ -4,24 +4,24 @@ import Runtime
 /// per key and interval, saying how many were left out since. It keeps at most `capacity`
 /// keys: keys come from what devices send, and a flood of new ones must not grow it
 /// without bound (beyond that, new keys share one entry until old ones age out).
-final class WarningThrottle: Sendable {
+public final class WarningThrottle: Sendable {
     private struct Entry {
         var loggedAt: ContinuousClock.Instant
         var leftOut: Int
     }
 
-    let interval: Duration
-    let capacity: Int
+    public let interval: Duration
+    public let capacity: Int
     private let entries = BlockingLock([String: Entry]())
 
-    init(interval: Duration = .seconds(60), capacity: Int = 1024) {
+    public init(interval: Duration = .seconds(60), capacity: Int = 1024) {
         self.interval = interval
         self.capacity = capacity
     }
 
     /// nil when the warning for `key` is to be left out; otherwise how many were left out
     /// since the last one logged for it (0 for the first).
-    func admit(_ key: String, now: ContinuousClock.Instant = .now) -> Int? {
+    public func admit(_ key: String, now: ContinuousClock.Instant = .now) -> Int? {
         entries.withLock { entries in
             var key = key
             if entries[key] == nil, entries.count >= capacity {

@@ -12,27 +12,27 @@ import Runtime
 /// while `backlog` is large, so it stays bounded. At shutdown `stop()` makes `run()`
 /// write everything and return; cancelling `run()` gives up at once (the rows it could not
 /// write keep their claim until the lease lapses, and are then sent again).
-final class OutboxWriteBack: Sendable {
+package final class OutboxWriteBack: Sendable {
     private struct State {
-        var order: [Int64] = []
-        var updates: [Int64: OutboxUpdate] = [:]
-        var tokens: [String: TokenMark] = [:]
-        var tokenOrder: [String] = []
-        var writing = false
-        var stopped = false
+        package var order: [Int64] = []
+        package var updates: [Int64: OutboxUpdate] = [:]
+        package var tokens: [String: TokenMark] = [:]
+        package var tokenOrder: [String] = []
+        package var writing = false
+        package var stopped = false
         /// Numbers each `record` call; `committed` is the last one known to be written.
-        var recorded: UInt64 = 0
+        package var recorded: UInt64 = 0
         /// Rows whose only news is that they were sent, since when: held back for
         /// `sentHold`, so that the answer usually merges in and the row is written once.
-        var heldSince: [Int64: ContinuousClock.Instant] = [:]
-        var taken: UInt64 = 0
-        var committed: UInt64 = 0
-        var worker = Waiters<Void>()
+        package var heldSince: [Int64: ContinuousClock.Instant] = [:]
+        package var taken: UInt64 = 0
+        package var committed: UInt64 = 0
+        package var worker = Waiters<Void>()
         /// `run()` while it lets a batch gather: woken early once `gatherRows` are there.
-        var gatherer = Waiters<Void>()
-        var flushWaiters = Waiters<Bool>()
+        package var gatherer = Waiters<Void>()
+        package var flushWaiters = Waiters<Bool>()
 
-        var isFlushed: Bool { order.isEmpty && tokenOrder.isEmpty && !writing }
+        package var isFlushed: Bool { order.isEmpty && tokenOrder.isEmpty && !writing }
     }
 
     private let store: OutboxStore
@@ -41,18 +41,18 @@ final class OutboxWriteBack: Sendable {
     /// Called after each successful write (the senders wake their claim loops with it).
     private let onCommit: @Sendable () -> Void
     /// How long a `sent` update waits for its answer before it is written on its own.
-    let sentHold: Duration
+    package let sentHold: Duration
     /// How long a write waits for more updates to join it, unless `gatherRows` are there
     /// (or the write-back is stopping). Sending does not wait for the write: a row's
     /// answer is kept in memory and merged meanwhile; only its status in the table shows
     /// it this much later. Measured: at 1 connection × 20 ms (5,000 msgs/s) PostgreSQL's
     /// CPU per message 44 → 38 µs, the worker's 43 → 38 µs, against a 2 ms wait; 20 ms with
-    /// claims of 100 rows or more (`XMPPOutboxSender.claimThreshold`) against 10 ms and 50:
+    /// claims of 100 rows or more (`XMPPTransport.claimThreshold`) against 10 ms and 50:
     /// PostgreSQL's CPU per message 6–30 % less at 1@20 and 4@20 in paired runs (issue 16).
-    let gatherTime: Duration
-    let gatherRows: Int
+    package let gatherTime: Duration
+    package let gatherRows: Int
 
-    init(store: OutboxStore, logger: Logger, sentHold: Duration = .seconds(1), gatherTime: Duration = .milliseconds(20),
+    package init(store: OutboxStore, logger: Logger, sentHold: Duration = .seconds(1), gatherTime: Duration = .milliseconds(20),
          gatherRows: Int = 500, onCommit: @escaping @Sendable () -> Void = {}) {
         self.gatherTime = gatherTime
         self.gatherRows = gatherRows
@@ -63,18 +63,18 @@ final class OutboxWriteBack: Sendable {
     }
 
     /// The number of the last `record` call whose updates are written.
-    var committed: UInt64 { state.withLock { $0.committed } }
+    package var committed: UInt64 { state.withLock { $0.committed } }
 
     /// Rows with an update not yet written.
-    var backlog: Int { state.withLock { $0.order.count } }
+    package var backlog: Int { state.withLock { $0.order.count } }
 
     /// True while `run()` waits for a batch to gather.
-    var isGathering: Bool { state.withLock { !$0.gatherer.isEmpty } }
+    package var isGathering: Bool { state.withLock { !$0.gatherer.isEmpty } }
 
     /// Records updates (merged with any unwritten update of the same row). Returns the
     /// call's number: they are written once `committed` reaches it.
     @discardableResult
-    func record(_ updates: [OutboxUpdate], tokens: [TokenMark] = []) -> UInt64 {
+    package func record(_ updates: [OutboxUpdate], tokens: [TokenMark] = []) -> UInt64 {
         guard !updates.isEmpty || !tokens.isEmpty else { return 0 }
         let now = ContinuousClock.now
         let (worker, gatherer, number) = state.withLock { state -> (CheckedContinuation<Void, Never>?, CheckedContinuation<Void, Never>?, UInt64) in
@@ -111,7 +111,7 @@ final class OutboxWriteBack: Sendable {
     }
 
     /// Writes batches until `stop()` and everything recorded is written, or until cancelled.
-    func run() async {
+    package func run() async {
         var outage = Backoff.outage(base: .milliseconds(100), cap: .seconds(5))
         while !Task.isCancelled {
             guard let wake = nextWake() else { return }
@@ -196,7 +196,7 @@ final class OutboxWriteBack: Sendable {
     }
 
     /// Makes `run()` write everything recorded (held updates too) and then return.
-    func stop() {
+    package func stop() {
         let waiting = state.withLock { state -> [CheckedContinuation<Void, Never>] in
             state.stopped = true
             return [state.worker.removeFirst(), state.gatherer.removeFirst()].compactMap { $0 }
@@ -205,14 +205,14 @@ final class OutboxWriteBack: Sendable {
     }
 
     /// Waits until nothing recorded is unwritten, up to `timeout`; false if some is.
-    func flushed(within timeout: Duration) async -> Bool {
+    package func flushed(within timeout: Duration) async -> Bool {
         await state.suspend(in: \.flushWaiters, cancelled: false, deadline: .now + timeout, timedOut: false) { state in
             state.isFlushed ? true : nil
         }
     }
 
     /// Ids of rows whose update is still unwritten (reported when a shutdown gives up).
-    var unwrittenRows: [Int64] { state.withLock { $0.order } }
+    package var unwrittenRows: [Int64] { state.withLock { $0.order } }
 
     private func finishWrite(putBack: ([OutboxUpdate], [TokenMark])?) {
         let flushWaiters = state.withLock { state -> [CheckedContinuation<Bool, Never>] in

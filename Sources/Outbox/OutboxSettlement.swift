@@ -4,30 +4,30 @@ import Foundation
 /// What FCM's answer to a downstream message means for its outbox row, decided without
 /// side effects for both transports: the row's update, the tokens to mark in
 /// `device_tokens`, and a target to slow down.
-struct OutboxSettlement: Sendable, Equatable {
+package struct OutboxSettlement: Sendable, Equatable {
     /// The row's new state; nil when the message goes out again at once (XMPP's
     /// `CONNECTION_DRAINING` nack: resend it on another connection).
-    var update: OutboxUpdate?
-    var tokens: [TokenMark] = []
+    package var update: OutboxUpdate?
+    package var tokens: [TokenMark] = []
     /// Targets that hit a rate limit, and how long they are held back.
-    var slowDown: SlowDown?
+    package var slowDown: SlowDown?
 
-    struct SlowDown: Sendable, Equatable {
-        var targets: [String]
-        var duration: Duration
+    package struct SlowDown: Sendable, Equatable {
+        package var targets: [String]
+        package var duration: Duration
     }
 
-    var resendElsewhere: Bool { update == nil }
+    package var resendElsewhere: Bool { update == nil }
 
     /// Gives a claimed row back unsent or unanswered (shutdown): claimable at once by any
     /// worker, as a retry when it was sent before.
-    static func handBack(rowID: Int64, sentBefore: Bool, now: Date) -> OutboxUpdate {
+    package static func handBack(rowID: Int64, sentBefore: Bool, now: Date) -> OutboxUpdate {
         OutboxUpdate(rowID: rowID, status: sentBefore ? .retry : .pending, availableAt: now)
     }
 
     /// The settlement of an XMPP answer (`verdict`) to `message` (whose target is a token
     /// when `targetIsToken`), at `now`.
-    static func xmpp(_ verdict: DownstreamVerdict, rowID: Int64, target: String, targetIsToken: Bool, now: Date) -> OutboxSettlement {
+    package static func xmpp(_ verdict: DownstreamVerdict, rowID: Int64, target: String, targetIsToken: Bool, now: Date) -> OutboxSettlement {
         switch verdict {
         case .acked(let canonical):
             var settlement = OutboxSettlement(update: OutboxUpdate(rowID: rowID, status: .acked, ackedAt: now, canonicalToken: canonical))
@@ -61,7 +61,7 @@ struct OutboxSettlement: Sendable, Equatable {
     /// row is acked once every token has a final outcome and one succeeded, failed when
     /// none did, and retried (only the tokens marked `retry`) while some got
     /// `Unavailable`, `InternalServerError` or a rate limit.
-    static func http(_ outcome: [(token: String, result: LegacyHTTPResponse.Result)], earlier: [String: JSONValue],
+    package static func http(_ outcome: [(token: String, result: LegacyHTTPResponse.Result)], earlier: [String: JSONValue],
                      rowID: Int64, attempt: Int, age: Duration, timeToLive: Int?, policy: DownstreamRetryPolicy,
                      now: Date, using generator: inout some RandomNumberGenerator) -> OutboxSettlement {
         var results = earlier

@@ -8,18 +8,18 @@ import Runtime
 /// A row is released from its claim by any update that gives it up: an answer that settles
 /// it (acked, failed, expired, retry, or delivered with its ack), or a hand-back (pending).
 /// A `sent` update, or a receipt alone, keeps it.
-final class ClaimLedger: Sendable {
+package final class ClaimLedger: Sendable {
     private struct State {
-        var claimOfRow: [Int64: Int64] = [:]
-        var rowsOfClaim: [Int64: Set<Int64>] = [:]
+        package var claimOfRow: [Int64: Int64] = [:]
+        package var rowsOfClaim: [Int64: Set<Int64>] = [:]
     }
 
     private let state = BlockingLock(State())
 
-    init() {}
+    package init() {}
 
     /// Records a claim the store just made.
-    func add(claim: Int64, rows: [Int64]) {
+    package func add(claim: Int64, rows: [Int64]) {
         state.withLock { state in
             for row in rows {
                 // A row this worker held under a claim that expired and is gone, taken again.
@@ -32,7 +32,7 @@ final class ClaimLedger: Sendable {
     }
 
     /// Whether `update` gives its row up.
-    static func releases(_ update: OutboxUpdate) -> Bool {
+    package static func releases(_ update: OutboxUpdate) -> Bool {
         switch update.status {
         case .sent: false
         case .delivered: update.ackedAt != nil
@@ -42,13 +42,13 @@ final class ClaimLedger: Sendable {
 
     /// What a write of `updates` names, read in one step: the claim of each update's row
     /// (the write counts only under it) and the claims the write leaves without rows.
-    struct WritePlan: Equatable {
-        var claims: [Int64?]
-        var emptied: [Int64]
+    package struct WritePlan: Equatable {
+        package var claims: [Int64?]
+        package var emptied: [Int64]
     }
 
     /// The plan for writing `updates` (see `WritePlan`).
-    func plan(_ updates: [OutboxUpdate]) -> WritePlan {
+    package func plan(_ updates: [OutboxUpdate]) -> WritePlan {
         state.withLock { state in
             let claims = updates.map { state.claimOfRow[$0.rowID] }
             var released: [Int64: Set<Int64>] = [:]
@@ -64,7 +64,7 @@ final class ClaimLedger: Sendable {
     /// named, and claims left without rows are forgotten (the write deleted them). A row
     /// this worker took again under a new claim meanwhile (a sweep right after the write's
     /// commit found it due) stays with the new claim: its answer is written under that one.
-    func written(_ updates: [OutboxUpdate], under plan: WritePlan) {
+    package func written(_ updates: [OutboxUpdate], under plan: WritePlan) {
         state.withLock { state in
             for (update, claim) in zip(updates, plan.claims) where Self.releases(update) {
                 guard let claim, state.claimOfRow[update.rowID] == claim else { continue }
@@ -76,12 +76,12 @@ final class ClaimLedger: Sendable {
     }
 
     /// Every live claim, for renewal.
-    var claimIDs: [Int64] { state.withLock { $0.rowsOfClaim.keys.sorted() } }
+    package var claimIDs: [Int64] { state.withLock { $0.rowsOfClaim.keys.sorted() } }
 
     /// Forgets `claims` (they expired and another worker's sweep took them over); returns
     /// how many rows they held.
     @discardableResult
-    func forget(_ claims: [Int64]) -> Int {
+    package func forget(_ claims: [Int64]) -> Int {
         state.withLock { state in
             var rows = 0
             for claim in claims {

@@ -15,17 +15,17 @@ import XMPP
 /// over (its worker crashed, or lost the database for that long). State is written back
 /// only for rows whose claim this worker still holds (receipts excepted); a write that
 /// settles a claim's last rows deletes the claim. Migration 0007 has the details.
-struct OutboxStore: Sendable {
-    let pool: PostgresPool
+package struct OutboxStore: Sendable {
+    package let pool: PostgresPool
     /// Who claims: written to `claimed_by`.
-    let workerID: String
-    let lease: Duration
+    package let workerID: String
+    package let lease: Duration
     /// The rows this store claims: `xmpp` or `http`.
-    var transport: String
+    package var transport: String
     /// This worker's claims, shared by both transports' stores.
-    let ledger: ClaimLedger
+    package let ledger: ClaimLedger
 
-    init(pool: PostgresPool, workerID: String, lease: Duration, transport: String, ledger: ClaimLedger = ClaimLedger()) {
+    package init(pool: PostgresPool, workerID: String, lease: Duration, transport: String, ledger: ClaimLedger = ClaimLedger()) {
         self.pool = pool
         self.workerID = workerID
         self.lease = lease
@@ -34,28 +34,28 @@ struct OutboxStore: Sendable {
     }
 
     /// A claimed row, with what `device_tokens` knows about its target.
-    struct ClaimedRow: Sendable {
-        let id: Int64
-        let target: String?
-        let condition: String?
-        let payload: String
+    package struct ClaimedRow: Sendable {
+        package let id: Int64
+        package let target: String?
+        package let condition: String?
+        package let payload: String
         /// Times sent before this claim.
-        let attempts: Int
-        let createdAt: Date
-        let tokenState: TokenMark.State?
-        let tokenErrorCode: String?
-        let canonicalToken: String?
+        package let attempts: Int
+        package let createdAt: Date
+        package let tokenState: TokenMark.State?
+        package let tokenErrorCode: String?
+        package let canonicalToken: String?
         /// The tokens of a multicast row (HTTP only).
-        let registrationIDs: [String]?
+        package let registrationIDs: [String]?
         /// Per-token outcomes of earlier attempts (HTTP multicast), as JSON text.
-        let tokenResults: String?
+        package let tokenResults: String?
     }
 
     /// Claims up to `limit` due rows: when `sweeping`, first those due again behind the
     /// claims' frontier (retries, rows handed back, rows of expired claims: a sender sweeps
     /// every sweep interval and when a retry falls due), then rows no claim saw yet; in id
     /// order.
-    func claim(limit: Int, sweeping: Bool = false) async throws -> [ClaimedRow] {
+    package func claim(limit: Int, sweeping: Bool = false) async throws -> [ClaimedRow] {
         let rows = try await pool.withConnection { connection in
             try await connection.query(sweeping ? "SELECT * FROM fcm_outbox_sweep($1, $2, $3, $4)" : "SELECT * FROM fcm_outbox_claim($1, $2, $3, $4)",
                                        [.text(workerID), .text(transport), .int(Int64(limit)), .double(lease.seconds)])
@@ -74,7 +74,7 @@ struct OutboxStore: Sendable {
     }
 
     /// Writes `updates` (one per row) and `tokens` (one per token) in one transaction.
-    func write(_ updates: [OutboxUpdate], tokens: [TokenMark]) async throws {
+    package func write(_ updates: [OutboxUpdate], tokens: [TokenMark]) async throws {
         guard !updates.isEmpty || !tokens.isEmpty else { return }
         var statements = [PostgresStatement("BEGIN")]
         let plan = ledger.plan(updates)
@@ -143,7 +143,7 @@ struct OutboxStore: Sendable {
     }
 
     /// Whether `update` is a plain ack of a claimed row: what `plainAcks` writes.
-    static func isPlainAck(_ update: OutboxUpdate, claim: Int64?) -> Bool {
+    package static func isPlainAck(_ update: OutboxUpdate, claim: Int64?) -> Bool {
         update.status == .acked && claim != nil && update.attempts != nil && update.sentOn != nil && update.sentAt != nil
             && update.ackedAt != nil && update.deliveredAt == nil && update.errorCode == nil && update.errorDescription == nil
             && update.canonicalToken == nil && update.tokenResults == nil && update.availableAt == nil
@@ -172,7 +172,7 @@ struct OutboxStore: Sendable {
     }
 
     /// `date` in whole microseconds since 1970 (PostgreSQL keeps no finer time); 0 for nil.
-    static func microseconds(_ date: Date?) -> Int64 {
+    package static func microseconds(_ date: Date?) -> Int64 {
         guard let date else { return 0 }
         return Int64((date.timeIntervalSince1970 * 1_000_000).rounded())
     }
@@ -232,7 +232,7 @@ struct OutboxStore: Sendable {
     /// were gone (expired and taken over by another worker's sweep): they are forgotten, and
     /// what is written for those rows later changes nothing.
     @discardableResult
-    func renewClaims() async throws -> Int {
+    package func renewClaims() async throws -> Int {
         let claims = ledger.claimIDs
         guard !claims.isEmpty else { return 0 }
         let renewed = try await pool.withConnection { connection in

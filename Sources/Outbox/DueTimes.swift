@@ -4,10 +4,10 @@ import Runtime
 /// `record` call that schedules it: an instant is forgotten only once it has passed and
 /// that write is committed (before then, a claim could not see the row as due). Kept
 /// sorted, at a 5 ms granularity, so a burst of retries scheduled together is one entry.
-struct DueTimes {
+package struct DueTimes {
     private var entries: [(at: ContinuousClock.Instant, written: UInt64)] = []
 
-    mutating func insert(_ instant: ContinuousClock.Instant, written: UInt64) {
+    package mutating func insert(_ instant: ContinuousClock.Instant, written: UInt64) {
         var low = 0, high = entries.count
         while low < high {
             let middle = (low + high) / 2
@@ -28,7 +28,7 @@ struct DueTimes {
 
     /// Forgets the instants that have passed by `now` and whose write is committed
     /// (`written` or lower): whether there were any, and the next instant still kept.
-    mutating func popPassed(before now: ContinuousClock.Instant, written committed: UInt64) -> (passed: Bool, next: ContinuousClock.Instant?) {
+    package mutating func popPassed(before now: ContinuousClock.Instant, written committed: UInt64) -> (passed: Bool, next: ContinuousClock.Instant?) {
         var passed = false
         while let first = entries.first, first.at <= now, first.written <= committed {
             entries.removeFirst()

@@ -2,8 +2,8 @@ import Foundation
 
 /// A change to one outbox row's delivery state, as the sender records it. Updates for the
 /// same row are merged before they are written, so a burst costs one write per row.
-struct OutboxUpdate: Sendable, Equatable {
-    enum Status: String, Sendable {
+package struct OutboxUpdate: Sendable, Equatable {
+    package enum Status: String, Sendable {
         /// Handed back unsent (shutdown): claimable again at once.
         case pending
         /// Written to a connection; the worker's lease keeps it until answered.
@@ -18,22 +18,22 @@ struct OutboxUpdate: Sendable, Equatable {
         case expired
     }
 
-    let rowID: Int64
-    var status: Status
-    var attempts: Int?
-    var sentOn: String?
-    var sentAt: Date?
-    var ackedAt: Date?
-    var deliveredAt: Date?
-    var errorCode: String?
-    var errorDescription: String?
-    var canonicalToken: String?
+    package let rowID: Int64
+    package var status: Status
+    package var attempts: Int?
+    package var sentOn: String?
+    package var sentAt: Date?
+    package var ackedAt: Date?
+    package var deliveredAt: Date?
+    package var errorCode: String?
+    package var errorDescription: String?
+    package var canonicalToken: String?
     /// Each token's outcome so far (HTTP), as JSON text.
-    var tokenResults: String?
+    package var tokenResults: String?
     /// When the row may be claimed again; nil once it is final.
-    var availableAt: Date?
+    package var availableAt: Date?
 
-    init(rowID: Int64, status: Status, attempts: Int? = nil, sentOn: String? = nil, sentAt: Date? = nil,
+    package init(rowID: Int64, status: Status, attempts: Int? = nil, sentOn: String? = nil, sentAt: Date? = nil,
          ackedAt: Date? = nil, deliveredAt: Date? = nil, errorCode: String? = nil, errorDescription: String? = nil,
          canonicalToken: String? = nil, tokenResults: String? = nil, availableAt: Date? = nil) {
         self.rowID = rowID
@@ -62,7 +62,7 @@ struct OutboxUpdate: Sendable, Equatable {
     }
 
     /// This update followed by `later`, as one.
-    func merged(with later: OutboxUpdate) -> OutboxUpdate {
+    package func merged(with later: OutboxUpdate) -> OutboxUpdate {
         var result = self
         result.merge(later)
         return result
@@ -70,7 +70,7 @@ struct OutboxUpdate: Sendable, Equatable {
 
     /// Makes this update this one followed by `later` (`merged(with:)` in place, so that an
     /// update kept in a dictionary is not copied out and back).
-    mutating func merge(_ later: OutboxUpdate) {
+    package mutating func merge(_ later: OutboxUpdate) {
         if !(progress > 0 && later.progress > 0 && progress > later.progress) {
             status = later.status
             availableAt = later.availableAt

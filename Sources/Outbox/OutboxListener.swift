@@ -4,15 +4,15 @@ import Runtime
 /// LISTENs on `fcm_downstream` on a connection of its own and rings the senders'
 /// doorbells on every NOTIFY (an outbox insert), until cancelled. It reconnects with
 /// backoff when its connection fails; the senders' periodic sweep covers the gaps.
-struct OutboxListener: Sendable {
-    let target: PostgresConnectionString
-    let connectTimeout: Duration
-    let doorbells: [Doorbell]
-    let logger: Logger
+package struct OutboxListener: Sendable {
+    package let target: PostgresConnectionString
+    package let connectTimeout: Duration
+    package let doorbells: [Doorbell]
+    package let logger: Logger
     /// Called each time the listener is (again) in place.
-    let onListening: @Sendable () -> Void
+    package let onListening: @Sendable () -> Void
 
-    func run() async {
+    package func run() async {
         var outage = Backoff.outage()
         while !Task.isCancelled {
             do {

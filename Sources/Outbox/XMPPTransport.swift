@@ -4,115 +4,128 @@ import Postgres
 import Runtime
 import XMPP
 
-/// Sends the outbox rows of transport `xmpp` over the worker's CCS connections with FCM's
-/// rules: the XMPP shell of the `Outbox`.
+/// What a connection's reader saw that concerns downstream messages.
+package enum DownstreamAnswer: Sendable {
+    case ack(messageID: String, canonicalToken: String?)
+    case nack(messageID: String, code: String, description: String?)
+    case stanzaError(stanzaID: String, condition: String, text: String?)
+    /// A stanza error without a stanza id, whose echoed payload named the message.
+    case stanzaErrorForMessage(messageID: String, condition: String, text: String?)
+}
+
+/// What the worker's CCS connections tell the XMPP transport (and, through `attach`, give
+/// it to send on): the seam between the connections and the outbox.
+package protocol CCSLinks: Sendable {
+    /// Starts sending on `connection`; returns its link id for the other calls.
+    func attach(_ connection: CCSConnection) -> Int
+    /// CCS is draining the link's connection: nothing more is sent on it.
+    func drain(_ link: Int)
+    /// The link's connection ended: what was pending on it goes out on another.
+    func detach(_ link: Int)
+    /// Answers read on the link's connection, in their order.
+    func received(_ answers: [DownstreamAnswer], on link: Int)
+    /// A delivery receipt for the message sent as `originalMessageID` (by any worker).
+    func receipt(originalMessageID: String, at date: Date)
+    /// How long an answer may be late before its message is presumed lost and sent again.
+    var answerTimeout: Duration { get }
+}
+
+/// A connection's window, as metrics show it.
+package struct ConnectionWindow: Sendable {
+    package let label: String
+    package let pending: Int
+    package let draining: Bool
+}
+
+/// The outbox's XMPP transport (`xmpp`): sends rows over the worker's CCS connections
+/// with FCM's rules.
 ///
-/// - Claims due rows (`OutboxStore`), woken by NOTIFY, never more than the open windows
-///   can take plus a read-ahead; sweeps for rows due again (retries, rows handed back,
-///   expired claims) every sweep interval and when a retry it wrote falls due.
-/// - Places them with a `DownstreamScheduler`: at most 100 pending per connection, a slot
-///   freed only by that message's ack, nack or stanza error; a draining connection takes
-///   nothing more; what was pending on a closed connection is sent again on another.
+/// - Places the rows its claim loop hands it with a `DownstreamScheduler`: at most 100
+///   pending per connection, a slot freed only by that message's ack, nack or stanza error;
+///   a draining connection takes nothing more; what was pending on a closed connection is
+///   sent again on another. It wants the free slots of its connections plus a read-ahead.
 /// - Turns every answer into a `DownstreamVerdict`, settles it (`OutboxSettlement`) and
 ///   records the row's state for the write-back: sent, acked, delivered, failed, retry,
 ///   expired; marks tokens.
 ///
 /// Each connection gets a send loop (`attach`); the connection's reader reports answers
 /// (`received`), receipts, draining and the end of the connection (`detach`).
-final class XMPPOutboxSender: Sendable {
-    /// What a connection's reader saw that concerns downstream messages.
-    enum Answer: Sendable {
-        case ack(messageID: String, canonicalToken: String?)
-        case nack(messageID: String, code: String, description: String?)
-        case stanzaError(stanzaID: String, condition: String, text: String?)
-        /// A stanza error without a stanza id, whose echoed payload named the message.
-        case stanzaErrorForMessage(messageID: String, condition: String, text: String?)
-    }
-
+package final class XMPPTransport: DownstreamTransport, CCSLinks {
     /// Counters, logged at shutdown.
-    struct Statistics: Sendable, CustomStringConvertible {
-        var claimed = 0
-        var sent = 0
-        var acked = 0
-        var nacked = 0
-        var failed = 0
-        var retried = 0
-        var expired = 0
-        var resent = 0
+    package struct Statistics: Sendable, CustomStringConvertible {
+        package var claimed = 0
+        package var sent = 0
+        package var acked = 0
+        package var nacked = 0
+        package var failed = 0
+        package var retried = 0
+        package var expired = 0
+        package var resent = 0
 
-        var description: String {
+        package var description: String {
             "claimed \(claimed), sent \(sent), acked \(acked), nacked \(nacked) (failed \(failed), retried \(retried), "
                 + "expired \(expired)), resent after a lost or draining connection \(resent)"
         }
     }
 
     /// Free slots that make a busy link send again (see `takeForWaiters`).
-    static let refillSlots = 8
+    package static let refillSlots = 8
     private static let messageIDPrefix = "ds-"
 
     private struct State {
-        var scheduler = DownstreamScheduler()
-        var waiters: [Int: CheckedContinuation<Batch?, Never>] = [:]
-        var nextLink = 0
-        var claiming = true
-        var finished = false
+        package var scheduler = DownstreamScheduler()
+        package var waiters: [Int: CheckedContinuation<Batch?, Never>] = [:]
+        package var nextLink = 0
+        package var taking = true
+        package var finished = false
         /// Tasks waiting until nothing sent is unanswered (shutdown).
-        var answerWaiters = Waiters<Bool>()
+        package var answerWaiters = Waiters<Bool>()
         /// When unanswered messages were last looked for.
-        var lastExpiryCheck = ContinuousClock.now
-        var statistics = Statistics()
-        /// When scheduled retries fall due: the claim loop wakes for each, and sweeps.
-        var retryTimes = DueTimes()
-        /// A retry fell due: the next claim sweeps.
-        var sweepWanted = true
+        package var lastExpiryCheck = ContinuousClock.now
+        package var statistics = Statistics()
         /// The connection label of each link (for metrics).
-        var labels: [Int: String] = [:]
-    }
-
-    /// A connection's window, for metrics.
-    struct Window: Sendable {
-        let label: String
-        let pending: Int
-        let draining: Bool
+        package var labels: [Int: String] = [:]
     }
 
     private typealias Batch = (placed: [DownstreamScheduler.Placement], deferred: [DownstreamScheduler.Deferral])
 
-    let settings: DownstreamSettings
-    private let store: OutboxStore
-    private let writeBack: OutboxWriteBack
+    package let settings: DownstreamSettings
+    private let recorder: OutboxRecorder
     private let logger: Logger
-    private let metrics: WorkerMetrics
+    private let metrics: any OutboxMetrics
     private let state = BlockingLock(State())
-    /// Expired rows are logged once a minute per reason.
-    private let refusalWarnings = WarningThrottle()
-    /// Rung on NOTIFY, on each write-back commit, and when rows are wanted.
-    let doorbell: Doorbell
+    /// Rings its claim loop (also on each write-back commit, and on NOTIFY).
+    private var doorbell: Doorbell { recorder.doorbell }
 
-    init(store: OutboxStore, writeBack: OutboxWriteBack, doorbell: Doorbell, settings: DownstreamSettings, logger: Logger,
-         metrics: WorkerMetrics) {
+    package init(recorder: OutboxRecorder, settings: DownstreamSettings, logger: Logger, metrics: any OutboxMetrics) {
         self.metrics = metrics
         self.settings = settings
-        self.store = store
-        self.writeBack = writeBack
-        self.doorbell = doorbell
+        self.recorder = recorder
         self.logger = logger
     }
 
-    var statistics: Statistics { state.withLock { $0.statistics } }
+    package var name: String { "xmpp" }
+    package var validatesRows: Bool { true }
+    package var isStopped: Bool { false }
+    package var answerTimeout: Duration { settings.answerTimeout }
+
+    package func messageID(forRow id: Int64) -> String { Self.messageIDPrefix + String(id) }
+
+    package var statistics: Statistics { state.withLock { $0.statistics } }
 
     /// Each open connection's window.
-    var windows: [Window] {
+    package var windows: [ConnectionWindow] {
         state.withLock { state in
-            state.scheduler.linkStates.map { Window(label: state.labels[$0.link] ?? "link \($0.link)", pending: $0.pending, draining: $0.draining) }
+            state.scheduler.linkStates.map {
+                ConnectionWindow(label: state.labels[$0.link] ?? "link \($0.link)", pending: $0.pending, draining: $0.draining)
+            }
         }
     }
 
     /// Hands row updates to the write-back, counted for metrics; returns the write's number.
     @discardableResult
     private func record(_ updates: [OutboxUpdate], tokens: [TokenMark] = []) -> UInt64 {
-        metrics.downstream(updates, transport: "xmpp")
-        return writeBack.record(updates, tokens: tokens)
+        recorder.record(updates, tokens: tokens)
     }
 
     // MARK: - Shutdown
@@ -120,9 +133,9 @@ final class XMPPOutboxSender: Sendable {
     /// Stops claiming, hands back what was claimed and never sent, waits until `deadline`
     /// (or an urgent shutdown) for the answers to what is pending, then hands back what is
     /// still unanswered (sent again by the next worker: at-least-once).
-    func finish(until deadline: ContinuousClock.Instant, shutdown: ShutdownSignal) async {
+    package func finish(until deadline: ContinuousClock.Instant, shutdown: ShutdownSignal) async {
         let unsent = state.withLock { state -> [OutgoingDownstream] in
-            state.claiming = false
+            state.taking = false
             return state.scheduler.removeAllReady()
         }
         doorbell.ring()
@@ -162,7 +175,7 @@ final class XMPPOutboxSender: Sendable {
     // MARK: - Connections
 
     /// Starts sending on `connection`; returns its link id for `received`, `drain` and `detach`.
-    func attach(_ connection: CCSConnection) -> Int {
+    package func attach(_ connection: CCSConnection) -> Int {
         let link = state.withLock { state -> Int in
             state.nextLink += 1
             state.scheduler.open(state.nextLink)
@@ -175,7 +188,7 @@ final class XMPPOutboxSender: Sendable {
     }
 
     /// CCS is draining the link's connection: nothing more is sent on it.
-    func drain(_ link: Int) {
+    package func drain(_ link: Int) {
         let waiter = state.withLock { state -> CheckedContinuation<Batch?, Never>? in
             state.scheduler.drain(link)
             return state.waiters.removeValue(forKey: link)
@@ -199,7 +212,7 @@ final class XMPPOutboxSender: Sendable {
     }
 
     /// The link's connection ended: what was pending on it is sent on another.
-    func detach(_ link: Int) {
+    package func detach(_ link: Int) {
         let (moved, wake) = state.withLock { state -> (Int, [(CheckedContinuation<Batch?, Never>, Batch?)]) in
             let moved = state.scheduler.close(link)
             state.labels[link] = nil
@@ -216,13 +229,13 @@ final class XMPPOutboxSender: Sendable {
     }
 
     /// An answer read on the link's connection.
-    func received(_ answer: Answer, on link: Int) {
+    package func received(_ answer: DownstreamAnswer, on link: Int) {
         received([answer], on: link)
     }
 
     /// Answers read on the link's connection, in their order: handled under one lock, their
     /// updates recorded together, and the link refilled once for all of them.
-    func received(_ answers: [Answer], on link: Int) {
+    package func received(_ answers: [DownstreamAnswer], on link: Int) {
         guard !answers.isEmpty else { return }
         let now = ContinuousClock.now
         let date = Date()
@@ -270,10 +283,9 @@ final class XMPPOutboxSender: Sendable {
                 if case .resendElsewhere = verdict { resendElsewhere = true }
             }
             guard !roundTrips.isEmpty else { return [] }
-            metrics.downstreamRoundTrip.withLock { histogram in for seconds in roundTrips { histogram.observe(seconds) } }
-            // Recorded under the lock, so that a retry's due time knows its write's number.
+            metrics.downstreamRoundTrips(roundTrips)
             let number = record(updates, tokens: tokens)
-            for due in retryDue { state.retryTimes.insert(due, written: number) }
+            for due in retryDue { recorder.retry(dueAt: due, written: number) }
             var wake = takeForWaiters(&state, only: link, refilling: true)
             if resendElsewhere { wake += takeForWaiters(&state) }
             claimNow = wanted(state) >= claimThreshold
@@ -294,7 +306,7 @@ final class XMPPOutboxSender: Sendable {
     }
 
     /// A delivery receipt for the message sent as `originalMessageID` (by any worker).
-    func receipt(originalMessageID: String, at date: Date) {
+    package func receipt(originalMessageID: String, at date: Date) {
         guard originalMessageID.hasPrefix(Self.messageIDPrefix),
               let rowID = Int64(originalMessageID.dropFirst(Self.messageIDPrefix.count)) else {
             logger.warning("a delivery receipt for \(originalMessageID), which is not an outbox message id")
@@ -390,7 +402,7 @@ final class XMPPOutboxSender: Sendable {
         let number = record(batch.deferred.map {
             OutboxUpdate(rowID: $0.message.rowID, status: .retry, availableAt: date.addingTimeInterval(max(0, ($0.until - now).seconds)))
         })
-        for deferral in batch.deferred { state.retryTimes.insert(deferral.until, written: number) }
+        for deferral in batch.deferred { recorder.retry(dueAt: deferral.until, written: number) }
         return batch
     }
 
@@ -419,65 +431,50 @@ final class XMPPOutboxSender: Sendable {
         for (continuation, batch) in wake { continuation.resume(returning: batch) }
     }
 
-    // MARK: - Claiming
+    // MARK: - The claim loop's transport
 
     /// How many rows to claim now: the free slots of the sending connections plus a
-    /// read-ahead, minus what waits already; 0 while the write-back lags far behind.
+    /// read-ahead, minus what waits already; 0 once it takes no more (shutdown).
     private func wanted(_ state: State) -> Int {
-        guard state.claiming, state.scheduler.sendingLinks > 0 else { return 0 }
+        guard state.taking, state.scheduler.sendingLinks > 0 else { return 0 }
         let target = state.scheduler.freeSlots + state.scheduler.sendingLinks * settings.readAheadPerConnection
         return max(0, target - state.scheduler.readyCount)
     }
 
+    package func wantedRows() -> Int { state.withLock { wanted($0) } }
+
     /// Rows worth a claim query: half the read-ahead, at most three windows, so claims come
     /// in batches (a claim's fixed cost is that of dozens of rows). It never holds a send
     /// back: while fewer rows are wanted, more than that many wait ready to go.
-    private var claimThreshold: Int { max(1, min(settings.readAheadPerConnection, 6 * DownstreamWindow.ccsCapacity) / 2) }
+    package var claimThreshold: Int { max(1, min(settings.readAheadPerConnection, 6 * DownstreamWindow.ccsCapacity) / 2) }
 
-    /// Claims rows as the windows make room, until `finish` or cancellation.
-    func claimLoop() async {
-        var outage = Backoff.outage(base: .milliseconds(100), cap: .seconds(10))
-        var lastSweep: ContinuousClock.Instant?
-        while state.withLock({ $0.claiming }) && !Task.isCancelled {
-            expireUnanswered()
-            let wanted = state.withLock { self.wanted($0) }
-            guard wanted >= claimThreshold, writeBack.backlog < 50_000 else {
-                await doorbell.wait(timeout: sweepWait())
-                continue
-            }
-            let limit = min(wanted, 2000)
-            let rows: [OutboxStore.ClaimedRow]
-            do {
-                let now = ContinuousClock.now
-                let sweeping = state.withLock { state in
-                    defer { state.sweepWanted = false }
-                    return state.sweepWanted || lastSweep.map { now - $0 >= settings.sweepInterval } ?? true
-                }
-                do {
-                    rows = try await store.claim(limit: limit, sweeping: sweeping)
-                } catch {
-                    if sweeping { state.withLock { $0.sweepWanted = true } }
-                    throw error
-                }
-                if sweeping { lastSweep = now }
-                outage.reset()
-            } catch {
-                guard !Task.isCancelled else { return }
-                let delay = outage.next()
-                logger.warning("could not claim outbox rows (retrying in \(delay.formattedSeconds)): \(error)")
-                await doorbell.wait(timeout: delay)
-                continue
-            }
-            let (ready, updates) = prepare(rows)
-            record(updates)
-            let wake = state.withLock { state -> [(CheckedContinuation<Batch?, Never>, Batch?)] in
-                state.statistics.claimed += rows.count
-                state.scheduler.enqueue(ready)
-                return takeForWaiters(&state)
-            }
-            resume(wake)
-            if rows.count < limit { await doorbell.wait(timeout: sweepWait()) }
+    package func tick() {
+        expireUnanswered()
+    }
+
+    /// Queues the claimed rows for the connections, which send them as their windows allow.
+    package func send(_ messages: [ClaimedMessage]) async {
+        let ready = messages.map { claimed in
+            OutgoingDownstream(rowID: claimed.row.id, messageID: messageID(forRow: claimed.row.id),
+                               target: claimed.message.to ?? claimed.message.condition ?? "",
+                               targetIsToken: claimed.message.to.map { !$0.hasPrefix("/topics/") } ?? false,
+                               json: Self.wireJSON(of: claimed.message, payloadText: claimed.row.payload,
+                                                   payloadHasMessageID: claimed.payload["message_id"] != nil),
+                               createdAt: claimed.row.createdAt, timeToLive: claimed.message.timeToLive,
+                               attempt: claimed.row.attempts + 1)
         }
+        let (wake, taken) = state.withLock { state -> ([(CheckedContinuation<Batch?, Never>, Batch?)], Bool) in
+            guard state.taking else { return ([], false) }
+            state.scheduler.enqueue(ready)
+            return (takeForWaiters(&state), true)
+        }
+        guard taken else {
+            // Claimed as the shutdown began: back to the outbox, unsent.
+            let now = Date()
+            record(ready.map { OutboxSettlement.handBack(rowID: $0.rowID, sentBefore: $0.attempt > 1, now: now) })
+            return
+        }
+        resume(wake)
     }
 
     /// Frees the slots of messages whose answer is `answerTimeout` late (lost, or refused
@@ -497,55 +494,11 @@ final class XMPPOutboxSender: Sendable {
         resume(wake)
     }
 
-    /// Until the next sweep, or until the next scheduled retry falls due if sooner.
-    private func sweepWait() -> Duration {
-        state.withLock { state in
-            // A few milliseconds late, so that the row's write-back has landed.
-            let (passed, next) = state.retryTimes.popPassed(before: .now, written: writeBack.committed)
-            if passed {
-                state.sweepWanted = true
-                return .zero
-            }
-            guard let next else { return settings.sweepInterval }
-            // A retry due but not yet written: the write's commit rings the doorbell.
-            return min(settings.sweepInterval, max(.milliseconds(20), next - .now))
-        }
-    }
-
-    /// Claimed rows as messages to send, and the rows settled without sending (invalid,
-    /// expired, or to a token FCM refused before).
-    private func prepare(_ rows: [OutboxStore.ClaimedRow]) -> ([OutgoingDownstream], [OutboxUpdate]) {
-        var ready: [OutgoingDownstream] = []
-        var updates: [OutboxUpdate] = []
-        let now = Date()
-        for row in rows {
-            let messageID = Self.messageIDPrefix + String(row.id)
-            let message: DownstreamMessage
-            let payload: JSONValue
-            switch row.message(id: messageID, validating: true, maximumAge: settings.retry.maximumAge, now: now) {
-            case .success(let prepared):
-                (message, payload) = prepared
-            case .failure(let refusal):
-                refusal.log(rowID: row.id, to: logger, throttle: refusalWarnings)
-                updates.append(OutboxUpdate(rowID: row.id, status: refusal.status, errorCode: refusal.errorCode,
-                                            errorDescription: refusal.description))
-                continue
-            }
-            ready.append(OutgoingDownstream(rowID: row.id, messageID: messageID, target: message.to ?? message.condition ?? "",
-                                            targetIsToken: message.to.map { !$0.hasPrefix("/topics/") } ?? false,
-                                            json: Self.wireJSON(of: message, payloadText: row.payload,
-                                                        payloadHasMessageID: payload["message_id"] != nil),
-                                            createdAt: row.createdAt,
-                                            timeToLive: message.timeToLive, attempt: row.attempts + 1))
-        }
-        return (ready, updates)
-    }
-
     /// The CCS JSON of a validated message: its id and target, then the row's payload text
     /// as PostgreSQL wrote it (valid JSON whose fields were all just checked), which
     /// spares re-serialising every message. A payload carrying its own `message_id` is
     /// serialised from the parsed message instead, so the id is never doubled.
-    static func wireJSON(of message: DownstreamMessage, payloadText: String, payloadHasMessageID: Bool) -> String {
+    package static func wireJSON(of message: DownstreamMessage, payloadText: String, payloadHasMessageID: Bool) -> String {
         let body = payloadText.utf8.drop { $0 == 0x20 || $0 == 0x0A || $0 == 0x09 || $0 == 0x0D }
         guard body.first == UInt8(ascii: "{"), !payloadHasMessageID else { return message.json.serialized }
         var json = "{\"message_id\":"

@@ -1,0 +1,49 @@
+import FCM
+import Foundation
+import Runtime
+
+/// A way to send outbox rows to FCM: what the outbox's one claim/settle loop
+/// (`OutboxClaimLoop`) asks of each transport (XMPP, legacy HTTP, …). The loop claims the
+/// rows of `name` as the transport has room, settles itself the rows that cannot be sent
+/// (invalid, expired, to a token FCM refused), and hands the others to `send`; the
+/// transport sends them within its own flow control and reports every answer through its
+/// `OutboxRecorder` (the row updates and token marks to write back, the due time of each
+/// retry). A new transport implements this and changes nothing in the loop.
+package protocol DownstreamTransport: Sendable {
+    /// The rows' `transport` value this transport sends (`xmpp`, `http`).
+    var name: String { get }
+    /// Whether the loop checks a row against every rule of FCM before it is sent (a
+    /// transport whose client checks its own requests leaves it to that client).
+    var validatesRows: Bool { get }
+    /// The `message_id` a row is sent with, by which an answer finds its row again.
+    func messageID(forRow id: Int64) -> String
+    /// How many rows it could take now: room in its flow control plus a read-ahead, less
+    /// what it holds; 0 while it cannot send (no open connection).
+    func wantedRows() -> Int
+    /// The fewest wanted rows worth a claim query (a claim's fixed cost is that of dozens
+    /// of rows).
+    var claimThreshold: Int { get }
+    /// Whether it can never send again in this process (FCM refused its credentials): the
+    /// loop stops claiming, and the rows wait for a worker that can.
+    var isStopped: Bool { get }
+    /// Called on every turn of the loop, before it decides how much to claim (the XMPP
+    /// transport frees there the slots of messages whose answer is late).
+    func tick()
+    /// Sends `messages` (claimed and checked, in id order). It may return once they are
+    /// queued (their answers come later) or once they are answered; the loop claims again
+    /// when it returns. Cancelled (a shutdown past its deadline), what is under way is
+    /// handed back.
+    func send(_ messages: [ClaimedMessage]) async
+    /// Shutdown, after the loop stopped claiming: waits until `deadline` (or an urgent
+    /// shutdown) for the answers to what was sent, then hands back what it still holds.
+    func finish(until deadline: ContinuousClock.Instant, shutdown: ShutdownSignal) async
+}
+
+/// A claimed row with the message it describes, ready for a transport.
+package struct ClaimedMessage: Sendable {
+    package let row: OutboxStore.ClaimedRow
+    /// Its message, to the canonical token if its target was replaced.
+    package let message: DownstreamMessage
+    /// Its payload, parsed.
+    package let payload: JSONValue
+}

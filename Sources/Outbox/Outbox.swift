@@ -1,0 +1,135 @@
+import FCM
+import Foundation
+import Postgres
+import Runtime
+
+/// The outbox: every row of `downstream_messages` is claimed under a lease, sent by the
+/// transport its `transport` column names, and its fate written back.
+///
+/// The transports (XMPP `xmpp`, FCM's legacy HTTP `http`) are `DownstreamTransport`s, each
+/// driven by one `OutboxClaimLoop` of its own; they share one claim ledger (claims per
+/// batch, `OutboxStore`, a lease renewed every third of itself while the worker holds a
+/// claim), one LISTEN, one settlement of answers into row updates (`OutboxSettlement`) and
+/// one write-back.
+///
+/// As a service it runs until cancelled, then stops claiming, waits for the answers to
+/// what each transport has under way (up to 5 s after the shutdown was requested, never
+/// past the shutdown timeout, not at all once the shutdown is urgent), hands back every row
+/// it still holds (claimable at once by any worker), and writes everything back by the
+/// shutdown timeout plus a second; rows whose state cannot be written by then (the database
+/// is down) keep their claim until the lease lapses, and are then sent again.
+package final class Outbox: Sendable {
+    /// The XMPP transport: the worker's CCS connections attach to it.
+    package let xmpp: XMPPTransport
+    /// One claim loop per transport, XMPP's first.
+    package let loops: [OutboxClaimLoop]
+    private let writeBack: OutboxWriteBack
+    private let ledgerStore: OutboxStore
+    private let listener: OutboxListener
+    private let settings: DownstreamSettings
+    private let logger: Logger
+
+    /// - Parameter onListening: called each time the LISTEN for new rows is (re)established.
+    package init(pool: PostgresPool, client: FCMHTTPClient, settings: DownstreamSettings, logger: Logger,
+                 metrics: any OutboxMetrics, onListening: @escaping @Sendable () -> Void) {
+        let ledger = ClaimLedger()
+        func store(_ transport: String) -> OutboxStore {
+            OutboxStore(pool: pool, workerID: settings.workerID, lease: settings.lease, transport: transport, ledger: ledger)
+        }
+        let xmppStore = store("xmpp"), httpStore = store("http")
+        let xmppDoorbell = Doorbell(), httpDoorbell = Doorbell()
+        // A written XMPP retry may be due already: let its claim loop look. (The HTTP loop
+        // finds its retries with its sweep: waking it on every write would cost PostgreSQL
+        // a claim query per batch of answers.)
+        let writeBack = OutboxWriteBack(store: xmppStore, logger: logger, onCommit: { xmppDoorbell.ring() })
+        self.writeBack = writeBack
+        self.ledgerStore = xmppStore
+        self.settings = settings
+        self.logger = logger
+        let xmppRecorder = OutboxRecorder(transport: "xmpp", writeBack: writeBack, metrics: metrics, doorbell: xmppDoorbell)
+        let httpRecorder = OutboxRecorder(transport: "http", writeBack: writeBack, metrics: metrics, doorbell: httpDoorbell)
+        let xmpp = XMPPTransport(recorder: xmppRecorder, settings: settings, logger: logger, metrics: metrics)
+        let http = LegacyHTTPTransport(client: client, recorder: httpRecorder, settings: settings, logger: logger.labeled("http"))
+        self.xmpp = xmpp
+        self.loops = [
+            OutboxClaimLoop(transport: xmpp, store: xmppStore, recorder: xmppRecorder, settings: settings, logger: logger),
+            OutboxClaimLoop(transport: http, store: httpStore, recorder: httpRecorder, settings: settings, logger: logger.labeled("http")),
+        ]
+        self.listener = OutboxListener(target: pool.target, connectTimeout: pool.connectTimeout, doorbells: [xmppDoorbell, httpDoorbell],
+                                       logger: logger, onListening: onListening)
+    }
+
+    /// The outbox as a service of the worker (see the type's description).
+    package func service(shutdownTimeout: Duration, shutdown: ShutdownSignal) -> some Service {
+        Running(outbox: self, shutdownTimeout: shutdownTimeout, shutdown: shutdown)
+    }
+
+    /// The longest wait for answers at shutdown.
+    package static let answerWait: Duration = .seconds(5)
+
+    private struct Running: Service {
+        package let outbox: Outbox
+        package let shutdownTimeout: Duration
+        package let shutdown: ShutdownSignal
+        package var name: String { "outbox" }
+
+        package func run() async {
+            // Not child tasks: they go on while the service winds down.
+            let writing = Task { await outbox.writeBack.run() }
+            let renewing = Task { await outbox.renewLeases() }
+            let claiming = outbox.loops.map { loop in Task { await loop.run() } }
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask { await outbox.listener.run() }
+                await waitUntilCancelled()
+            }
+            await shielded { [outbox, shutdownTimeout, shutdown] in
+                let deadline = shutdown.deadline(after: min(shutdownTimeout, Outbox.answerWait))
+                for loop in outbox.loops { loop.stopClaiming() }
+                // Each transport's answers, and what its loop has under way, get until the
+                // deadline; then what is still under way is abandoned (handed back).
+                await withTaskGroup(of: Void.self) { group in
+                    for (loop, task) in zip(outbox.loops, claiming) {
+                        group.addTask {
+                            let stop = Task {
+                                await shutdown.sleepUnlessUrgent(until: deadline)
+                                if !Task.isCancelled { task.cancel() }
+                            }
+                            await loop.transport.finish(until: deadline, shutdown: shutdown)
+                            await task.value
+                            stop.cancel()
+                        }
+                    }
+                }
+                renewing.cancel()
+                outbox.writeBack.stop()
+                let flushDeadline = shutdown.deadline(after: shutdownTimeout + .seconds(1))
+                let flushWindow = shutdown.isUrgent ? .milliseconds(200) : max(flushDeadline - .now, .milliseconds(200))
+                if !(await outbox.writeBack.flushed(within: flushWindow)) {
+                    outbox.logger.error("could not write the state of outbox rows "
+                                        + "\(outbox.writeBack.unwrittenRows.prefix(20).map(String.init).joined(separator: ",")) "
+                                        + "before shutdown; their claims lapse after \(outbox.settings.lease.formattedSeconds) and they are sent again")
+                    writing.cancel()
+                }
+                await writing.value
+            }
+        }
+    }
+
+    /// Renews the lease of every claim any transport holds, every third of the lease,
+    /// until cancelled.
+    private func renewLeases() async {
+        let period = settings.lease / 3
+        while await sleepUnlessCancelled(for: period) {
+            do {
+                let lost = try await ledgerStore.renewClaims()
+                if lost > 0 {
+                    logger.warning("the claims on \(lost) outbox row(s) expired and were taken over by another worker; "
+                                   + "what this worker learns of them is not written")
+                }
+            } catch {
+                guard !Task.isCancelled else { return }
+                logger.warning("could not renew this worker's claims on outbox rows: \(error)")
+            }
+        }
+    }
+}
