@@ -42,9 +42,12 @@ let package = Package(
         .systemLibrary(
             name: "CExpat", path: "Sources/CExpat", pkgConfig: "expat",
             providers: [.apt(["libexpat1-dev"])]),
+        .systemLibrary(
+            name: "CNGHTTP2", path: "Sources/CNGHTTP2", pkgConfig: "libnghttp2",
+            providers: [.apt(["libnghttp2-dev"])]),
         .target(name: "CSystem", path: "Sources/CSystem"),
         .target(name: "Runtime", swiftSettings: swiftSettings),
-        .target(name: "Transport", dependencies: ["Runtime", "COpenSSL", "CSystem"], swiftSettings: swiftSettings),
+        .target(name: "Transport", dependencies: ["Runtime", "COpenSSL", "CNGHTTP2", "CSystem"], swiftSettings: swiftSettings),
         .target(name: "XMPP", dependencies: ["Runtime", "Transport", "CExpat"], swiftSettings: swiftSettings),
         .target(name: "FCM", dependencies: ["Runtime", "Transport", "XMPP"], swiftSettings: swiftSettings),
         .target(name: "Postgres", dependencies: ["Runtime", "CLibPQ"], swiftSettings: swiftSettings),

@@ -29,4 +29,22 @@ static inline int shim_SSL_VERIFY_PEER(void) { return SSL_VERIFY_PEER; }
 static inline int shim_SSL_VERIFY_NONE(void) { return SSL_VERIFY_NONE; }
 static inline int shim_SSL_FILETYPE_PEM(void) { return SSL_FILETYPE_PEM; }
 static inline int shim_MBSTRING_ASC(void) { return MBSTRING_ASC; }
+static inline EVP_PKEY *shim_EVP_RSA_gen(unsigned int bits) { return EVP_RSA_gen(bits); }
+
+/* ALPN: the protocols a server chooses from, in its order of preference ("h2", then
+   "http/1.1"), as a wire-format list. */
+static const unsigned char shim_alpn_server_protocols[] = { 2, 'h', '2', 8, 'h', 't', 't', 'p', '/', '1', '.', '1' };
+static inline int shim_alpn_select(SSL *ssl, const unsigned char **out, unsigned char *outlen,
+                                   const unsigned char *in, unsigned int inlen, void *arg) {
+    (void)ssl; (void)arg;
+    if (SSL_select_next_proto((unsigned char **)out, outlen, shim_alpn_server_protocols,
+                              sizeof shim_alpn_server_protocols, in, inlen) == OPENSSL_NPN_NEGOTIATED) {
+        return SSL_TLSEXT_ERR_OK;
+    }
+    return SSL_TLSEXT_ERR_NOACK;
+}
+/* A server context that negotiates h2 or http/1.1 with clients that offer ALPN. */
+static inline void shim_SSL_CTX_select_h2_or_http11(SSL_CTX *ctx) {
+    SSL_CTX_set_alpn_select_cb(ctx, shim_alpn_select, NULL);
+}
 #endif

@@ -75,6 +75,9 @@ package final class StreamLoop: @unchecked Sendable {
     private var socketHungUp = false
     /// When bytes last arrived from the peer (whitespace keepalives included).
     package private(set) var lastReadAt: ContinuousClock.Instant = .now
+    /// The application protocol ALPN chose in the handshake (loop thread, from
+    /// `streamDidOpen` on); nil when none was.
+    package private(set) var negotiatedProtocol: String?
 
     /// - Parameter closingTail: written after what is queued when the stream closes
     ///   gracefully (`</stream:stream>` for XMPP), before the TLS close_notify.
@@ -210,7 +213,9 @@ package final class StreamLoop: @unchecked Sendable {
             }
             let events: Int16
             switch stream.handshake() {
-            case .done: return
+            case .done:
+                negotiatedProtocol = stream.negotiatedProtocol
+                return
             case .wantRead: events = Int16(POLLIN)
             case .wantWrite: events = Int16(POLLOUT)
             case .closedByPeer: throw TransportError.tlsFailed("the peer closed the connection during the handshake")

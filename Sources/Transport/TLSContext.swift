@@ -75,8 +75,21 @@ public final class TLSContext: @unchecked Sendable {
 
     /// A client context that verifies the server's chain against `trust` (host names are
     /// checked per connection).
-    public static func client(trust: TLSTrust) throws(TransportError) -> TLSContext {
+    /// - Parameter protocols: the application protocols offered by ALPN, in order of
+    ///   preference (`["h2", "http/1.1"]`); none by default.
+    public static func client(trust: TLSTrust, protocols: [String] = []) throws(TransportError) -> TLSContext {
         let tls = try TLSContext(method: TLS_client_method(), isClient: true)
+        if !protocols.isEmpty {
+            var wire: [UInt8] = []
+            for name in protocols where !name.isEmpty && name.utf8.count < 256 {
+                wire.append(UInt8(name.utf8.count))
+                wire += name.utf8
+            }
+            // 0 is success for this one.
+            guard SSL_CTX_set_alpn_protos(tls.context, wire, UInt32(wire.count)) == 0 else {
+                throw .tlsFailed("cannot offer ALPN protocols \(protocols): \(OpenSSLErrors.drain())")
+            }
+        }
         SSL_CTX_set_verify(tls.context, shim_SSL_VERIFY_PEER(), nil)
         switch trust {
         case .systemDefault:
@@ -101,9 +114,11 @@ public final class TLSContext: @unchecked Sendable {
         return tls
     }
 
-    /// A server context presenting `identity`.
-    public static func server(identity: TLSIdentity) throws(TransportError) -> TLSContext {
+    /// A server context presenting `identity`; with `offersHTTP2`, it picks `h2` (else
+    /// `http/1.1`) for clients that offer ALPN.
+    public static func server(identity: TLSIdentity, offersHTTP2: Bool = false) throws(TransportError) -> TLSContext {
         let tls = try TLSContext(method: TLS_server_method(), isClient: false)
+        if offersHTTP2 { shim_SSL_CTX_select_h2_or_http11(tls.context) }
         let certificates = try PEM.certificates(identity.certificateChainPEM)
         defer { certificates.forEach { X509_free($0) } }
         guard let leaf = certificates.first, SSL_CTX_use_certificate(tls.context, leaf) == 1 else {

@@ -60,6 +60,16 @@ final class TLSStream {
         close(fd)
     }
 
+    /// The application protocol ALPN chose (`h2`, `http/1.1`), once the handshake is done;
+    /// nil when none was.
+    var negotiatedProtocol: String? {
+        var data: UnsafePointer<UInt8>?
+        var length: UInt32 = 0
+        SSL_get0_alpn_selected(ssl, &data, &length)
+        guard let data, length > 0 else { return nil }
+        return String(decoding: UnsafeBufferPointer(start: data, count: Int(length)), as: UTF8.self)
+    }
+
     /// One step of the handshake.
     func handshake() -> Progress {
         ERR_clear_error()

@@ -2,7 +2,7 @@
 # PostgreSQL 15 cluster owned by an unprivileged OS user. Source it; do not run it.
 
 # Debian packages the project needs to build, test and demo.
-FCM_APT_PACKAGES=(pkg-config libpq-dev libssl-dev libexpat1-dev postgresql-15 openssl ca-certificates)
+FCM_APT_PACKAGES=(pkg-config libpq-dev libssl-dev libexpat1-dev libnghttp2-dev postgresql-15 openssl ca-certificates)
 
 log() { printf '%s: %s\n' "${FCM_SCRIPT_NAME:-fcm-worker}" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
