@@ -34,6 +34,9 @@ package protocol DownstreamTransport: Sendable {
     /// when it returns. Cancelled (a shutdown past its deadline), what is under way is
     /// handed back.
     func send(_ messages: [ClaimedMessage]) async
+    /// Runs what sends beside the claim loop (a transport's own senders), until cancelled;
+    /// the outbox cancels it after `finish`. Most transports have nothing to run.
+    func run() async
     /// Shutdown, after the loop stopped claiming: waits until `deadline` (or an urgent
     /// shutdown) for the answers to what was sent, then hands back what it still holds.
     func finish(until deadline: ContinuousClock.Instant, shutdown: ShutdownSignal) async
@@ -46,4 +49,8 @@ package struct ClaimedMessage: Sendable {
     package let message: DownstreamMessage
     /// Its payload, parsed.
     package let payload: JSONValue
+}
+
+extension DownstreamTransport {
+    package func run() async {}
 }

@@ -6,7 +6,7 @@ import Runtime
 /// The outbox: every row of `downstream_messages` is claimed under a lease, sent by the
 /// transport its `transport` column names, and its fate written back.
 ///
-/// The transports (XMPP `xmpp`, FCM's legacy HTTP `http`) are `DownstreamTransport`s, each
+/// The transports (XMPP `xmpp`, FCM's legacy HTTP `http`, FCM's HTTP v1 `v1`) are `DownstreamTransport`s, each
 /// driven by one `OutboxClaimLoop` of its own; they share one claim ledger (claims per
 /// batch, `OutboxStore`, a lease renewed every third of itself while the worker holds a
 /// claim), one LISTEN, one settlement of answers into row updates (`OutboxSettlement`) and
@@ -30,7 +30,9 @@ package final class Outbox: Sendable {
     private let logger: Logger
 
     /// - Parameter onListening: called each time the LISTEN for new rows is (re)established.
-    package init(pool: PostgresPool, client: FCMHTTPClient, settings: DownstreamSettings, logger: Logger,
+    /// - Parameter v1: FCM's HTTP v1 client; without one, rows with transport `v1` wait for a
+    ///   worker that has one.
+    package init(pool: PostgresPool, client: FCMHTTPClient, v1: FCMV1Client? = nil, settings: DownstreamSettings, logger: Logger,
                  metrics: any OutboxMetrics, onListening: @escaping @Sendable () -> Void) {
         let ledger = ClaimLedger()
         func store(_ transport: String) -> OutboxStore {
@@ -51,11 +53,18 @@ package final class Outbox: Sendable {
         let xmpp = XMPPTransport(recorder: xmppRecorder, settings: settings, logger: logger, metrics: metrics)
         let http = LegacyHTTPTransport(client: client, recorder: httpRecorder, settings: settings, logger: logger.labeled("http"))
         self.xmpp = xmpp
-        self.loops = [
+        var loops = [
             OutboxClaimLoop(transport: xmpp, store: xmppStore, recorder: xmppRecorder, settings: settings, logger: logger),
             OutboxClaimLoop(transport: http, store: httpStore, recorder: httpRecorder, settings: settings, logger: logger.labeled("http")),
         ]
-        self.listener = OutboxListener(target: pool.target, connectTimeout: pool.connectTimeout, doorbells: [xmppDoorbell, httpDoorbell],
+        if let v1 {
+            let v1Recorder = OutboxRecorder(transport: "v1", writeBack: writeBack, metrics: metrics, doorbell: Doorbell())
+            let transport = V1Transport(client: v1, recorder: v1Recorder, settings: settings, logger: logger.labeled("v1"))
+            loops.append(OutboxClaimLoop(transport: transport, store: store("v1"), recorder: v1Recorder, settings: settings,
+                                         logger: logger.labeled("v1")))
+        }
+        self.loops = loops
+        self.listener = OutboxListener(target: pool.target, connectTimeout: pool.connectTimeout, doorbells: loops.map(\.recorder.doorbell),
                                        logger: logger, onListening: onListening)
     }
 
@@ -78,6 +87,7 @@ package final class Outbox: Sendable {
             let writing = Task { await outbox.writeBack.run() }
             let renewing = Task { await outbox.renewLeases() }
             let claiming = outbox.loops.map { loop in Task { await loop.run() } }
+            let transporting = outbox.loops.map { loop in Task { await loop.transport.run() } }
             await withTaskGroup(of: Void.self) { group in
                 group.addTask { await outbox.listener.run() }
                 await waitUntilCancelled()
@@ -88,7 +98,7 @@ package final class Outbox: Sendable {
                 // Each transport's answers, and what its loop has under way, get until the
                 // deadline; then what is still under way is abandoned (handed back).
                 await withTaskGroup(of: Void.self) { group in
-                    for (loop, task) in zip(outbox.loops, claiming) {
+                    for ((loop, task), transportTask) in zip(zip(outbox.loops, claiming), transporting) {
                         group.addTask {
                             let stop = Task {
                                 await shutdown.sleepUnlessUrgent(until: deadline)
@@ -97,6 +107,9 @@ package final class Outbox: Sendable {
                             await loop.transport.finish(until: deadline, shutdown: shutdown)
                             await task.value
                             stop.cancel()
+                            // What its senders still hold is handed back.
+                            transportTask.cancel()
+                            await transportTask.value
                         }
                     }
                 }

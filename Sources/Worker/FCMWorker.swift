@@ -73,6 +73,7 @@ public struct FCMWorker: Sendable {
         try spool.lock()
         let tls = try TLSContext.client(trust: configuration.xmppClient.trust)
         let httpClient = try FCMHTTPClient(settings: configuration.httpClient)
+        let v1Client = try await v1Client()
         func pool(size: Int) -> PostgresPool {
             PostgresPool(target: target, size: size, connectTimeout: configuration.databaseConnectTimeout,
                          callTimeout: configuration.databaseTimeout, preparesStatements: configuration.preparedStatements)
@@ -81,7 +82,7 @@ public struct FCMWorker: Sendable {
         let outboxPool = pool(size: 3)
         logger.info("starting: \(configuration)")
         do {
-            try await serve(spool: spool, tls: tls, httpClient: httpClient, pools: (upstreamPool, outboxPool))
+            try await serve(spool: spool, tls: tls, httpClient: httpClient, v1Client: v1Client, pools: (upstreamPool, outboxPool))
         } catch {
             for pool in [upstreamPool, outboxPool] { await pool.close() }
             logger.info("stopped")
@@ -95,7 +96,7 @@ public struct FCMWorker: Sendable {
         logger.info("stopped")
     }
 
-    private func serve(spool: Spool, tls: TLSContext, httpClient: FCMHTTPClient,
+    private func serve(spool: Spool, tls: TLSContext, httpClient: FCMHTTPClient, v1Client: FCMV1Client?,
                        pools: (upstream: PostgresPool, outbox: PostgresPool)) async throws {
         try await prepareSchema(pools.upstream)
         guard !shutdown.isRequested else { return }
@@ -108,7 +109,7 @@ public struct FCMWorker: Sendable {
         let pipeline = UpstreamPipeline(pool: pools.upstream, handlers: handlers, settings: configuration.pipeline,
                                         logger: logger.labeled("pipeline"), observer: observer, metrics: metrics, journal: journal)
         let observer = self.observer
-        let outbox = Outbox(pool: pools.outbox, client: httpClient, settings: configuration.downstream,
+        let outbox = Outbox(pool: pools.outbox, client: httpClient, v1: v1Client, settings: configuration.downstream,
                             logger: logger.labeled("outbox"), metrics: metrics, onListening: { observer?(.outboxListening) })
         let ccs = CCSConnections(configuration: configuration, tls: tls, logger: logger, observer: observer,
                                  pipeline: pipeline, sender: outbox.xmpp, metrics: metrics)
@@ -133,6 +134,30 @@ public struct FCMWorker: Sendable {
                                                          shutdown: shutdown, logger: logger.labeled("metrics"), observer: observer)]),
         ], shutdown: shutdown, logger: logger)
         try await group.run()
+    }
+
+    /// The v1 client of `--service-account-file`, its grant tried once: nil without a file.
+    /// - Throws: `ServiceAccountRefused` for an unusable file or a refused grant (a token
+    ///   endpoint that cannot be reached is only logged: the outbox retries).
+    private func v1Client() async throws -> FCMV1Client? {
+        guard let path = configuration.serviceAccountFile else { return nil }
+        let client: FCMV1Client
+        do {
+            client = try FCMV1Client(account: try ServiceAccount(file: path), settings: configuration.v1Client)
+        } catch let error as ServiceAccount.Invalid {
+            throw ServiceAccountRefused(error.description)
+        } catch {
+            throw ServiceAccountRefused("the v1 client cannot be set up: \(error)")
+        }
+        do {
+            try await client.checkCredentials()
+            logger.info("v1: \(client.tokens.account) holds an access token; sending to project \(client.projectID)")
+        } catch .credentials(.refused(let reason)) {
+            throw ServiceAccountRefused("the token endpoint refused the grant of \(client.tokens.account): \(reason)")
+        } catch {
+            logger.warning("v1: no access token yet (\(error)); rows with transport v1 are tried with backoff")
+        }
+        return client
     }
 
     /// Refuses to start on pending migrations unless `migrate` is set; waits (with

@@ -80,22 +80,24 @@ public class BatchContext {
     /// `options` are FCM's fields such as `time_to_live`, `priority` or `notification`.
     /// - Throws: `DownstreamValidationError` (nothing is queued).
     public func send(to target: String, data: [String: JSONValue], options: [String: JSONValue] = [:],
-                     transport: OutgoingMessage.Transport = .xmpp) throws(DownstreamValidationError) {
+                     transport: OutgoingMessage.Transport? = nil) throws(DownstreamValidationError) {
         try send(OutgoingMessage(.to(target), data: data, options: options, transport: transport, sourceMessageID: sourceMessageID))
     }
 
     /// Queues a message to the devices subscribed to the topics `condition` selects.
     /// - Throws: `DownstreamValidationError` (nothing is queued).
     public func send(condition: String, data: [String: JSONValue], options: [String: JSONValue] = [:],
-                     transport: OutgoingMessage.Transport = .xmpp) throws(DownstreamValidationError) {
+                     transport: OutgoingMessage.Transport? = nil) throws(DownstreamValidationError) {
         try send(OutgoingMessage(.condition(condition), data: data, options: options, transport: transport,
                                  sourceMessageID: sourceMessageID))
     }
 
-    /// Queues one message to up to 1,000 tokens (legacy HTTP multicast).
+    /// Queues one message to up to 1,000 tokens: a legacy HTTP multicast, or with
+    /// `transport: .v1` one v1 request per token (each token's answer in `token_results`).
     /// - Throws: `DownstreamValidationError` (nothing is queued).
-    public func sendMulticast(to tokens: [String], data: [String: JSONValue], options: [String: JSONValue] = [:]) throws(DownstreamValidationError) {
-        try send(OutgoingMessage(.multicast(tokens), data: data, options: options, transport: .http, sourceMessageID: sourceMessageID))
+    public func sendMulticast(to tokens: [String], data: [String: JSONValue], options: [String: JSONValue] = [:],
+                              transport: OutgoingMessage.Transport? = nil) throws(DownstreamValidationError) {
+        try send(OutgoingMessage(.multicast(tokens), data: data, options: options, transport: transport, sourceMessageID: sourceMessageID))
     }
 
     /// Runs `action` once the transaction has committed, on the message's lane (the lane

@@ -21,6 +21,9 @@ public struct OutgoingMessage: Sendable, Equatable {
         case xmpp
         /// Legacy HTTP: multicast, and answers per token.
         case http
+        /// FCM's HTTP v1 API (the one FCM serves today), with a service account: a multicast
+        /// goes out as one request per token.
+        case v1
     }
 
     public var target: Target
@@ -30,13 +33,15 @@ public struct OutgoingMessage: Sendable, Equatable {
     /// `collapse_key`, `content_available`, `mutable_content`, `dry_run`,
     /// `delivery_receipt_requested`.
     public var options: [String: JSONValue]
-    /// `.http` for `.multicast` whatever is set here.
-    public var transport: Transport
+    /// The transport; nil for the outbox's default (the `transport` column's default:
+    /// `xmpp`, unless `fcm-worker outbox default-transport` changed it). A `.multicast`
+    /// goes over `.http` unless `.v1` is set.
+    public var transport: Transport?
     /// The upstream message it answers (the outbox row's `source_message_id`).
     public var sourceMessageID: String?
 
     public init(_ target: Target, data: [String: JSONValue] = [:], options: [String: JSONValue] = [:],
-                transport: Transport = .xmpp, sourceMessageID: String? = nil) {
+                transport: Transport? = nil, sourceMessageID: String? = nil) {
         self.target = target
         self.data = data
         self.options = options
@@ -51,9 +56,10 @@ public struct OutgoingMessage: Sendable, Equatable {
         return .object(payload)
     }
 
-    /// The transport the row gets: HTTP for multicast.
-    public var effectiveTransport: Transport {
-        if case .multicast = target { return .http }
+    /// The transport the row gets: HTTP for a multicast not set to v1; nil for the outbox's
+    /// default (which turns a multicast to HTTP when it is XMPP).
+    public var effectiveTransport: Transport? {
+        if case .multicast = target, transport != .v1 { return transport == nil ? nil : .http }
         return transport
     }
 
@@ -77,8 +83,18 @@ public struct OutgoingMessage: Sendable, Equatable {
             message = try DownstreamMessage(target: tokens[0], condition: nil, payload: payload, messageID: "check")
         }
         try message.validate()
-        if effectiveTransport == .http, options["delivery_receipt_requested"] == .bool(true) {
+        var isMulticast = false
+        if case .multicast = target { isMulticast = true }
+        if effectiveTransport == .http || (isMulticast && effectiveTransport == nil), options["delivery_receipt_requested"] == .bool(true) {
             throw DownstreamValidationError("delivery_receipt_requested", "is an XMPP option: legacy HTTP has no delivery receipts")
+        }
+        if effectiveTransport == .v1 {
+            // What the v1 transport would refuse (an option it cannot carry) is refused now.
+            switch target {
+            case .to(let token): _ = try FCMV1Message.requests(target: token, condition: nil, registrationIDs: nil, payload: payload)
+            case .condition(let expression): _ = try FCMV1Message.requests(target: nil, condition: expression, registrationIDs: nil, payload: payload)
+            case .multicast(let tokens): _ = try FCMV1Message.requests(target: nil, condition: nil, registrationIDs: tokens, payload: payload)
+            }
         }
     }
 }

@@ -48,20 +48,23 @@ final class UpstreamTransaction: HandlerTransaction {
 
 /// Writing downstream messages into the outbox table.
 enum OutboxInsert {
+    /// The row's INSERT; a message that names no transport leaves the column to its
+    /// default (the outbox's default transport).
     static func statement(for message: OutgoingMessage) -> PostgresStatement {
         let source: PostgresValue = message.sourceMessageID.map { .text($0) } ?? .null
         let payload = PostgresValue.jsonb(message.payload.serialized)
-        let transport = PostgresValue.text(message.effectiveTransport.rawValue)
+        let (column, value): (String, PostgresValue)
         switch message.target {
-        case .to(let target):
-            return PostgresStatement("INSERT INTO downstream_messages (target, payload, source_message_id, transport) VALUES ($1, $2::jsonb, $3, $4)",
-                                     [.text(target), payload, source, transport])
-        case .condition(let condition):
-            return PostgresStatement("INSERT INTO downstream_messages (condition, payload, source_message_id, transport) VALUES ($1, $2::jsonb, $3, $4)",
-                                     [.text(condition), payload, source, transport])
-        case .multicast(let tokens):
-            return PostgresStatement("INSERT INTO downstream_messages (registration_ids, payload, source_message_id, transport) VALUES ($1::text[], $2::jsonb, $3, $4)",
-                                     [.array(tokens.map { .text($0) }), payload, source, transport])
+        case .to(let target): (column, value) = ("target", .text(target))
+        case .condition(let condition): (column, value) = ("condition", .text(condition))
+        case .multicast(let tokens): (column, value) = ("registration_ids", .array(tokens.map { .text($0) }))
         }
+        let cast = column == "registration_ids" ? "::text[]" : ""
+        guard let transport = message.effectiveTransport else {
+            return PostgresStatement("INSERT INTO downstream_messages (\(column), payload, source_message_id) VALUES ($1\(cast), $2::jsonb, $3)",
+                                     [value, payload, source])
+        }
+        return PostgresStatement("INSERT INTO downstream_messages (\(column), payload, source_message_id, transport) VALUES ($1\(cast), $2::jsonb, $3, $4)",
+                                 [value, payload, source, .text(transport.rawValue)])
     }
 }

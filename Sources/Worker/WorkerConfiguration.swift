@@ -59,6 +59,18 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     public var reconnectCap: Duration = .seconds(60)
     /// FCM's legacy HTTP endpoint (`--http-endpoint`), for rows with transport `http`.
     public var httpEndpoint = "fcm.googleapis.com:443"
+    /// A Google service-account key file (`--service-account-file`, or
+    /// `GOOGLE_APPLICATION_CREDENTIALS` as Google's tools read it): with one, rows with
+    /// transport `v1` are sent with FCM's HTTP v1 API; without, they wait.
+    public var serviceAccountFile: String?
+    /// FCM's HTTP v1 endpoint (`--v1-endpoint`).
+    public var v1Endpoint = "fcm.googleapis.com:443"
+    /// The Firebase project v1 messages are sent for (`--project-id`; the service account's
+    /// by default).
+    public var projectID: String?
+    /// HTTP/2 connections to the v1 endpoint (`--v1-connections`), each with up to 100
+    /// concurrent streams (fewer if the server says so).
+    public var v1Connections = 2
     /// How the outbox is sent: lease, sweep, retry policy.
     public var downstream = DownstreamSettings()
     /// The nice value of each connection's thread (`--io-niceness`, nil: leave it). The
@@ -258,6 +270,37 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             }
             settings.httpEndpoint = text
         },
+        CommandOption("--service-account-file", environment: "GOOGLE_APPLICATION_CREDENTIALS", placeholder: "PATH", default: "none",
+                      help: "a Google service-account key file (JSON): sends rows with transport v1 through FCM's HTTP v1 API; "
+                        + "an unusable file or a refused grant stops the start with status 3") { settings, path throws(ConfigurationError) in
+            guard !path.isEmpty else { throw ConfigurationError("--service-account-file names no file") }
+            settings.serviceAccountFile = path
+            if let attributes = try? FileManager.default.attributesOfItem(atPath: path),
+               let permissions = attributes[.posixPermissions] as? Int, permissions & 0o077 != 0 {
+                settings.warnings.append("the service-account file \(path) can be read by group or others "
+                                         + "(mode \(String(permissions, radix: 8))): chmod 600 it")
+            }
+        },
+        CommandOption("--v1-endpoint", environment: "FCM_V1_ENDPOINT", placeholder: "HOST:PORT", default: "fcm.googleapis.com:443",
+                      help: "FCM's HTTP v1 API (rows with transport v1)") { settings, text throws(ConfigurationError) in
+            var probe = FCMHTTPClient.Settings(serverKey: "", senderID: "")
+            do {
+                try probe.setEndpoint(text)
+            } catch {
+                throw ConfigurationError("invalid v1 endpoint \(text): expected host:port")
+            }
+            settings.v1Endpoint = text
+        },
+        CommandOption("--project-id", environment: "FCM_PROJECT_ID", placeholder: "ID", default: "the service account's",
+                      help: "the Firebase project v1 messages are sent for") { settings, text throws(ConfigurationError) in
+            guard !text.isEmpty, text.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-") }) else {
+                throw ConfigurationError("invalid project ID \(text): letters, digits and - only")
+            }
+            settings.projectID = text
+        },
+        .integer("--v1-connections", environment: "FCM_V1_CONNECTIONS", default: "2",
+                 help: "HTTP/2 connections to the v1 endpoint, up to 100 streams each (1 to 64)", name: "v1 connection count",
+                 range: 1...64, \.v1Connections),
         CommandOption("--io-niceness", environment: "FCM_IO_NICENESS", placeholder: "N|off", default: "-10",
                       help: "nice value of the connection threads, -20 to 19 (below 0 needs root or CAP_SYS_NICE): acks ahead of database work") { settings, text throws(ConfigurationError) in
             if text == "off" {
@@ -368,6 +411,18 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         return settings
     }
 
+    /// The settings of the v1 client (the same trust as XMPP and HTTP).
+    public var v1Client: FCMV1Client.Settings {
+        var settings = FCMV1Client.Settings()
+        var endpoint = FCMHTTPClient.Settings(serverKey: "", senderID: "")
+        try? endpoint.setEndpoint(v1Endpoint)
+        (settings.host, settings.port) = (endpoint.host, endpoint.port)
+        settings.trust = caFile.map { .caFile($0) } ?? .systemDefault
+        settings.projectID = projectID
+        settings.maximumConnections = v1Connections
+        return settings
+    }
+
     /// The XMPP settings of one CCS connection.
     public var xmppClient: XMPPClientConfiguration {
         var client = XMPPClientConfiguration(
@@ -385,5 +440,6 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             + "trust \(caFile ?? "system store"), handlers \(handlers?.joined(separator: ",") ?? "all"), ack mode \(ackMode.rawValue), "
             + "concurrency \(concurrency), outbox lease \(downstream.lease.formattedSeconds) as \(downstream.workerID), "
             + "database \(databaseURL.map { (try? PostgresConnectionString($0))?.description ?? "(unparsable)" } ?? "none")"
+            + (serviceAccountFile.map { ", v1 \(v1Endpoint) with \($0)" } ?? "")
     }
 }

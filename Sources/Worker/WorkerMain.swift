@@ -193,6 +193,8 @@ public enum WorkerMain {
             return 0
         case .failure(let error as XMPPError) where error.isConfigurationError:
             return context.fail("\(error)", status: 3)
+        case .failure(let error as ServiceAccountRefused):
+            return context.fail(error.description, status: 3)
         case .failure(let error as ConfigurationError):
             return context.fail(error.description)
         case .failure(let error as MigrationError):

@@ -88,8 +88,16 @@ final class Announcements: Sendable {
         #expect(throws: DownstreamValidationError.self) { try context.sendMulticast(to: [], data: [:]) }
         #expect(throws: DownstreamValidationError.self) { try context.sendMulticast(to: ["a"], data: [:], options: ["delivery_receipt_requested": true]) }
         #expect(recording.sent.isEmpty)
+        #expect(throws: DownstreamValidationError.self) {
+            try context.sendMulticast(to: ["a"], data: [:], options: ["delivery_receipt_requested": true], transport: .v1)
+        }
         try context.sendMulticast(to: ["a", "b"], data: ["x": 1])
-        #expect(recording.sent.first?.effectiveTransport == .http)
+        // The outbox's default: legacy HTTP while it is XMPP (the insert trigger turns it).
+        #expect(recording.sent.first?.effectiveTransport == nil)
+        try context.sendMulticast(to: ["a", "b"], data: ["x": 1], transport: .http)
+        #expect(recording.sent.last?.effectiveTransport == .http)
+        try context.sendMulticast(to: ["a", "b"], data: ["x": 1], transport: .v1)
+        #expect(recording.sent.last?.effectiveTransport == .v1)
     }
 
     @Test func jsonValuesHaveLiteralsAndBridgeToCodable() throws {

@@ -1,0 +1,156 @@
+import Foundation
+import Runtime
+import Transport
+
+/// OAuth2 access tokens for a service account (the JWT-bearer grant at its `token_uri`),
+/// shared by every request: one token at a time, fetched by one caller while the others
+/// wait for it, refreshed once less than `refreshAhead` of it is left (callers go on with
+/// the current one meanwhile), and at once after FCM refused it (`invalidate`).
+///
+/// Neither the key nor a token is ever logged or part of an error's description.
+public final class AccessTokenSource: Sendable {
+    /// Why no token could be had.
+    public enum Failure: Error, Sendable, Equatable, CustomStringConvertible {
+        /// The token endpoint refused the grant (a revoked or unknown key, a wrong clock, a
+        /// malformed assertion): a configuration error, not retried in a loop.
+        case refused(String)
+        /// The token endpoint could not be reached or failed (5xx): try again later.
+        case unreachable(String)
+
+        public var description: String {
+            switch self {
+            case .refused(let reason): "the token endpoint refused the service account's grant: \(reason)"
+            case .unreachable(let reason): "cannot get an access token: \(reason)"
+            }
+        }
+    }
+
+    private struct Token {
+        let value: String
+        let expiresAt: ContinuousClock.Instant
+    }
+
+    private struct State {
+        var current: Token?
+        /// A fetch under way: the callers with no usable token wait for it.
+        var fetching: OneShot<Token>?
+        var fetched = 0
+    }
+
+    public let account: ServiceAccount
+    /// How long before expiry a token is replaced.
+    public let refreshAhead: Duration
+    private let client: HTTPSClient
+    private let path: String
+    private let state = BlockingLock(State())
+
+    /// - Parameter trust: how the token endpoint's certificate is verified.
+    /// - Throws: `Failure.refused` when `token_uri` is not a usable https URL.
+    public init(account: ServiceAccount, trust: TLSTrust, refreshAhead: Duration = .seconds(300)) throws(Failure) {
+        self.account = account
+        self.refreshAhead = refreshAhead
+        guard let url = URL(string: account.tokenURI), url.scheme == "https", let host = url.host, !host.isEmpty else {
+            throw .refused("token_uri \(account.tokenURI) is not an https URL")
+        }
+        path = url.path.isEmpty ? "/" : url.path + (url.query.map { "?\($0)" } ?? "")
+        do {
+            client = try HTTPSClient(host: host, port: url.port ?? 443, trust: trust, maximumConnections: 1, timeout: .seconds(30))
+        } catch {
+            throw .unreachable("\(error)")
+        }
+    }
+
+    /// Tokens fetched so far.
+    public var fetchCount: Int { state.withLock { $0.fetched } }
+
+    /// A valid access token.
+    /// - Throws: `Failure`, or `CancellationError`.
+    public func token() async throws -> String {
+        let now = ContinuousClock.now
+        enum Next { case use(String), fetch(OneShot<Token>), wait(OneShot<Token>) }
+        let next = state.withLock { state -> Next in
+            if let current = state.current, current.expiresAt > now {
+                if current.expiresAt - now > refreshAhead || state.fetching != nil { return .use(current.value) }
+            }
+            if let fetching = state.fetching { return .wait(fetching) }
+            let fetching = OneShot<Token>()
+            state.fetching = fetching
+            return .fetch(fetching)
+        }
+        switch next {
+        case .use(let value):
+            return value
+        case .wait(let fetching):
+            return try await fetching.value().value
+        case .fetch(let fetching):
+            let result: Result<Token, any Error>
+            do {
+                result = .success(try await fetch())
+            } catch {
+                result = .failure(error)
+            }
+            let fallback = state.withLock { state -> Token? in
+                state.fetching = nil
+                if case .success(let token) = result {
+                    state.current = token
+                    state.fetched += 1
+                    return nil
+                }
+                // A refresh ahead of time that failed: the current token still serves.
+                return state.current.flatMap { $0.expiresAt > .now ? $0 : nil }
+            }
+            fetching.complete(result)
+            if let fallback { return fallback.value }
+            return try result.get().value
+        }
+    }
+
+    /// FCM refused `token` (401): the next call fetches a new one.
+    public func invalidate(_ token: String) {
+        state.withLock { state in
+            if state.current?.value == token { state.current = nil }
+        }
+    }
+
+    private func fetch() async throws -> Token {
+        let assertion: String
+        do {
+            assertion = try account.assertion()
+        } catch {
+            throw Failure.refused("\(error)")
+        }
+        let body = "grant_type=" + Self.formEncoded("urn:ietf:params:oauth:grant-type:jwt-bearer") + "&assertion=" + Self.formEncoded(assertion)
+        let started = ContinuousClock.now
+        let response: HTTPSClient.Response
+        do {
+            response = try await client.send(method: "POST", path: path,
+                                             headers: ["content-type": "application/x-www-form-urlencoded", "accept": "application/json"],
+                                             body: Array(body.utf8))
+        } catch TransportError.cancelled {
+            throw CancellationError()
+        } catch {
+            throw Failure.unreachable("\(account.tokenURI): \(error)")
+        }
+        let answer = try? JSONValue.parse(response.body)
+        guard response.status == 200 else {
+            let error = answer?["error"]?.stringValue ?? "HTTP \(response.status)"
+            let detail = answer?["error_description"]?.stringValue.map { ": \($0)" } ?? ""
+            if (400..<500).contains(response.status) && response.status != 429 {
+                throw Failure.refused("\(error)\(detail)")
+            }
+            throw Failure.unreachable("\(account.tokenURI) answered \(response.status) (\(error)\(detail))")
+        }
+        guard let value = answer?["access_token"]?.stringValue, !value.isEmpty,
+              case .number(let number)? = answer?["expires_in"], let seconds = number.int64Value, seconds > 0 else {
+            throw Failure.unreachable("\(account.tokenURI) answered without access_token and expires_in")
+        }
+        return Token(value: value, expiresAt: started + .seconds(seconds))
+    }
+
+    /// `application/x-www-form-urlencoded` escaping.
+    static func formEncoded(_ text: String) -> String {
+        var allowed = CharacterSet.alphanumerics
+        allowed.insert(charactersIn: "-._~")
+        return text.addingPercentEncoding(withAllowedCharacters: allowed) ?? text
+    }
+}

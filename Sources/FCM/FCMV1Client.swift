@@ -1,0 +1,122 @@
+import Foundation
+import Runtime
+import Transport
+
+/// FCM's HTTP v1 send API for one service account: `POST /v1/projects/{project}/messages:send`
+/// over HTTP/2 (many concurrent streams on a few connections, HTTP/1.1 when the server
+/// refuses h2), authorized by the account's OAuth2 access token.
+///
+/// `send` returns FCM's answer as it is, but for one case it handles itself: an access token
+/// FCM refused (401 `UNAUTHENTICATED`) is replaced and the message sent once more (FCM did
+/// not process it). It never sends a message again after FCM may have processed it: a
+/// broken stream or connection after the request went out is `.transport(.outcomeUnknown)`.
+public final class FCMV1Client: Sendable {
+    /// Where and how to reach FCM.
+    public struct Settings: Sendable {
+        /// `fcm.googleapis.com:443` in production; the simulator's address in tests.
+        public var host = "fcm.googleapis.com"
+        public var port = 443
+        public var trust: TLSTrust = .systemDefault
+        /// The project messages are sent for (the service account's by default).
+        public var projectID: String?
+        public var maximumConnections = 2
+        public var maximumStreamsPerConnection = 100
+        public var requestTimeout: Duration = .seconds(30)
+
+        public init() {}
+    }
+
+    /// Why a send got no answer from FCM.
+    public enum Failure: Error, Sendable, Equatable, CustomStringConvertible {
+        /// No access token (the grant was refused, or the token endpoint is unreachable).
+        case credentials(AccessTokenSource.Failure)
+        /// The request could not be made or its answer read (`.outcomeUnknown`: it may
+        /// have been processed).
+        case transport(TransportError)
+
+        public var description: String {
+            switch self {
+            case .credentials(let failure): "\(failure)"
+            case .transport(let error): "\(error)"
+            }
+        }
+    }
+
+    public let projectID: String
+    public let tokens: AccessTokenSource
+    private let client: HTTP2Client
+    private let path: String
+
+    /// - Throws: `Failure` when the token endpoint's URL or TLS settings are unusable.
+    public init(account: ServiceAccount, settings: Settings) throws(Failure) {
+        projectID = settings.projectID ?? account.projectID
+        do {
+            tokens = try AccessTokenSource(account: account, trust: settings.trust)
+        } catch {
+            throw .credentials(error)
+        }
+        do {
+            client = try HTTP2Client(host: settings.host, port: settings.port, trust: settings.trust,
+                                     maximumConnections: settings.maximumConnections,
+                                     maximumStreamsPerConnection: settings.maximumStreamsPerConnection,
+                                     timeout: settings.requestTimeout)
+        } catch {
+            throw .transport(error)
+        }
+        path = "/v1/projects/\(projectID)/messages:send"
+    }
+
+    /// Requests sent whose outcome is unknown (a stream or connection broke after sending).
+    public var outcomeUnknownCount: Int { client.outcomeUnknownCount }
+
+    /// True when FCM's server chose HTTP/1.1 over h2.
+    public var fellBackToHTTP1: Bool { client.fellBackToHTTP1 }
+
+    /// The concurrent requests it can have in flight.
+    public var capacity: Int { client.maximumConnections * client.maximumStreamsPerConnection }
+
+    /// Fetches an access token now: a refused grant shows at start, not at the first message.
+    public func checkCredentials() async throws(Failure) {
+        do {
+            _ = try await tokens.token()
+        } catch let failure as AccessTokenSource.Failure {
+            throw .credentials(failure)
+        } catch {
+            throw .transport(.cancelled)
+        }
+    }
+
+    /// Sends one message and returns FCM's answer.
+    /// - Throws: `Failure` when there was no answer.
+    public func send(_ message: FCMV1Message) async throws(Failure) -> FCMV1Answer {
+        let body = Array(message.body.serialized.utf8)
+        var refreshed = false
+        while true {
+            let token: String
+            do {
+                token = try await tokens.token()
+            } catch let failure as AccessTokenSource.Failure {
+                throw .credentials(failure)
+            } catch {
+                throw .transport(.cancelled)
+            }
+            let response: HTTPSClient.Response
+            do {
+                response = try await client.send(method: "POST", path: path,
+                                                 headers: ["authorization": "Bearer \(token)", "content-type": "application/json; charset=UTF-8"],
+                                                 body: body)
+            } catch let error as TransportError {
+                throw .transport(error)
+            } catch {
+                throw .transport(.cancelled)
+            }
+            let answer = FCMV1Answer(status: response.status, headers: response.headers, body: response.body)
+            if case .refused(let error) = answer, error.action == .refreshToken, !refreshed {
+                tokens.invalidate(token)
+                refreshed = true
+                continue
+            }
+            return answer
+        }
+    }
+}

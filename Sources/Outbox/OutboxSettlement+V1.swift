@@ -1,0 +1,91 @@
+import FCM
+import Foundation
+
+extension OutboxSettlement {
+    /// One target's outcome of a v1 attempt.
+    package enum V1Outcome: Sendable, Equatable {
+        /// FCM took it: the message's name.
+        case sent(name: String)
+        /// FCM refused it.
+        case refused(FCMV1Error)
+        /// No answer that says it was not delivered: a transport failure, an outcome that
+        /// is unknown, a token endpoint that cannot be reached. Sent again with backoff.
+        case unanswered(code: String, description: String)
+    }
+
+    /// The settlement of one v1 attempt at a row: `outcome` holds this attempt's result per
+    /// target (each token of a fan-out, else the row's one target), `earlier` the row's
+    /// `token_results` so far. Each target's entry is written to `token_results`:
+    /// `{"name": …}` when FCM took it, `{"error": CODE}` when it refused it, with
+    /// `"retry": true` when it is sent again. The row is acked once every target has a final
+    /// outcome and one succeeded, failed when none did, and retried (only the targets marked
+    /// `retry`) while some got `UNAVAILABLE`, `INTERNAL`, `QUOTA_EXCEEDED` or no answer, no
+    /// sooner than the longest `Retry-After` (capped at `maximumRetryAfter`). Tokens FCM
+    /// reports gone, of another sender or malformed are marked.
+    package static func v1(_ outcome: [(target: String, isDevice: Bool, outcome: V1Outcome)], earlier: [String: JSONValue],
+                           rowID: Int64, attempt: Int, age: Duration, timeToLive: Int?, policy: DownstreamRetryPolicy,
+                           maximumRetryAfter: Duration, now: Date, using generator: inout some RandomNumberGenerator) -> OutboxSettlement {
+        var results = earlier
+        var marks: [TokenMark] = []
+        var retryable = false
+        var notBefore: Duration = .zero
+        var firstError: (code: String, description: String)?
+        for (target, isDevice, result) in outcome {
+            var entry: [String: JSONValue] = [:]
+            switch result {
+            case .sent(let name):
+                entry["name"] = .string(name)
+            case .refused(let error):
+                entry["error"] = .string(error.code)
+                firstError = firstError ?? (error.code, error.description)
+                switch error.action {
+                case .failAndMarkToken(let state):
+                    if isDevice {
+                        marks.append(TokenMark(token: target, state: state == .invalid ? .invalid : .unregistered,
+                                               canonicalToken: nil, errorCode: error.code))
+                    }
+                case .fail, .stopSending:
+                    break
+                case .retry, .slowDownProject, .refreshToken:
+                    entry["retry"] = true
+                    retryable = true
+                    if let after = error.retryAfter { notBefore = max(notBefore, min(after, maximumRetryAfter)) }
+                }
+            case .unanswered(let code, let description):
+                entry["error"] = .string(code)
+                entry["retry"] = true
+                retryable = true
+                firstError = firstError ?? (code, description)
+            }
+            results[target] = .object(entry)
+        }
+        let succeeded = results.values.contains { $0["name"] != nil }
+        if firstError == nil, let code = results.values.lazy.compactMap({ $0["error"]?.stringValue }).first {
+            firstError = (code, "")
+        }
+        var update = OutboxUpdate(rowID: rowID, status: .failed, attempts: attempt, sentOn: "v1", sentAt: now,
+                                  errorCode: firstError?.code, errorDescription: firstError?.description,
+                                  tokenResults: JSONValue.object(results).serialized)
+        if retryable {
+            switch policy.decide(attempt: attempt, age: age, timeToLive: timeToLive, using: &generator) {
+            case .retry(let delay):
+                update.status = .retry
+                update.availableAt = now.addingTimeInterval(max(delay, notBefore).seconds)
+            case .giveUp:
+                update.status = .expired
+                update.errorDescription = "retries ran out: \(firstError?.description ?? "")"
+            }
+        } else if succeeded {
+            update.status = .acked
+            update.ackedAt = now
+            if outcome.count == 1 && results.count == 1 {
+                // One target, delivered: the row keeps no error.
+                update.errorCode = nil
+                update.errorDescription = nil
+            }
+        } else if outcome.count > 1 || results.count > 1 {
+            update.errorDescription = "every target failed: \(firstError?.description ?? "")"
+        }
+        return OutboxSettlement(update: update, tokens: marks)
+    }
+}

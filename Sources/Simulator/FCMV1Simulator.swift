@@ -1,0 +1,425 @@
+import FCM
+import Foundation
+import Runtime
+import Transport
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A stand-in for FCM's HTTP v1 API and Google's OAuth2 token endpoint, over HTTPS on
+/// loopback, HTTP/2 (ALPN `h2`) or HTTP/1.1 as the client offers.
+///
+/// - `POST /token`: the JWT-bearer grant. The assertion's RS256 signature is checked
+///   against the service account's public key, and its claims as Google checks them: `iss`
+///   the account's email, a `scope` FCM accepts, `aud` Google's token URL (or this
+///   endpoint's), `iat` not in the future, `exp` after now and at most an hour after `iat`.
+///   It answers an access token valid `tokenLifetime`; a refused grant is a 400
+///   `invalid_grant` as Google's.
+/// - `POST /v1/projects/{project}/messages:send`: a valid, unexpired token (else 401
+///   `UNAUTHENTICATED`), the account's project (else 403 `PERMISSION_DENIED`), a message FCM
+///   would accept (else 400 `INVALID_ARGUMENT` with the field violation), then each target as
+///   `targetAnswer` says (success with the message's name, `UNREGISTERED`,
+///   `SENDER_ID_MISMATCH`, `THIRD_PARTY_AUTH_ERROR`, `INVALID_ARGUMENT`). A project quota
+///   (`quotaPerMinute`) answers 429 `QUOTA_EXCEEDED` with `Retry-After` beyond it.
+///   `validate_only` is checked like a send and answered with `…/messages/fake_message_id`,
+///   delivering nothing.
+/// - Tests queue whole-request outcomes ahead (`scriptNext`): a status (5xx bursts, 429), a
+///   reset stream, a dropped connection, no answer, a GOAWAY; and set an answer latency.
+public final class FCMV1Simulator: Sendable {
+    /// How a send to one target is answered.
+    public enum TargetAnswer: Sendable, Equatable {
+        case success
+        /// 404 `UNREGISTERED`: the app instance is gone.
+        case unregistered
+        /// 403 `SENDER_ID_MISMATCH`: the token belongs to another sender.
+        case senderMismatch
+        /// 400 `INVALID_ARGUMENT`: not a valid registration token.
+        case invalidToken
+        /// 401 `THIRD_PARTY_AUTH_ERROR`: APNs or web push refused the project's credentials.
+        case thirdPartyAuthError
+    }
+
+    /// A whole request's outcome, ahead of the normal answer.
+    public enum Scripted: Sendable, Equatable {
+        /// This status with its canonical error (`QUOTA_EXCEEDED` for 429, `UNAVAILABLE` for
+        /// 503, `INTERNAL` for 500), and `Retry-After` when given. The message is not delivered.
+        case status(Int, retryAfter: String? = nil)
+        /// HTTP/2: the stream is reset after the message was delivered (HTTP/1.1: the connection closes).
+        case resetAfterDelivering
+        /// The connection is dropped after the message was delivered, without an answer.
+        case dropAfterDelivering
+        /// Delivered, never answered.
+        case hold
+        /// Answered normally, with a GOAWAY at once naming this stream the last processed.
+        case goAway
+    }
+
+    /// A message the simulator accepted (and delivered unless `validateOnly`).
+    public struct Delivery: Sendable, Equatable {
+        public let name: String
+        public let message: JSONValue
+        public let validateOnly: Bool
+        /// `h2` or `http/1.1`.
+        public let protocolName: String
+    }
+
+    /// What the simulator counted.
+    public struct Counters: Sendable, Equatable {
+        public var tokensIssued = 0
+        public var grantsRefused = 0
+        public var sendRequests = 0
+        public var delivered = 0
+        public var connections = 0
+    }
+
+    private struct State {
+        var scripted: [Scripted] = []
+        var deliveries: [Delivery] = []
+        var tokens: [String: Date] = [:]
+        var counters = Counters()
+        var nextMessageID: Int64 = 0
+        var quotaWindow: (start: Date, count: Int) = (.distantPast, 0)
+        var keyRevoked = false
+        var stopped = false
+    }
+
+    public let port: Int
+    public let account: ServiceAccount
+    public let publicKey: RSAPublicKey
+    /// The URL of the token endpoint (the account's `token_uri`).
+    public let tokenURI: String
+    private let context: TLSContext
+    private let listenFD: Int32
+    private let state = BlockingLock(State())
+    private let settings: Settings
+
+    /// How it answers.
+    public struct Settings: Sendable {
+        public var projectID = "fcm-worker-simulator"
+        public var host = "127.0.0.1"
+        public var port = 0
+        /// False: only HTTP/1.1 is offered by ALPN (the client's fallback).
+        public var offersHTTP2 = true
+        public var maximumConcurrentStreams: UInt32 = 100
+        /// Every answer waits this long.
+        public var latency: Duration = .zero
+        public var tokenLifetime: Duration = .seconds(3600)
+        /// Sends accepted per minute before 429 `QUOTA_EXCEEDED` (nil: no quota).
+        public var quotaPerMinute: Int?
+        /// A GOAWAY after every this many requests on a connection (nil: never).
+        public var goAwayEvery: Int?
+        public var targetAnswer: @Sendable (String) -> TargetAnswer = FCMV1Simulator.answerByName
+        /// Called with each send's path, status and target (the `simulate` command logs them).
+        public var onAnswer: (@Sendable (_ target: String, _ status: Int, _ protocolName: String) -> Void)?
+
+        public init() {}
+    }
+
+    /// `unregistered-…` UNREGISTERED, `mismatch-…` SENDER_ID_MISMATCH, `invalid-…` an
+    /// invalid token, `apns-refused-…` THIRD_PARTY_AUTH_ERROR, the rest success.
+    public static let answerByName: @Sendable (String) -> TargetAnswer = { target in
+        if target.hasPrefix("unregistered-") { return .unregistered }
+        if target.hasPrefix("mismatch-") { return .senderMismatch }
+        if target.hasPrefix("invalid-") { return .invalidToken }
+        if target.hasPrefix("apns-refused-") { return .thirdPartyAuthError }
+        return .success
+    }
+
+    public init(identity: TLSIdentity, settings: Settings = Settings()) throws {
+        ProcessSignals.ignoreSIGPIPE()
+        self.settings = settings
+        context = try TLSContext.server(identity: identity, offersHTTP2: settings.offersHTTP2)
+        let listener: TCPListener
+        do {
+            listener = try TCPListener.open(host: settings.host, port: settings.port, nonBlocking: false)
+        } catch {
+            throw SimulatorError("\(error)")
+        }
+        (listenFD, port) = (listener.fd, listener.port)
+        let host = settings.host.contains(":") ? "[\(settings.host)]" : settings.host
+        tokenURI = "https://\(host):\(port)/token"
+        let key = try RSAPrivateKey.generate()
+        account = ServiceAccount(projectID: settings.projectID, clientEmail: "fcm-worker@\(settings.projectID).iam.gserviceaccount.com",
+                                 privateKeyID: UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: ""),
+                                 tokenURI: tokenURI, privateKey: key)
+        publicKey = try RSAPublicKey(pem: key.publicKeyPEM)
+        let thread = Thread { [self] in acceptLoop() }
+        thread.name = "fcm-v1-simulator accept"
+        thread.start()
+    }
+
+    /// Stops accepting connections.
+    public func stop() {
+        state.withLock { $0.stopped = true }
+        shutdown(listenFD, Int32(SHUT_RDWR))
+    }
+
+    /// Queues outcomes for the next send requests, in order.
+    public func scriptNext(_ outcomes: [Scripted]) {
+        state.withLock { $0.scripted += outcomes }
+    }
+
+    /// Every message accepted so far, in order.
+    public var deliveries: [Delivery] { state.withLock { $0.deliveries } }
+    public var counters: Counters { state.withLock { $0.counters } }
+
+    /// Makes every access token issued so far expired (FCM answers 401 to them).
+    public func expireTokens() {
+        state.withLock { state in
+            for token in state.tokens.keys { state.tokens[token] = .distantPast }
+        }
+    }
+
+    /// Refuses every grant from now on (the key was deleted in the console).
+    public func revokeKey(_ revoked: Bool = true) {
+        state.withLock { $0.keyRevoked = revoked }
+    }
+
+    // MARK: - Serving
+
+    private func acceptLoop() {
+        defer { close(listenFD) }
+        while !state.withLock({ $0.stopped }) {
+            let fd = accept(listenFD, nil, nil)
+            guard fd >= 0 else {
+                if errno == EINTR { continue }
+                return
+            }
+            let requestsOnConnection = BlockingLock(0)
+            state.withLock { $0.counters.connections += 1 }
+            HTTPServerConnection.serve(fd: fd, context: context, name: "fcm-v1-simulator connection",
+                                       maximumConcurrentStreams: settings.maximumConcurrentStreams) { [self] request in
+                let count = requestsOnConnection.withLock { count -> Int in
+                    count += 1
+                    return count
+                }
+                return answer(request, numberOnConnection: count)
+            }
+        }
+    }
+
+    private func answer(_ request: HTTPServerRequest, numberOnConnection: Int) -> HTTPServerAction {
+        guard request.method == "POST" else { return respond(Self.googleError(405, "METHOD_NOT_ALLOWED", "only POST is served")) }
+        if request.path == "/token" { return respond(grant(request)) }
+        let prefix = "/v1/projects/", suffix = "/messages:send"
+        guard request.path.hasPrefix(prefix), request.path.hasSuffix(suffix) else {
+            return respond(Self.googleError(404, "NOT_FOUND", "The requested URL \(request.path) was not found on this server."))
+        }
+        let project = String(request.path.dropFirst(prefix.count).dropLast(suffix.count))
+        let scripted = state.withLock { state -> Scripted? in
+            state.counters.sendRequests += 1
+            return state.scripted.isEmpty ? nil : state.scripted.removeFirst()
+        }
+        let goAwayNow = scripted == .goAway || settings.goAwayEvery.map { numberOnConnection % $0 == 0 } == true
+        if case .status(let status, let retryAfter)? = scripted {
+            var response = Self.scriptedError(status)
+            if let retryAfter { response.headers.append(("retry-after", retryAfter)) }
+            return respond(response)
+        }
+        let (response, target) = send(request, project: project)
+        settings.onAnswer?(target, response.status, request.protocolName)
+        switch scripted {
+        case .resetAfterDelivering?: return .resetStream
+        case .dropAfterDelivering?: return .dropConnection
+        case .hold?: return .hold
+        default: return respond(response, then: goAwayNow ? .goAway : .keepOpen)
+        }
+    }
+
+    private func respond(_ response: HTTPServerResponse, then: HTTPServerAction.Afterwards = .keepOpen) -> HTTPServerAction {
+        .respond(response, after: settings.latency, then: then)
+    }
+
+    // MARK: - The token endpoint
+
+    private func grant(_ request: HTTPServerRequest) -> HTTPServerResponse {
+        var fields: [String: String] = [:]
+        for pair in request.bodyText.split(separator: "&") {
+            let parts = pair.split(separator: "=", maxSplits: 1).map {
+                String($0).replacingOccurrences(of: "+", with: " ").removingPercentEncoding ?? String($0)
+            }
+            fields[parts[0]] = parts.count > 1 ? parts[1] : ""
+        }
+        func refuse(_ error: String, _ description: String) -> HTTPServerResponse {
+            state.withLock { $0.counters.grantsRefused += 1 }
+            return Self.json(400, ["error": .string(error), "error_description": .string(description)])
+        }
+        guard fields["grant_type"] == "urn:ietf:params:oauth:grant-type:jwt-bearer" else {
+            return refuse("unsupported_grant_type", "Invalid grant_type: \(fields["grant_type"] ?? "")")
+        }
+        guard let assertion = fields["assertion"] else { return refuse("invalid_request", "Missing required parameter: assertion") }
+        if let problem = check(assertion) { return refuse("invalid_grant", problem) }
+        if state.withLock({ $0.keyRevoked }) { return refuse("invalid_grant", "Invalid JWT Signature.") }
+        let token = "ya29.sim-" + UUID().uuidString.lowercased()
+        let lifetime = settings.tokenLifetime
+        state.withLock { state in
+            state.tokens[token] = Date().addingTimeInterval(lifetime.seconds)
+            state.counters.tokensIssued += 1
+        }
+        return Self.json(200, ["access_token": .string(token), "expires_in": .number(JSONNumber(Int(lifetime.seconds))),
+                               "token_type": "Bearer"])
+    }
+
+    /// Why Google would refuse the assertion, or nil.
+    private func check(_ assertion: String) -> String? {
+        let parts = assertion.split(separator: ".", omittingEmptySubsequences: false).map(String.init)
+        guard parts.count == 3, let headerBytes = Base64URL.decode(parts[0]), let claimBytes = Base64URL.decode(parts[1]),
+              let signature = Base64URL.decode(parts[2]),
+              let header = try? JSONValue.parse(String(decoding: headerBytes, as: UTF8.self)),
+              let claims = try? JSONValue.parse(String(decoding: claimBytes, as: UTF8.self)) else {
+            return "Invalid JWT: the assertion is not a signed JWT"
+        }
+        guard header["alg"]?.stringValue == "RS256" else { return "Invalid JWT: the algorithm must be RS256" }
+        guard publicKey.verifySHA256(Array((parts[0] + "." + parts[1]).utf8), signature: signature) else { return "Invalid JWT Signature." }
+        guard claims["iss"]?.stringValue == account.clientEmail else { return "Invalid JWT: iss is not the service account" }
+        let scopes = (claims["scope"]?.stringValue ?? "").split(separator: " ").map(String.init)
+        guard scopes.contains(ServiceAccount.messagingScope) || scopes.contains("https://www.googleapis.com/auth/cloud-platform") else {
+            return "Invalid JWT: no scope allows sending messages (firebase.messaging or cloud-platform)"
+        }
+        guard let audience = claims["aud"]?.stringValue, audience == ServiceAccount.googleTokenAudience || audience == tokenURI else {
+            return "Invalid JWT: audience is not the token endpoint"
+        }
+        guard case .number(let issuedNumber)? = claims["iat"], let issued = issuedNumber.int64Value,
+              case .number(let expiresNumber)? = claims["exp"], let expires = expiresNumber.int64Value else {
+            return "Invalid JWT: iat and exp are required"
+        }
+        let now = Int64(Date().timeIntervalSince1970)
+        guard issued <= now + 60 else { return "Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. Check your iat and exp values in the JWT claim." }
+        guard expires > now, expires - issued <= 3600 else {
+            return "Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. Check your iat and exp values in the JWT claim."
+        }
+        return nil
+    }
+
+    // MARK: - Sending
+
+    /// The answer to a send request, and its target (for the log).
+    private func send(_ request: HTTPServerRequest, project: String) -> (HTTPServerResponse, String) {
+        let authorization = request.headers["authorization"] ?? ""
+        let now = Date()
+        guard authorization.hasPrefix("Bearer "),
+              let expiry = state.withLock({ $0.tokens[String(authorization.dropFirst("Bearer ".count))] }), expiry > now else {
+            return (Self.googleError(401, "UNAUTHENTICATED",
+                                     "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other valid authentication credential."), "")
+        }
+        guard project == account.projectID else {
+            return (Self.googleError(403, "PERMISSION_DENIED", "Permission 'cloudmessaging.messages.create' denied on resource '//cloudresourcemanager.googleapis.com/projects/\(project)' (or it may not exist)."), "")
+        }
+        guard case .object(let body)? = try? JSONValue.parse(request.bodyText) else {
+            return (Self.googleError(400, "INVALID_ARGUMENT", "Invalid JSON payload received."), "")
+        }
+        for key in body.keys where key != "message" && key != "validate_only" {
+            return (Self.badRequest("Invalid JSON payload received. Unknown name \"\(key)\": Cannot find field.", field: key), "")
+        }
+        guard case .object(let message)? = body["message"] else {
+            return (Self.badRequest("Request contains an invalid argument.", field: "message"), "")
+        }
+        if let problem = Self.problem(with: message) { return (Self.badRequest(problem.description, field: problem.field), "") }
+        let validateOnly = body["validate_only"] == .bool(true)
+        let target = message["token"]?.stringValue ?? message["fid"]?.stringValue
+            ?? message["topic"].flatMap(\.stringValue).map { "/topics/\($0)" } ?? message["condition"]?.stringValue ?? ""
+        if let quota = settings.quotaPerMinute {
+            let waited = state.withLock { state -> Int? in
+                if now.timeIntervalSince(state.quotaWindow.start) >= 60 { state.quotaWindow = (now, 0) }
+                guard state.quotaWindow.count < quota else { return max(1, Int(60 - now.timeIntervalSince(state.quotaWindow.start))) }
+                state.quotaWindow.count += 1
+                return nil
+            }
+            if let waited {
+                var response = Self.fcmError(429, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED", "Quota exceeded for quota metric 'Send requests'.")
+                response.headers.append(("retry-after", String(waited)))
+                return (response, target)
+            }
+        }
+        if message["token"] != nil || message["fid"] != nil {
+            switch settings.targetAnswer(target) {
+            case .success: break
+            case .unregistered: return (Self.fcmError(404, "NOT_FOUND", "UNREGISTERED", "Requested entity was not found."), target)
+            case .senderMismatch: return (Self.fcmError(403, "PERMISSION_DENIED", "SENDER_ID_MISMATCH", "SenderId mismatch"), target)
+            case .invalidToken:
+                return (Self.badRequest("The registration token is not a valid FCM registration token", field: "message.token",
+                                        errorCode: "INVALID_ARGUMENT"), target)
+            case .thirdPartyAuthError:
+                return (Self.fcmError(401, "UNAUTHENTICATED", "THIRD_PARTY_AUTH_ERROR", "Auth error from APNS or Web Push Service"), target)
+            }
+        }
+        let name = state.withLock { state -> String in
+            guard !validateOnly else { return "projects/\(project)/messages/fake_message_id" }
+            state.nextMessageID += 1
+            let name = "projects/\(project)/messages/0:\(Int64(now.timeIntervalSince1970 * 1000))\(state.nextMessageID)%\(project)"
+            state.deliveries.append(Delivery(name: name, message: .object(message), validateOnly: false, protocolName: request.protocolName))
+            state.counters.delivered += 1
+            return name
+        }
+        return (Self.json(200, ["name": .string(name)]), target)
+    }
+
+    /// What FCM refuses in a message with `INVALID_ARGUMENT`, with the field.
+    static func problem(with message: [String: JSONValue]) -> (field: String, description: String)? {
+        for key in message.keys.sorted() where !FCMV1Message.messageMembers.contains(key) {
+            return ("message", "Invalid JSON payload received. Unknown name \"\(key)\" at 'message': Cannot find field.")
+        }
+        let targets = FCMV1Message.targetMembers.filter { message[$0] != nil }
+        guard targets.count == 1 else { return ("message", "Exactly one of token, topic, condition or fid must be specified.") }
+        guard let value = message[targets[0]]?.stringValue, !value.isEmpty else {
+            return ("message.\(targets[0])", "Invalid value at 'message.\(targets[0])' (TYPE_STRING)")
+        }
+        if case .object(let data)? = message["data"] {
+            for (index, (key, item)) in data.sorted(by: { $0.key < $1.key }).enumerated() {
+                guard case .string = item else { return ("message.data[\(index)].value", "Invalid value at 'message.data[\(index)].value' (TYPE_STRING)") }
+                let lower = key.lowercased()
+                if lower == "from" || lower.hasPrefix("google") || lower.hasPrefix("gcm") || lower == "message_type" {
+                    return ("message.data", "Invalid data payload key: \(key)")
+                }
+            }
+        } else if message["data"] != nil {
+            return ("message.data", "Invalid value at 'message.data' (type.googleapis.com/google.firebase.fcm.v1.Message.DataEntry)")
+        }
+        if let ttl = message["android"]?["ttl"], !(ttl.stringValue.map(FCMV1Message.isDuration) ?? false) {
+            return ("message.android.ttl", "Invalid value at 'message.android.ttl' (type.googleapis.com/google.protobuf.Duration), Field 'ttl', Illegal duration format; duration must end with 's'")
+        }
+        if let priority = message["android"]?["priority"], priority != "NORMAL", priority != "HIGH" {
+            return ("message.android.priority", "Invalid value at 'message.android.priority' (type.googleapis.com/google.firebase.fcm.v1.AndroidMessagePriority)")
+        }
+        let size = message["data"]?.serialized.utf8.count ?? 0
+        if size > 4096 + 64 { return ("message", "Message is too big") }
+        return nil
+    }
+
+    // MARK: - Answers as Google writes them
+
+    private static func scriptedError(_ status: Int) -> HTTPServerResponse {
+        switch status {
+        case 429: fcmError(429, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED", "Quota exceeded.")
+        case 500: fcmError(500, "INTERNAL", "INTERNAL", "Internal error encountered.")
+        case 503: fcmError(503, "UNAVAILABLE", "UNAVAILABLE", "The service is currently unavailable.")
+        case 401: googleError(401, "UNAUTHENTICATED", "Request had invalid authentication credentials.")
+        default: googleError(status, "HTTP_\(status)", "scripted")
+        }
+    }
+
+    static func googleError(_ code: Int, _ status: String, _ message: String, details: [JSONValue] = []) -> HTTPServerResponse {
+        var error: [String: JSONValue] = ["code": .number(JSONNumber(code)), "message": .string(message), "status": .string(status)]
+        if !details.isEmpty { error["details"] = .array(details) }
+        return json(code, ["error": .object(error)])
+    }
+
+    static func fcmError(_ code: Int, _ status: String, _ errorCode: String, _ message: String) -> HTTPServerResponse {
+        googleError(code, status, message, details: [
+            ["@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError", "errorCode": .string(errorCode)],
+        ])
+    }
+
+    static func badRequest(_ message: String, field: String, errorCode: String = "INVALID_ARGUMENT") -> HTTPServerResponse {
+        googleError(400, "INVALID_ARGUMENT", message, details: [
+            ["@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError", "errorCode": .string(errorCode)],
+            ["@type": "type.googleapis.com/google.rpc.BadRequest",
+             "fieldViolations": [["field": .string(field), "description": .string(message)]]],
+        ])
+    }
+
+    static func json(_ status: Int, _ members: [String: JSONValue]) -> HTTPServerResponse {
+        HTTPServerResponse(status: status, headers: [("content-type", "application/json; charset=UTF-8")],
+                           body: Array(JSONValue.object(members).serialized.utf8))
+    }
+}
