@@ -244,7 +244,8 @@ public struct FCMV1Message: Sendable, Equatable {
                     throw .init("message.android.ttl", "\(text) is outside 0…\(DownstreamMessage.maximumTimeToLive)s")
                 }
             }
-            if let priority = android["priority"], priority != "NORMAL", priority != "HIGH" {
+            // FCM reads enum names in either case (the Admin SDKs send "high").
+            if let priority = android["priority"], !["NORMAL", "HIGH"].contains(priority.stringValue?.uppercased() ?? "") {
                 throw .init("message.android.priority", "must be NORMAL or HIGH")
             }
         }

@@ -37,6 +37,8 @@ public final class FCMV1Simulator: Sendable {
         case invalidToken
         /// 401 `THIRD_PARTY_AUTH_ERROR`: APNs or web push refused the project's credentials.
         case thirdPartyAuthError
+        /// 429 `QUOTA_EXCEEDED` with `Retry-After: 1`: the device's message rate was exceeded.
+        case quotaExceeded
     }
 
     /// A whole request's outcome, ahead of the normal answer.
@@ -116,8 +118,10 @@ public final class FCMV1Simulator: Sendable {
     }
 
     /// `unregistered-…` UNREGISTERED, `mismatch-…` SENDER_ID_MISMATCH, `invalid-…` an
-    /// invalid token, `apns-refused-…` THIRD_PARTY_AUTH_ERROR, the rest success.
+    /// invalid token, `apns-refused-…` THIRD_PARTY_AUTH_ERROR, `quota-…` QUOTA_EXCEEDED, the
+    /// rest success.
     public static let answerByName: @Sendable (String) -> TargetAnswer = { target in
+        if target.hasPrefix("quota-") { return .quotaExceeded }
         if target.hasPrefix("unregistered-") { return .unregistered }
         if target.hasPrefix("mismatch-") { return .senderMismatch }
         if target.hasPrefix("invalid-") { return .invalidToken }
@@ -341,6 +345,10 @@ public final class FCMV1Simulator: Sendable {
                                         errorCode: "INVALID_ARGUMENT"), target)
             case .thirdPartyAuthError:
                 return (Self.fcmError(401, "UNAUTHENTICATED", "THIRD_PARTY_AUTH_ERROR", "Auth error from APNS or Web Push Service"), target)
+            case .quotaExceeded:
+                var response = Self.fcmError(429, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED", "Message rate exceeded for this device.")
+                response.headers.append(("retry-after", "1"))
+                return (response, target)
             }
         }
         let name = state.withLock { state -> String in
@@ -378,7 +386,8 @@ public final class FCMV1Simulator: Sendable {
         if let ttl = message["android"]?["ttl"], !(ttl.stringValue.map(FCMV1Message.isDuration) ?? false) {
             return ("message.android.ttl", "Invalid value at 'message.android.ttl' (type.googleapis.com/google.protobuf.Duration), Field 'ttl', Illegal duration format; duration must end with 's'")
         }
-        if let priority = message["android"]?["priority"], priority != "NORMAL", priority != "HIGH" {
+        // FCM reads enum names in either case: the Admin SDKs send "high" and "normal".
+        if let priority = message["android"]?["priority"], !["NORMAL", "HIGH"].contains(priority.stringValue?.uppercased() ?? "") {
             return ("message.android.priority", "Invalid value at 'message.android.priority' (type.googleapis.com/google.firebase.fcm.v1.AndroidMessagePriority)")
         }
         let size = message["data"]?.serialized.utf8.count ?? 0

@@ -23,6 +23,9 @@ enum SimulateCommand {
         var exitWhenAcked = false
         var niceness: Int32?
         var quiet = false
+        var v1Latency = 0
+        var v1Streams = 100
+        var v1HTTP1Only = false
     }
 
     private static func whole(_ flag: String, default value: String, help: String, minimum: Int = 0,
@@ -72,13 +75,19 @@ enum SimulateCommand {
             guard let value = Int32(text), (-20...19).contains(value) else { throw ConfigurationError("simulate: --niceness takes -20 to 19") }
             settings.niceness = value
         },
+        whole("--v1-latency", default: "0", help: "the v1 API answers after this many milliseconds") { $0.v1Latency = $1 },
+        whole("--v1-streams", default: "100", help: "the v1 API's SETTINGS_MAX_CONCURRENT_STREAMS per HTTP/2 connection", minimum: 1) {
+            $0.v1Streams = $1
+        },
+        .toggle("--v1-http1-only", help: "the v1 API offers HTTP/1.1 only (a client's fallback from h2)") { $0.v1HTTP1Only = $1 },
         .toggle("--quiet", help: "log sessions and protocol violations, not every message") { $0.quiet = $1 },
     ])
 
     static let command = WorkerCommand(
         name: "simulate",
-        summary: "run a simulated FCM connection server (CCS) over TLS, and FCM's legacy HTTP API beside it "
-            + "(tokens named unregistered-… or invalid-… fail, old-… get a canonical new-…)",
+        summary: "run a simulated FCM connection server (CCS) over TLS, FCM's legacy HTTP API and its HTTP v1 API "
+            + "with Google's token endpoint beside it (tokens named unregistered-… or invalid-… fail, old-… get a canonical new-…; "
+            + "over v1 mismatch-… and apns-refused-… fail too)",
         options: options.help) { arguments, context in
             var status: Int32 = 0
             guard let (settings, positional) = context.parse(arguments, with: options, into: Settings(), status: &status) else { return status }
@@ -109,6 +118,7 @@ enum SimulateCommand {
         let logger = Logger(label: "simulator")
         let simulator: CCSSimulator
         let httpSimulator: FCMHTTPSimulator
+        let v1Simulator: FCMV1Simulator
         do {
             let authority = try CertificateAuthority(commonName: "fcm-worker simulator CA")
             let identity = try authority.issueServerIdentity(dnsNames: ["localhost"], ipAddresses: ["127.0.0.1", "::1"])
@@ -156,6 +166,18 @@ enum SimulateCommand {
                                                  tokenAnswer: Self.httpTokenAnswer, onAnswer: { request, status in
                                                      logger.info("HTTP \(request.path): \(Self.summary(of: request)) → \(status)")
                                                  })
+            var v1Settings = FCMV1Simulator.Settings()
+            v1Settings.host = host
+            v1Settings.latency = .milliseconds(settings.v1Latency)
+            v1Settings.maximumConcurrentStreams = UInt32(settings.v1Streams)
+            v1Settings.offersHTTP2 = !settings.v1HTTP1Only
+            if !quiet {
+                v1Settings.onAnswer = { target, status, protocolName in logger.info("v1 (\(protocolName)) to \(target) → \(status)") }
+            }
+            v1Simulator = try FCMV1Simulator(identity: identity, settings: v1Settings)
+            let accountPath = outDirectory + "/service-account.json"
+            // Its private key: readable by its owner only.
+            try writePrivately(v1Simulator.account.keyFileJSON, to: accountPath)
             script.attach(simulator)
             load?.attach(simulator)
             let endpointHost = host.contains(":") ? "[\(host)]" : host
@@ -168,16 +190,21 @@ enum SimulateCommand {
                 FCM_SERVER_KEY=\(serverKey)
                 FCM_CA_FILE=\(caPath)
                 FCM_HTTP_ENDPOINT=\(endpointHost):\(httpSimulator.port)
+                FCM_V1_ENDPOINT=\(endpointHost):\(v1Simulator.port)
+                GOOGLE_APPLICATION_CREDENTIALS=\(accountPath)
 
                 """, to: envPath)
             printLine("""
                 simulated CCS listening on \(endpointHost):\(simulator.port) (direct TLS)
                 simulated legacy HTTP API on https://\(endpointHost):\(httpSimulator.port) (/fcm/send, /fcm/notification)
+                simulated HTTP v1 API on https://\(endpointHost):\(v1Simulator.port) (\(settings.v1HTTP1Only ? "HTTP/1.1" : "HTTP/2 and HTTP/1.1"); \
+                project \(v1Simulator.account.projectID), token endpoint \(v1Simulator.tokenURI))
                   XMPP domain   \(configuration.domain)
                   sender ID     \(senderID)
                   server key    \(serverKey)
                   CA file       \(caPath)
-                  settings      \(envPath) (FCM_* variables for fcm-worker run)
+                  service acct  \(accountPath) (a key made at start; its token_uri names the simulator)
+                  settings      \(envPath) (the variables for fcm-worker run)
                 """)
         } catch {
             return fail("simulate: \(error)")
@@ -196,9 +223,12 @@ enum SimulateCommand {
         _ = trap
         simulator.stop()
         httpSimulator.stop()
+        v1Simulator.stop()
         let counters = simulator.counters
+        let v1 = v1Simulator.counters
         printLine("simulator stopped: \(counters.sessionsBound) session(s) bound, \(counters.upstreamDelivered) upstream delivered, "
-              + "\(counters.upstreamAcked) acked, \(counters.downstreamReceived) downstream received, \(counters.violations) protocol violation(s)")
+              + "\(counters.upstreamAcked) acked, \(counters.downstreamReceived) downstream received, \(counters.violations) protocol violation(s); "
+              + "v1: \(v1.tokensIssued) token(s) issued, \(v1.delivered) message(s) delivered")
         return 0
     }
 
