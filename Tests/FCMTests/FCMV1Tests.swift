@@ -1,0 +1,137 @@
+import FCM
+import Foundation
+import Testing
+import Transport
+
+/// FCM's HTTP v1 API without sockets: rows translated to v1 messages, answers read and
+/// mapped to actions, and the service account's JWT.
+@Suite struct FCMV1Tests {
+    func request(target: String? = "token-1", condition: String? = nil, _ payload: JSONValue) throws(DownstreamValidationError) -> FCMV1Message {
+        let requests = try FCMV1Message.requests(target: target, condition: condition, registrationIDs: nil, payload: payload,
+                                                 now: Date(timeIntervalSince1970: 1_000_000))
+        #expect(requests.count == 1)
+        return requests[0]
+    }
+
+    @Test func aLegacyPayloadIsTranslatedFieldByField() throws {
+        let message = try request([
+            "data": ["text": "hi", "count": 3, "on": true, "nested": ["a": 1]],
+            "notification": ["title": "T", "body": "B", "sound": "ping", "badge": "2", "icon": "i", "android_channel_id": "ch",
+                             "body_loc_args": #"["x","y"]"#],
+            "priority": "high", "time_to_live": 600, "collapse_key": "news", "restricted_package_name": "com.example",
+            "content_available": true, "mutable_content": true, "dry_run": true,
+        ]).body
+        #expect(message["validate_only"] == true)
+        let body = try #require(message["message"])
+        #expect(body["token"] == "token-1")
+        // v1's data is strings: other values become their JSON text.
+        #expect(body["data"] == ["text": "hi", "count": "3", "on": "true", "nested": #"{"a":1}"#])
+        #expect(body["notification"] == ["title": "T", "body": "B"])
+        #expect(body["android"] == ["priority": "HIGH", "ttl": "600s", "collapse_key": "news", "restricted_package_name": "com.example",
+                                    "notification": ["sound": "ping", "icon": "i", "channel_id": "ch", "body_loc_args": ["x", "y"]]])
+        #expect(body["apns"]?["headers"] == ["apns-priority": "10", "apns-expiration": "1000600", "apns-collapse-id": "news"])
+        #expect(body["apns"]?["payload"]?["aps"] == ["sound": "ping", "badge": 2, "content-available": 1, "mutable-content": 1])
+        #expect(body["webpush"] == ["headers": ["TTL": "600"]])
+    }
+
+    @Test func targetsAreMappedAndRegistrationIDsFanOut() throws {
+        #expect(try request(target: "/topics/news", [:]).message["topic"] == "news")
+        #expect(try request(target: "/topics/news", [:]).target == "/topics/news")
+        #expect(try request(target: nil, condition: "'a' in topics", [:]).message["condition"] == "'a' in topics")
+        let fanOut = try FCMV1Message.requests(target: nil, condition: nil, registrationIDs: ["a", "b", "c"], payload: ["data": ["k": "v"]],
+                                               skipping: ["b"])
+        #expect(fanOut.map(\.target) == ["a", "c"])
+        #expect(fanOut.allSatisfy { $0.targetIsDevice && $0.message["data"] == ["k": "v"] })
+        #expect(throws: DownstreamValidationError.self) {
+            _ = try FCMV1Message.requests(target: nil, condition: nil, registrationIDs: [], payload: [:])
+        }
+    }
+
+    @Test func aV1MessageIsTakenAsIsAndChecked() throws {
+        let message = try request(target: "installation-9", ["message": ["fid": "installation-9", "data": ["k": "v"],
+                                                                         "android": ["ttl": "3.5s", "priority": "high"]]])
+        #expect(message.message["fid"] == "installation-9" && message.message["token"] == nil && message.targetIsDevice)
+        // The row's target fills a message that names none.
+        #expect(try request(["message": ["data": ["k": "v"]], "validate_only": true]).message["token"] == "token-1")
+        func refusal(_ payload: JSONValue) -> String? {
+            do {
+                _ = try request(payload)
+                return nil
+            } catch {
+                return error.field
+            }
+        }
+        #expect(refusal(["message": ["token": "other"]]) == "message.token")
+        #expect(refusal(["message": ["data": ["n": 1]]]) == "message.data.n")
+        #expect(refusal(["message": ["data": ["google.x": "v"]]]) == "message.data.google.x")
+        #expect(refusal(["message": ["bogus": 1]]) == "message.bogus")
+        #expect(refusal(["message": ["android": ["ttl": "60"]]]) == "message.android.ttl")
+        #expect(refusal(["message": ["android": ["priority": "urgent"]]]) == "message.android.priority")
+        #expect(refusal(["message": ["data": ["big": .string(String(repeating: "x", count: 5000))]]]) == "message.data")
+        #expect(refusal(["message": [:], "extra": 1]) == "payload.extra")
+        // What v1 cannot carry is refused, named.
+        #expect(refusal(["data": ["k": "v"], "delivery_receipt_requested": true]) == "delivery_receipt_requested")
+        #expect(refusal(["notification": ["badge": "many"]]) == "notification.badge")
+        #expect(refusal(["data": ["from": "x"]]) == "data.from")
+    }
+
+    @Test func answersAreReadAsGoogleWritesThemAndMappedToActions() {
+        func answer(_ status: Int, _ body: String, retryAfter: String? = nil) -> FCMV1Answer {
+            FCMV1Answer(status: status, headers: retryAfter.map { ["retry-after": $0] } ?? [:], body: body)
+        }
+        func fcm(_ code: Int, _ status: String, _ errorCode: String) -> String {
+            #"{"error":{"code":\#(code),"message":"m","status":"\#(status)","details":[{"@type":"type.googleapis.com/google.firebase.fcm.v1.FcmError","errorCode":"\#(errorCode)"}]}}"#
+        }
+        #expect(answer(200, #"{"name":"projects/p/messages/1"}"#) == .sent(name: "projects/p/messages/1"))
+        func action(_ answer: FCMV1Answer) -> FCMV1Error.Action? {
+            if case .refused(let error) = answer { return error.action }
+            return nil
+        }
+        #expect(action(answer(404, fcm(404, "NOT_FOUND", "UNREGISTERED"))) == .failAndMarkToken(.unregistered))
+        #expect(action(answer(403, fcm(403, "PERMISSION_DENIED", "SENDER_ID_MISMATCH"))) == .failAndMarkToken(.unregistered))
+        #expect(action(answer(429, fcm(429, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED"))) == .slowDownProject)
+        #expect(action(answer(503, fcm(503, "UNAVAILABLE", "UNAVAILABLE"))) == .retry)
+        #expect(action(answer(500, fcm(500, "INTERNAL", "INTERNAL"))) == .retry)
+        #expect(action(answer(401, fcm(401, "UNAUTHENTICATED", "THIRD_PARTY_AUTH_ERROR"))) == .fail)
+        #expect(action(answer(401, #"{"error":{"code":401,"message":"m","status":"UNAUTHENTICATED"}}"#)) == .refreshToken)
+        #expect(action(answer(403, #"{"error":{"code":403,"message":"m","status":"PERMISSION_DENIED"}}"#)) == .stopSending)
+        #expect(action(answer(400, fcm(400, "INVALID_ARGUMENT", "INVALID_ARGUMENT"))) == .fail)
+        #expect(action(answer(502, "<html>bad gateway</html>")) == .retry)
+        let invalid = answer(400, #"{"error":{"code":400,"message":"bad","status":"INVALID_ARGUMENT","details":[{"@type":"type.googleapis.com/google.rpc.BadRequest","fieldViolations":[{"field":"message.token","description":"not a token"}]}]}}"#)
+        #expect(action(invalid) == .failAndMarkToken(.invalid))
+        if case .refused(let error) = invalid {
+            #expect(error.code == "INVALID_ARGUMENT" && error.description.contains("message.token: not a token"))
+        }
+        if case .refused(let error) = answer(429, fcm(429, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED"), retryAfter: "30") {
+            #expect(error.retryAfter == .seconds(30))
+        }
+        #expect(action(answer(200, "{}")) == .retry, "a 200 without a name is no delivery")
+    }
+
+    @Test func theAssertionIsAnRS256JWTWithGooglesClaimsAndTheKeyIsNeverShown() throws {
+        let key = try RSAPrivateKey.generate()
+        let account = try ServiceAccount(json: ServiceAccount(projectID: "p", clientEmail: "sa@p.iam.gserviceaccount.com", privateKeyID: "kid1",
+                                                              tokenURI: "https://127.0.0.1:1/token", privateKey: key).keyFileJSON)
+        #expect(account.projectID == "p" && account.tokenURI == "https://127.0.0.1:1/token")
+        #expect(!"\(account)".contains("PRIVATE"))
+        let now = Date(timeIntervalSince1970: 1_700_000_000)
+        let parts = try account.assertion(now: now).split(separator: ".").map(String.init)
+        #expect(parts.count == 3)
+        let header = try JSONValue.parse(String(decoding: Base64URL.decode(parts[0])!, as: UTF8.self))
+        let claims = try JSONValue.parse(String(decoding: Base64URL.decode(parts[1])!, as: UTF8.self))
+        #expect(header == ["alg": "RS256", "typ": "JWT", "kid": "kid1"])
+        #expect(claims == ["iss": "sa@p.iam.gserviceaccount.com", "scope": "https://www.googleapis.com/auth/firebase.messaging",
+                           "aud": "https://oauth2.googleapis.com/token", "iat": 1_700_000_000, "exp": 1_700_003_600])
+        let publicKey = try RSAPublicKey(pem: key.publicKeyPEM)
+        #expect(publicKey.verifySHA256(Array((parts[0] + "." + parts[1]).utf8), signature: Base64URL.decode(parts[2])!))
+        #expect(!publicKey.verifySHA256(Array((parts[0] + "." + parts[1] + "x").utf8), signature: Base64URL.decode(parts[2])!))
+        for broken in ["[]", #"{"type":"authorized_user"}"#, #"{"project_id":"p","client_email":"e","private_key":"nope"}"#] {
+            #expect(throws: ServiceAccount.Invalid.self) { _ = try ServiceAccount(json: broken) }
+        }
+        do {
+            _ = try ServiceAccount(json: #"{"project_id":"p","client_email":"e","private_key":"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----"}"#)
+        } catch {
+            #expect(!error.description.contains("AAAA"), "the key's text is never part of an error")
+        }
+    }
+}
