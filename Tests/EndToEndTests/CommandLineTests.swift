@@ -98,7 +98,7 @@ import Testing
     }
 
     @Test func everyCommandExplainsItselfAndREADMEShowsTheRunOptions() async throws {
-        for command in ["run", "migrate", "groups", "simulate", "bench"] {
+        for command in ["run", "migrate", "groups", "send", "simulate", "bench"] {
             let outcome = try await Self.runCapturingOutput([command, "--help"])
             #expect(outcome.status == 0, "\(command) --help")
             #expect(outcome.standardOutput.hasPrefix("usage: fcm-worker \(command)"), "\(outcome.standardOutput)")
