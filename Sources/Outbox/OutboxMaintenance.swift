@@ -34,6 +34,26 @@ package enum OutboxMaintenance {
         return count
     }
 
+    /// The transport of rows inserted without one (the `transport` column's default).
+    package static func defaultTransport(on connection: PostgresConnection) async throws -> String {
+        let expression = try await connection.query("""
+            SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef AS d
+            JOIN pg_attribute AS a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+            WHERE d.adrelid = 'downstream_messages'::regclass AND a.attname = 'transport'
+            """).first?.string(0) ?? ""
+        // 'xmpp'::text
+        let quoted = expression.dropFirst()
+        guard expression.hasPrefix("'"), let end = quoted.firstIndex(of: "'") else { return expression }
+        return String(quoted[..<end])
+    }
+
+    /// Makes `transport` the default of rows inserted without one, from the next insert on
+    /// (handlers that name none, and SQL that leaves the column out).
+    package static func setDefaultTransport(_ transport: String, on connection: PostgresConnection) async throws {
+        precondition(["xmpp", "http", "v1"].contains(transport))
+        _ = try await connection.execute("ALTER TABLE downstream_messages ALTER COLUMN transport SET DEFAULT '\(transport)'")
+    }
+
     /// Walks the outbox by id, `batchSize` rows a statement, from its newest row or its
     /// oldest, running `change` (an UPDATE or DELETE that may name `batch`, the walked rows'
     /// `id` and `created_at`) on each batch, while some row of the batch meets

@@ -188,12 +188,27 @@ struct MaintenanceCommands<Application: Sendable>: Sendable {
             },
         ])
         let initial = self.initial
-        return WorkerCommand(name: "outbox", synopsis: "requeue --status failed|expired [--since DURATION] [options]",
-                             summary: "send finished outbox rows again: their status back to pending, their attempts to 0",
+        return WorkerCommand(name: "outbox", synopsis: "requeue --status failed|expired [--since DURATION] [options], or default-transport [xmpp|http|v1] [options]",
+                             summary: "requeue: send finished outbox rows again (their status back to pending, their attempts to 0); "
+                                + "default-transport: show or set the transport of rows inserted without one (xmpp until set)",
                              options: options.help, optionsMarkdown: options.markdownTable) { arguments, context in
             var status: Int32 = 0
             guard let (settings, positional) = context.parse(arguments, with: options, into: initial, status: &status) else { return status }
-            guard positional == ["requeue"] else { return context.fail("outbox: expected requeue (see \(context.program) help outbox)") }
+            if positional.first == "default-transport" {
+                guard positional.count <= 2 else { return context.fail("outbox default-transport: expected at most one of xmpp, http, v1") }
+                let chosen = positional.dropFirst().first
+                if let chosen, !["xmpp", "http", "v1"].contains(chosen) {
+                    return context.fail("outbox default-transport: \(chosen) is not a transport: expected xmpp, http or v1")
+                }
+                return await Self.running("outbox", context) {
+                    let current = try await Self.withDatabase(settings) { connection in
+                        if let chosen { try await OutboxMaintenance.setDefaultTransport(chosen, on: connection) }
+                        return try await OutboxMaintenance.defaultTransport(on: connection)
+                    }
+                    if settings.json { Self.print(json: ["default_transport": .string(current)]) } else { Swift.print("default transport: \(current)") }
+                }
+            }
+            guard positional == ["requeue"] else { return context.fail("outbox: expected requeue or default-transport (see \(context.program) help outbox)") }
             guard !settings.statuses.isEmpty else { return context.fail("outbox: requeue needs --status failed, expired or failed,expired") }
             return await Self.running("outbox", context) {
                 let count = try await Self.withDatabase(settings) { try await OutboxMaintenance.requeue(statuses: settings.statuses, since: settings.since, on: $0) }

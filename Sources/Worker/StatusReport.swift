@@ -1,5 +1,6 @@
 import FCM
 import Foundation
+import Outbox
 import Postgres
 
 /// What `status` prints: the state of the worker's tables, read in one pass.
@@ -15,6 +16,8 @@ struct StatusReport: Sendable {
     var pendingMigrations: [String]
     var appliedMigrations: Int
     var outbox: [OutboxGroup]
+    /// The transport of rows inserted without one.
+    var defaultTransport: String?
     /// Reason → (not replayed, all).
     var deadLetters: [String: (open: Int, all: Int)]
     var tokens: [String: Int]
@@ -25,7 +28,7 @@ struct StatusReport: Sendable {
         guard !migrations.contains(where: { $0.set == MigrationSet.worker.name && $0.appliedAt == nil }) else {
             // The worker's tables are not all there yet: only the migrations can be reported.
             return StatusReport(pendingMigrations: pending, appliedMigrations: migrations.count { $0.appliedAt != nil },
-                                outbox: [], deadLetters: [:], tokens: [:])
+                                outbox: [], defaultTransport: nil, deadLetters: [:], tokens: [:])
         }
         let outbox = try await connection.query("""
             SELECT transport, status, count(*)::bigint, extract(epoch FROM now() - min(available_at) FILTER (WHERE due))::float8
@@ -43,7 +46,8 @@ struct StatusReport: Sendable {
         }
         return StatusReport(pendingMigrations: pending,
                             appliedMigrations: migrations.count { $0.appliedAt != nil },
-                            outbox: outbox, deadLetters: letters, tokens: tokens)
+                            outbox: outbox, defaultTransport: try await OutboxMaintenance.defaultTransport(on: connection),
+                            deadLetters: letters, tokens: tokens)
     }
 
     /// The spool file's size and record count, and those of the journal segments beside it
@@ -64,6 +68,7 @@ struct StatusReport: Sendable {
                 ["transport": .string(group.transport), "status": .string(group.status), "rows": JSONValue(group.rows),
                  "oldest_due_age_seconds": group.oldestDueAge.map { JSONValue($0) } ?? .null]
             }),
+            "default_transport": defaultTransport.map { .string($0) } ?? .null,
             "dead_letters": .object(deadLetters.mapValues { ["not_replayed": JSONValue($0.open), "all": JSONValue($0.all)] }),
             "tokens": .object(tokens.mapValues { JSONValue($0) }),
         ]
@@ -73,10 +78,11 @@ struct StatusReport: Sendable {
         var lines: [String] = []
         lines.append(pendingMigrations.isEmpty ? "migrations: \(appliedMigrations) applied, none pending"
                                                : "migrations: \(pendingMigrations.count) PENDING: \(pendingMigrations.joined(separator: ", "))")
+        let byDefault = defaultTransport.map { " (rows that name no transport go over \($0))" } ?? ""
         if outbox.isEmpty {
-            lines.append("outbox: empty")
+            lines.append("outbox: empty\(byDefault)")
         } else {
-            lines.append("outbox:")
+            lines.append("outbox:\(byDefault)")
             for group in outbox {
                 let due = group.oldestDueAge.map { String(format: ", oldest due %.0f s ago", $0) } ?? ""
                 lines.append("  \(group.transport) \(group.status): \(group.rows)\(due)")

@@ -25,13 +25,36 @@ import Worker
     }
 
     @Test func everySubcommandExplainsItself() async throws {
-        for command in ["run", "migrate", "status", "dead-letters", "outbox", "prune", "groups", "simulate", "bench"] {
+        for command in ["run", "migrate", "status", "dead-letters", "outbox", "prune", "groups", "send", "simulate", "bench"] {
             let outcome = try await Self.fcmWorker([command, "--help"])
             #expect(outcome.status == 0, "\(command) --help: \(outcome.errors)")
             #expect(outcome.output.hasPrefix("usage: fcm-worker \(command)"), "\(command)")
             let viaHelp = try await Self.fcmWorker(["help", command])
             #expect(viaHelp.output == outcome.output)
         }
+    }
+
+    @Test func theDefaultTransportIsShownAndSetAndRowsThatNameNoneTakeIt() async throws {
+        let database = try await TestDatabase.make()
+        let shown = try await Self.fcmWorker(["outbox", "default-transport", "--database-url", database.url])
+        #expect(shown.status == 0 && shown.output == "default transport: xmpp\n", "\(shown)")
+        let set = try await Self.fcmWorker(["outbox", "default-transport", "v1", "--database-url", database.url])
+        #expect(set.status == 0 && set.output == "default transport: v1\n", "\(set)")
+        let refused = try await Self.fcmWorker(["outbox", "default-transport", "carrier-pigeon", "--database-url", database.url])
+        #expect(refused.status == 2 && refused.errors.contains("expected xmpp, http or v1"), "\(refused)")
+        // Rows that name no transport, from SQL and from a handler, take the new default;
+        // a multicast too (only an xmpp one is turned to http).
+        _ = try await database.query("INSERT INTO downstream_messages (target, payload) VALUES ('a', '{}')")
+        _ = try await database.query("INSERT INTO downstream_messages (registration_ids, payload) VALUES (ARRAY['b', 'c'], '{}')")
+        _ = try await database.query("INSERT INTO downstream_messages (target, payload, transport) VALUES ('d', '{}', 'xmpp')")
+        let transports = try await database.query("SELECT transport FROM downstream_messages ORDER BY id").compactMap { $0.string(0) }
+        #expect(transports == ["v1", "v1", "xmpp"])
+        let status = try await Self.fcmWorker(["status", "--json", "--database-url", database.url])
+        #expect(try JSONValue.parse(status.output)["default_transport"] == "v1", "\(status)")
+        let back = try await Self.fcmWorker(["outbox", "default-transport", "xmpp", "--json", "--database-url", database.url])
+        #expect(try JSONValue.parse(back.output) == ["default_transport": "xmpp"])
+        _ = try await database.query("INSERT INTO downstream_messages (registration_ids, payload) VALUES (ARRAY['e'], '{}')")
+        #expect(try await database.query("SELECT transport FROM downstream_messages ORDER BY id DESC LIMIT 1").first?.string(0) == "http")
     }
 
     @Test func statusReportsWhatTheDatabaseHolds() async throws {
