@@ -37,28 +37,35 @@ public final class AccessTokenSource: Sendable {
         var fetched = 0
     }
 
-    public let account: ServiceAccount
     /// How long before expiry a token is replaced.
     public let refreshAhead: Duration
-    private let client: HTTPSClient
-    private let path: String
+    private let file: ServiceAccountFile?
+    private let fixed: ServiceAccount?
+    private let trust: TLSTrust
+    /// The token endpoint's client, for the `token_uri` it was made for.
+    private let endpoint = BlockingLock<(uri: String, client: HTTPSClient, path: String)?>(nil)
     private let state = BlockingLock(State())
 
+    /// Tokens for `account`.
     /// - Parameter trust: how the token endpoint's certificate is verified.
-    /// - Throws: `Failure.refused` when `token_uri` is not a usable https URL.
-    public init(account: ServiceAccount, trust: TLSTrust, refreshAhead: Duration = .seconds(300)) throws(Failure) {
-        self.account = account
+    public init(account: ServiceAccount, trust: TLSTrust, refreshAhead: Duration = .seconds(300)) {
+        self.fixed = account
+        self.file = nil
+        self.trust = trust
         self.refreshAhead = refreshAhead
-        guard let url = URL(string: account.tokenURI), url.scheme == "https", let host = url.host, !host.isEmpty else {
-            throw .refused("token_uri \(account.tokenURI) is not an https URL")
-        }
-        path = url.path.isEmpty ? "/" : url.path + (url.query.map { "?\($0)" } ?? "")
-        do {
-            client = try HTTPSClient(host: host, port: url.port ?? 443, trust: trust, maximumConnections: 1, timeout: .seconds(30))
-        } catch {
-            throw .unreachable("\(error)")
-        }
     }
+
+    /// Tokens for the account `file` holds when each is fetched (a key rotated by
+    /// replacing the file is used from the next token on).
+    public init(file: ServiceAccountFile, trust: TLSTrust, refreshAhead: Duration = .seconds(300)) {
+        self.fixed = nil
+        self.file = file
+        self.trust = trust
+        self.refreshAhead = refreshAhead
+    }
+
+    /// The account last used.
+    public var account: ServiceAccount { fixed ?? file!.lastRead }
 
     /// Tokens fetched so far.
     public var fetchCount: Int { state.withLock { $0.fetched } }
@@ -112,13 +119,33 @@ public final class AccessTokenSource: Sendable {
         }
     }
 
+    /// The client and path of `account`'s token endpoint.
+    private func tokenEndpoint(for account: ServiceAccount) throws(Failure) -> (HTTPSClient, String) {
+        if let current = endpoint.withLock({ $0 }), current.uri == account.tokenURI { return (current.client, current.path) }
+        guard let url = URL(string: account.tokenURI), url.scheme == "https", let host = url.host, !host.isEmpty else {
+            throw .refused("token_uri \(account.tokenURI) is not an https URL")
+        }
+        let path = url.path.isEmpty ? "/" : url.path + (url.query.map { "?\($0)" } ?? "")
+        let client: HTTPSClient
+        do {
+            client = try HTTPSClient(host: host, port: url.port ?? 443, trust: trust, maximumConnections: 1, timeout: .seconds(30))
+        } catch {
+            throw .unreachable("\(error)")
+        }
+        endpoint.withLock { $0 = (account.tokenURI, client, path) }
+        return (client, path)
+    }
+
     private func fetch() async throws -> Token {
+        let account: ServiceAccount
         let assertion: String
         do {
+            account = try fixed ?? file!.current()
             assertion = try account.assertion()
         } catch {
             throw Failure.refused("\(error)")
         }
+        let (client, path) = try tokenEndpoint(for: account)
         let body = "grant_type=" + Self.formEncoded("urn:ietf:params:oauth:grant-type:jwt-bearer") + "&assertion=" + Self.formEncoded(assertion)
         let started = ContinuousClock.now
         let response: HTTPSClient.Response

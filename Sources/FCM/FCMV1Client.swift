@@ -47,14 +47,23 @@ public final class FCMV1Client: Sendable {
     private let client: HTTP2Client
     private let path: String
 
-    /// - Throws: `Failure` when the token endpoint's URL or TLS settings are unusable.
-    public init(account: ServiceAccount, settings: Settings) throws(Failure) {
-        projectID = settings.projectID ?? account.projectID
-        do {
-            tokens = try AccessTokenSource(account: account, trust: settings.trust)
-        } catch {
-            throw .credentials(error)
-        }
+    /// A client for `account`.
+    /// - Throws: `Failure` when the TLS settings are unusable.
+    public convenience init(account: ServiceAccount, settings: Settings) throws(Failure) {
+        try self.init(tokens: AccessTokenSource(account: account, trust: settings.trust), projectID: settings.projectID ?? account.projectID,
+                      settings: settings)
+    }
+
+    /// A client for the account of a key file, read again when it changes.
+    /// - Throws: `Failure` when the TLS settings are unusable.
+    public convenience init(file: ServiceAccountFile, settings: Settings) throws(Failure) {
+        try self.init(tokens: AccessTokenSource(file: file, trust: settings.trust), projectID: settings.projectID ?? file.lastRead.projectID,
+                      settings: settings)
+    }
+
+    private init(tokens: AccessTokenSource, projectID: String, settings: Settings) throws(Failure) {
+        self.projectID = projectID
+        self.tokens = tokens
         do {
             client = try HTTP2Client(host: settings.host, port: settings.port, trust: settings.trust,
                                      maximumConnections: settings.maximumConnections,
@@ -74,6 +83,8 @@ public final class FCMV1Client: Sendable {
 
     /// The concurrent requests it can have in flight.
     public var capacity: Int { client.maximumConnections * client.maximumStreamsPerConnection }
+    /// The HTTP/2 connections it may open.
+    public var connections: Int { client.maximumConnections }
 
     /// Fetches an access token now: a refused grant shows at start, not at the first message.
     public func checkCredentials() async throws(Failure) {

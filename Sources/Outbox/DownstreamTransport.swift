@@ -17,6 +17,11 @@ package protocol DownstreamTransport: Sendable {
     var validatesRows: Bool { get }
     /// The `message_id` a row is sent with, by which an answer finds its row again.
     func messageID(forRow id: Int64) -> String
+    /// A claimed row as a message to send, or why it is settled unsent: a token FCM refused
+    /// before, a payload it cannot send, a time to live or retry age that passed. The
+    /// default reads the payload as a legacy message (checked against every rule of FCM when
+    /// `validatesRows`).
+    func prepare(_ row: OutboxStore.ClaimedRow, maximumAge: Duration, now: Date) -> Result<ClaimedMessage, OutboxStore.ClaimedRow.Refusal>
     /// How many rows it could take now: room in its flow control plus a read-ahead, less
     /// what it holds; 0 while it cannot send (no open connection).
     func wantedRows() -> Int
@@ -45,12 +50,27 @@ package protocol DownstreamTransport: Sendable {
 /// A claimed row with the message it describes, ready for a transport.
 package struct ClaimedMessage: Sendable {
     package let row: OutboxStore.ClaimedRow
-    /// Its message, to the canonical token if its target was replaced.
+    /// Its message, to the canonical token if its target was replaced (for the v1 transport,
+    /// only its target and time to live).
     package let message: DownstreamMessage
     /// Its payload, parsed.
     package let payload: JSONValue
+    /// Its requests to FCM's v1 API (the v1 transport's `prepare`), empty for the others.
+    package var v1Requests: [FCMV1Message] = []
+
+    package init(row: OutboxStore.ClaimedRow, message: DownstreamMessage, payload: JSONValue, v1Requests: [FCMV1Message] = []) {
+        self.row = row
+        self.message = message
+        self.payload = payload
+        self.v1Requests = v1Requests
+    }
 }
 
 extension DownstreamTransport {
     package func run() async {}
+
+    package func prepare(_ row: OutboxStore.ClaimedRow, maximumAge: Duration, now: Date) -> Result<ClaimedMessage, OutboxStore.ClaimedRow.Refusal> {
+        row.message(id: messageID(forRow: row.id), validating: validatesRows, maximumAge: maximumAge, now: now)
+            .map { ClaimedMessage(row: row, message: $0.0, payload: $0.payload) }
+    }
 }

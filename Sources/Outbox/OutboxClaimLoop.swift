@@ -106,10 +106,9 @@ package final class OutboxClaimLoop: Sendable {
         var refused: [OutboxUpdate] = []
         let now = Date()
         for row in rows {
-            switch row.message(id: transport.messageID(forRow: row.id), validating: transport.validatesRows,
-                               maximumAge: settings.retry.maximumAge, now: now) {
-            case .success(let (message, payload)):
-                ready.append(ClaimedMessage(row: row, message: message, payload: payload))
+            switch transport.prepare(row, maximumAge: settings.retry.maximumAge, now: now) {
+            case .success(let claimed):
+                ready.append(claimed)
             case .failure(let refusal):
                 refusal.log(rowID: row.id, to: logger, throttle: refusalWarnings)
                 refused.append(OutboxUpdate(rowID: row.id, status: refusal.status, errorCode: refusal.errorCode,

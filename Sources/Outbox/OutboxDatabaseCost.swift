@@ -53,12 +53,12 @@ package enum OutboxDatabaseCost: CaseIterable, Sendable, CustomStringConvertible
 
     /// Inserts `rows` outbox rows due now, each to one of 10,000 bench tokens, with the
     /// benchmarks' payload: the rows `bench downstream` sends and these steps take through.
-    package static func insertRows(_ rows: Int) -> PostgresStatement {
+    package static func insertRows(_ rows: Int, transport: String = "xmpp") -> PostgresStatement {
         PostgresStatement("""
-            INSERT INTO downstream_messages (target, payload)
-            SELECT 'bench-token-' || (g % 10000), '{"data":{"text":"benchmark payload"},"priority":"high"}'::jsonb
+            INSERT INTO downstream_messages (target, payload, transport)
+            SELECT 'bench-token-' || (g % 10000), '{"data":{"text":"benchmark payload"},"priority":"high"}'::jsonb, $2
             FROM generate_series(1, $1) AS g
-            """, [.int(Int64(rows))])
+            """, [.int(Int64(rows)), .text(transport)])
     }
 
     /// Takes every prepared row through this step, `batch` rows a transaction, on one

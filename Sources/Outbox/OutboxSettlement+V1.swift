@@ -24,7 +24,8 @@ extension OutboxSettlement {
     /// reports gone, of another sender or malformed are marked.
     package static func v1(_ outcome: [(target: String, isDevice: Bool, outcome: V1Outcome)], earlier: [String: JSONValue],
                            rowID: Int64, attempt: Int, age: Duration, timeToLive: Int?, policy: DownstreamRetryPolicy,
-                           maximumRetryAfter: Duration, now: Date, using generator: inout some RandomNumberGenerator) -> OutboxSettlement {
+                           maximumRetryAfter: Duration, sentAt: Date, now: Date,
+                           using generator: inout some RandomNumberGenerator) -> OutboxSettlement {
         var results = earlier
         var marks: [TokenMark] = []
         var retryable = false
@@ -63,7 +64,7 @@ extension OutboxSettlement {
         if firstError == nil, let code = results.values.lazy.compactMap({ $0["error"]?.stringValue }).first {
             firstError = (code, "")
         }
-        var update = OutboxUpdate(rowID: rowID, status: .failed, attempts: attempt, sentOn: "v1", sentAt: now,
+        var update = OutboxUpdate(rowID: rowID, status: .failed, attempts: attempt, sentOn: "v1", sentAt: sentAt,
                                   errorCode: firstError?.code, errorDescription: firstError?.description,
                                   tokenResults: JSONValue.object(results).serialized)
         if retryable {

@@ -19,33 +19,48 @@ extension OutboxStore.ClaimedRow {
     /// lasts, and `time_to_live: 0` ("now or never") gets its first attempt too.
     package func message(id messageID: String, validating: Bool, maximumAge: Duration,
                  now: Date) -> Result<(DownstreamMessage, payload: JSONValue), Refusal> {
-        if registrationIDs == nil, let tokenState, tokenState != .replaced {
-            return .failure(Refusal(status: .failed, errorCode: tokenErrorCode ?? tokenState.rawValue,
-                                    description: "not sent: FCM reported this token \(tokenState.rawValue) earlier"))
-        }
+        if let refusal = markedTokenRefusal { return .failure(refusal) }
         let message: DownstreamMessage
         let parsed: JSONValue
         do {
             parsed = try JSONValue.parse(payload)
-            let to = tokenState == .replaced ? (canonicalToken ?? target) : target
-            message = try DownstreamMessage(target: to, condition: condition, payload: parsed, messageID: messageID)
+            message = try DownstreamMessage(target: sendTarget, condition: condition, payload: parsed, messageID: messageID)
             if validating { try message.validate() }
         } catch {
             return .failure(Refusal(status: .failed, errorCode: "INVALID_MESSAGE", description: "\(error)"))
         }
+        if let refusal = expiryRefusal(timeToLive: message.timeToLive, maximumAge: maximumAge, now: now) { return .failure(refusal) }
+        return .success((message, parsed))
+    }
+
+    /// The target to send to: the canonical token FCM named if this one was replaced.
+    package var sendTarget: String? {
+        tokenState == .replaced ? (canonicalToken ?? target) : target
+    }
+
+    /// Why a row to one token FCM refused before is not sent (nil when it may be).
+    package var markedTokenRefusal: Refusal? {
+        guard registrationIDs == nil, let tokenState, tokenState != .replaced else { return nil }
+        return Refusal(status: .failed, errorCode: tokenErrorCode ?? tokenState.rawValue,
+                       description: "not sent: FCM reported this token \(tokenState.rawValue) earlier")
+    }
+
+    /// Why a row is too old to be sent (nil when it is not): its time to live (seconds; FCM's
+    /// four weeks when nil) passed (`EXPIRED`), or it was sent before and is older than
+    /// `maximumAge` (`RETRY_MAX_AGE`).
+    package func expiryRefusal(timeToLive: Int?, maximumAge: Duration, now: Date) -> Refusal? {
         let age = now.timeIntervalSince(createdAt)
-        let timeToLive = message.timeToLive ?? DownstreamMessage.maximumTimeToLive
+        let timeToLive = timeToLive ?? DownstreamMessage.maximumTimeToLive
         let firstTryOfNowOrNever = timeToLive == 0 && attempts == 0
         if age > Double(timeToLive) && !firstTryOfNowOrNever {
-            return .failure(Refusal(status: .expired, errorCode: "EXPIRED",
-                                    description: "its time to live (\(timeToLive) s) passed before it could be sent"))
+            return Refusal(status: .expired, errorCode: "EXPIRED", description: "its time to live (\(timeToLive) s) passed before it could be sent")
         }
         if attempts > 0, age > maximumAge.seconds {
-            return .failure(Refusal(status: .expired, errorCode: "RETRY_MAX_AGE",
-                                    description: "not sent again after \(attempts) attempt(s): queued \(Int(age)) s ago, "
-                                        + "over --retry-max-age (\(Int(maximumAge.seconds)) s)"))
+            return Refusal(status: .expired, errorCode: "RETRY_MAX_AGE",
+                           description: "not sent again after \(attempts) attempt(s): queued \(Int(age)) s ago, "
+                               + "over --retry-max-age (\(Int(maximumAge.seconds)) s)")
         }
-        return .success((message, parsed))
+        return nil
     }
 }
 

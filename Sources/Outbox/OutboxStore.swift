@@ -142,11 +142,12 @@ package struct OutboxStore: Sendable {
         ledger.written(updates, under: plan)
     }
 
-    /// Whether `update` is a plain ack of a claimed row: what `plainAcks` writes.
+    /// Whether `update` is a plain ack of a claimed row (with its `token_results` or not):
+    /// what `plainAcks` writes.
     package static func isPlainAck(_ update: OutboxUpdate, claim: Int64?) -> Bool {
         update.status == .acked && claim != nil && update.attempts != nil && update.sentOn != nil && update.sentAt != nil
             && update.ackedAt != nil && update.deliveredAt == nil && update.errorCode == nil && update.errorDescription == nil
-            && update.canonicalToken == nil && update.tokenResults == nil && update.availableAt == nil
+            && update.canonicalToken == nil && update.availableAt == nil
     }
 
     /// Writes acks (`isPlainAck`) of rows whose claims this worker still holds; the claims
@@ -158,9 +159,10 @@ package struct OutboxStore: Sendable {
             UPDATE downstream_messages AS d SET
                 status = 'acked', claimed_by = $7, attempts = greatest(d.attempts, u.attempts), sent_on = u.sent_on,
                 sent_at = to_timestamp(u.sent_us::float8 / 1000000), acked_at = to_timestamp(u.acked_us::float8 / 1000000),
-                available_at = NULL, error_code = NULL, error_description = NULL
-            FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])
-                AS u(id, attempts, sent_on, sent_us, acked_us, claim)
+                available_at = NULL, error_code = NULL, error_description = NULL,
+                token_results = coalesce(u.token_results::jsonb, d.token_results)
+            FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $8::text[])
+                AS u(id, attempts, sent_on, sent_us, acked_us, claim, token_results)
             WHERE d.id = u.id AND u.claim IN (SELECT id FROM live)
             """, [
                 .array(updates.map { .int($0.rowID) }), .array(updates.map { .int(Int64($0.attempts ?? 0)) }),
@@ -168,6 +170,7 @@ package struct OutboxStore: Sendable {
                 .array(updates.map { .int(Self.microseconds($0.sentAt)) }),
                 .array(updates.map { .int(Self.microseconds($0.ackedAt)) }),
                 .array(claims.map { .int($0) }), .text(workerID),
+                .array(updates.map { $0.tokenResults.map { .text($0) } ?? .null }),
             ])
     }
 

@@ -16,9 +16,10 @@ import Transport
 /// the other transports: the message's name (or each target's error) to `token_results`,
 /// tokens FCM reports gone or of another sender marked, retries with the downstream backoff
 /// no sooner than `Retry-After`. `QUOTA_EXCEEDED` holds the whole project back (no request
-/// goes out, no row is claimed) until its `Retry-After` or the backoff. A refused grant or
-/// a 403 without an FCM code (the account may not send for the project) stops v1 sending
-/// until the worker restarts, its rows waiting, said once as an error. A request whose
+/// goes out, no row is claimed) until its `Retry-After` or a second. A refused grant or a
+/// 403 without an FCM code (the account may not send for the project) holds v1 sending for
+/// a minute, its rows waiting, said as an error; then the key file is read again (if it was
+/// replaced) and sending tried again. A request whose
 /// outcome is unknown (a reset stream, a broken connection) is sent again: a duplicate is
 /// possible only then, never after an answer was read.
 package final class V1Transport: DownstreamTransport {
@@ -38,8 +39,8 @@ package final class V1Transport: DownstreamTransport {
         var senders = Waiters<Bool>()
         var idle = Waiters<Bool>()
         var taking = true
-        var stopped = false
-        /// Until when the project is held back (`QUOTA_EXCEEDED`).
+        /// Until when nothing is sent: the project's quota ran out (`QUOTA_EXCEEDED`), or the
+        /// credentials were refused.
         var heldUntil: ContinuousClock.Instant?
     }
 
@@ -51,21 +52,60 @@ package final class V1Transport: DownstreamTransport {
     }
 
     package var name: String { "v1" }
-    /// Rows are checked as they are translated.
+    /// Rows are checked as they are translated (`prepare`).
     package var validatesRows: Bool { false }
     package func messageID(forRow id: Int64) -> String { "v1" }
 
+    /// Translates the row (`FCMV1Message.requests`: one request, or one per token of a
+    /// multicast not answered for good before) and applies the rules of every transport: a
+    /// token FCM refused before, a time to live or retry age that passed. A row that cannot
+    /// be translated is failed with the field named, unsent.
+    package func prepare(_ row: OutboxStore.ClaimedRow, maximumAge: Duration, now: Date) -> Result<ClaimedMessage, OutboxStore.ClaimedRow.Refusal> {
+        if let refusal = row.markedTokenRefusal { return .failure(refusal) }
+        let payload: JSONValue
+        let requests: [FCMV1Message]
+        do {
+            payload = try JSONValue.parse(row.payload)
+            let earlier = Self.tokenResults(row.tokenResults)
+            let final = row.registrationIDs == nil ? [] : Set(earlier.filter { $0.value["retry"] != .bool(true) }.keys)
+            requests = try FCMV1Message.requests(target: row.sendTarget, condition: row.condition, registrationIDs: row.registrationIDs,
+                                                 payload: payload, skipping: final, now: now)
+        } catch {
+            return .failure(.init(status: .failed, errorCode: "INVALID_MESSAGE", description: "cannot be sent over v1: \(error)"))
+        }
+        let timeToLive = Self.timeToLive(of: payload)
+        if let refusal = row.expiryRefusal(timeToLive: timeToLive, maximumAge: maximumAge, now: now) { return .failure(refusal) }
+        var message = DownstreamMessage(to: row.sendTarget ?? row.condition ?? "", messageID: "v1")
+        message.timeToLive = timeToLive
+        return .success(ClaimedMessage(row: row, message: message, payload: payload, v1Requests: requests))
+    }
+
+    /// A payload's time to live in seconds: the legacy `time_to_live`, or a v1 message's
+    /// `android.ttl`; nil for FCM's default.
+    static func timeToLive(of payload: JSONValue) -> Int? {
+        if let ttl = payload["message"]?["android"]?["ttl"]?.stringValue, let seconds = Double(ttl.dropLast()) { return Int(seconds) }
+        if case .number(let number)? = payload["time_to_live"], let seconds = number.int64Value { return Int(seconds) }
+        return nil
+    }
+
+    /// Room in the streams, plus the read-ahead (as the XMPP transport's, per connection)
+    /// less what it holds.
     package func wantedRows() -> Int {
         state.withLock { state in
-            if state.stopped || !state.taking { return 0 }
+            if !state.taking { return 0 }
             if let until = state.heldUntil, until > .now { return 0 }
-            return max(0, 2 * client.capacity - state.waiting.count - state.sending)
+            return max(0, client.capacity + readAhead - state.waiting.count - state.sending)
         }
     }
 
-    /// A claim is worth a quarter of the streams.
-    package var claimThreshold: Int { max(1, client.capacity / 4) }
-    package var isStopped: Bool { state.withLock { $0.stopped } }
+    /// Rows claimed ahead of the free streams.
+    private var readAhead: Int { settings.readAheadPerConnection * client.connections }
+
+    /// Claims wait until half the read-ahead is wanted: fewer, larger claim transactions
+    /// (a claim's fixed cost is that of many rows).
+    package var claimThreshold: Int { max(1, readAhead / 2) }
+    /// It never stops for good: refused credentials hold it for a while (`holdForCredentials`).
+    package var isStopped: Bool { false }
 
     package func tick() {
         state.withLock { state in
@@ -114,14 +154,18 @@ package final class V1Transport: DownstreamTransport {
     // MARK: - Sending
 
     private func sendRows() async {
+        let threshold = claimThreshold, room = client.capacity + readAhead
         while let claimed = await nextRow() {
             await send(claimed)
-            let idle = state.withLock { state -> [CheckedContinuation<Bool, Never>] in
+            let (idle, claimWanted) = state.withLock { state -> ([CheckedContinuation<Bool, Never>], Bool) in
                 state.sending -= 1
-                return state.sending == 0 ? state.idle.removeAll() : []
+                // The claim loop is rung when this row made a claim worth its while, not for
+                // every row.
+                let wanted = room - state.waiting.count - state.sending
+                return (state.sending == 0 ? state.idle.removeAll() : [], wanted >= threshold && (wanted == threshold || state.sending == 0))
             }
             for waiter in idle { waiter.resume(returning: true) }
-            recorder.doorbell.ring()
+            if claimWanted { recorder.doorbell.ring() }
         }
     }
 
@@ -151,55 +195,45 @@ package final class V1Transport: DownstreamTransport {
     private func send(_ claimed: ClaimedMessage) async {
         let row = claimed.row
         let now = Date()
-        let (heldUntil, stopped) = state.withLock { ($0.heldUntil, $0.stopped) }
-        if stopped {
-            // Not sent, not counted as an attempt: it waits for a worker that can send it.
-            recorder.record([OutboxUpdate(rowID: row.id, status: row.attempts > 0 ? .retry : .pending, availableAt: now)])
-            return
-        }
-        if let until = heldUntil, until > .now {
-            // The project is held back: not sent, not counted as an attempt.
+        if let until = state.withLock({ $0.heldUntil }), until > .now {
+            // Held back: not sent, not counted as an attempt.
             recorder.record([OutboxUpdate(rowID: row.id, status: row.attempts > 0 ? .retry : .pending,
                                           availableAt: now.addingTimeInterval((until - .now).seconds))])
             return
         }
-        let earlier = Self.tokenResults(row.tokenResults)
-        let requests: [FCMV1Message]
-        do {
-            let final = Set(earlier.filter { $0.value["retry"] != .bool(true) }.keys)
-            let payload = claimed.payload
-            requests = try FCMV1Message.requests(target: row.tokenState == .replaced ? (row.canonicalToken ?? row.target) : row.target,
-                                                 condition: row.condition, registrationIDs: row.registrationIDs, payload: payload,
-                                                 skipping: row.registrationIDs == nil ? [] : final, now: now)
-        } catch {
-            logger.warning("outbox row \(row.id) cannot be sent over v1 and is failed: \(error)")
-            recorder.record([OutboxUpdate(rowID: row.id, status: .failed, errorCode: "INVALID_MESSAGE", errorDescription: "\(error)")])
-            return
-        }
-        let outcomes = await withTaskGroup(of: (String, Bool, OutboxSettlement.V1Outcome)?.self) { group in
-            for request in requests {
-                group.addTask { await self.attempt(request) }
-            }
-            return await group.reduce(into: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)]()) { list, item in
-                if let item { list.append((item.0, item.1, item.2)) }
+        let earlier = row.tokenResults == nil ? [:] : Self.tokenResults(row.tokenResults)
+        let requests = claimed.v1Requests
+        var outcomes: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)] = []
+        if requests.count == 1 {
+            // The usual row: no task group.
+            if let outcome = await attempt(requests[0]) { outcomes.append(outcome) }
+        } else {
+            outcomes = await withTaskGroup(of: (String, Bool, OutboxSettlement.V1Outcome)?.self) { group in
+                for request in requests {
+                    group.addTask { await self.attempt(request) }
+                }
+                return await group.reduce(into: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)]()) { list, item in
+                    if let item { list.append((item.0, item.1, item.2)) }
+                }
             }
         }
         if outcomes.count < requests.count {
-            // Cancelled (shutdown) or stopped: whether FCM took what went out is unknown;
-            // the row goes back whole, and what was answered is kept for its next attempt.
-            recorder.record([OutboxSettlement.handBack(rowID: row.id, sentBefore: true, now: Date())])
+            // Cancelled (shutdown), or the credentials were refused: the row goes back whole,
+            // due when sending resumes (a retry: whether FCM took what went out is unknown).
+            let resumes = state.withLock { $0.heldUntil }.map { $0 > .now ? Date().addingTimeInterval(($0 - .now).seconds) : Date() } ?? Date()
+            recorder.record([OutboxUpdate(rowID: row.id, status: .retry, availableAt: resumes)])
             return
         }
         var generator = SystemRandomGenerator()
         let settlement = OutboxSettlement.v1(outcomes, earlier: earlier, rowID: row.id, attempt: row.attempts + 1,
                                              age: .seconds(now.timeIntervalSince(row.createdAt)), timeToLive: claimed.message.timeToLive,
-                                             policy: settings.retry, maximumRetryAfter: Self.maximumRetryAfter, now: Date(),
+                                             policy: settings.retry, maximumRetryAfter: Self.maximumRetryAfter, sentAt: now, now: Date(),
                                              using: &generator)
         if let update = settlement.update { recorder.record([update], tokens: settlement.tokens) }
     }
 
     /// One request: its target's outcome, or nil when it must be handed back unanswered
-    /// (cancelled, or v1 sending stopped).
+    /// (cancelled, or the credentials were refused).
     private func attempt(_ request: FCMV1Message) async -> (String, Bool, OutboxSettlement.V1Outcome)? {
         let answer: FCMV1Answer
         do {
@@ -209,7 +243,7 @@ package final class V1Transport: DownstreamTransport {
             case .transport(.cancelled):
                 return nil
             case .credentials(.refused(let reason)):
-                stop("the token endpoint refused the service account's grant: \(reason)")
+                holdForCredentials("the token endpoint refused the service account's grant: \(reason)")
                 return nil
             case .credentials(.unreachable):
                 warn(error, kind: "token")
@@ -226,7 +260,7 @@ package final class V1Transport: DownstreamTransport {
         case .refused(let error):
             switch error.action {
             case .stopSending:
-                stop("FCM refused the service account for project \(client.projectID): \(error)")
+                holdForCredentials("FCM refused the service account for project \(client.projectID): \(error)")
                 return nil
             case .slowDownProject:
                 holdProject(retryAfter: error.retryAfter)
@@ -252,14 +286,23 @@ package final class V1Transport: DownstreamTransport {
         if first { logger.warning("FCM's quota for project \(client.projectID) is exceeded: v1 sending pauses for \(wait.formattedSeconds)") }
     }
 
-    /// v1 sending stops until the worker restarts (said once).
-    private func stop(_ reason: String) {
-        let first = state.withLock { state -> Bool in
-            defer { state.stopped = true }
-            return !state.stopped
+    /// Refused credentials (a revoked key, an account without the permission to send for
+    /// the project): nothing is sent for `credentialsHold`, then the key file is read again
+    /// and sending tried again; said as an error once a minute. A fixed key, a replaced file
+    /// or a granted permission resumes sending without a restart.
+    private func holdForCredentials(_ reason: String) {
+        state.withLock { state in
+            let until = ContinuousClock.now + Self.credentialsHold
+            state.heldUntil = max(state.heldUntil ?? until, until)
         }
-        if first { logger.error("\(reason): v1 sending stops until the worker restarts; rows with transport v1 wait") }
+        guard let leftOut = failureWarnings.admit("credentials") else { return }
+        let since = leftOut > 0 ? " (\(leftOut) more since the last line)" : ""
+        logger.error("\(reason)\(since): v1 sending pauses for \(Self.credentialsHold.formattedSeconds) and is tried again "
+                     + "(the key file is read again if it changed); rows with transport v1 wait")
     }
+
+    /// How long refused credentials hold v1 sending.
+    package static let credentialsHold: Duration = .seconds(60)
 
     /// Logs failed requests once a minute per kind.
     private func warn(_ failure: FCMV1Client.Failure, kind: String) {

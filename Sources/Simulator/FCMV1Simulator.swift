@@ -54,6 +54,8 @@ public final class FCMV1Simulator: Sendable {
         case hold
         /// Answered normally, with a GOAWAY at once naming this stream the last processed.
         case goAway
+        /// Answered as usual (to script an outcome for a later request).
+        case asUsual
     }
 
     /// A message the simulator accepted (and delivered unless `validateOnly`).
@@ -81,13 +83,16 @@ public final class FCMV1Simulator: Sendable {
         var counters = Counters()
         var nextMessageID: Int64 = 0
         var quotaWindow: (start: Date, count: Int) = (.distantPast, 0)
-        var keyRevoked = false
+        /// The account's keys by id (Google keeps up to 10 per account), and those revoked.
+        var keys: [String: RSAPublicKey] = [:]
+        var revokedKeys: Set<String> = []
+        var grantKeyIDs: [String] = []
         var stopped = false
     }
 
     public let port: Int
+    /// The service account, with the key made at start.
     public let account: ServiceAccount
-    public let publicKey: RSAPublicKey
     /// The URL of the token endpoint (the account's `token_uri`).
     public let tokenURI: String
     private let context: TLSContext
@@ -146,7 +151,8 @@ public final class FCMV1Simulator: Sendable {
         account = ServiceAccount(projectID: settings.projectID, clientEmail: "fcm-worker@\(settings.projectID).iam.gserviceaccount.com",
                                  privateKeyID: UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: ""),
                                  tokenURI: tokenURI, privateKey: key)
-        publicKey = try RSAPublicKey(pem: key.publicKeyPEM)
+        let publicKey = try RSAPublicKey(pem: key.publicKeyPEM)
+        state.withLock { $0.keys[account.privateKeyID] = publicKey }
         let thread = Thread { [self] in acceptLoop() }
         thread.name = "fcm-v1-simulator accept"
         thread.start()
@@ -174,10 +180,28 @@ public final class FCMV1Simulator: Sendable {
         }
     }
 
-    /// Refuses every grant from now on (the key was deleted in the console).
-    public func revokeKey(_ revoked: Bool = true) {
-        state.withLock { $0.keyRevoked = revoked }
+    /// Refuses the grants signed with the key `id` (by default every key so far) from now
+    /// on: the key was deleted in the console.
+    public func revokeKey(id: String? = nil) {
+        state.withLock { state in
+            if let id { state.revokedKeys.insert(id) } else { state.revokedKeys.formUnion(state.keys.keys) }
+        }
     }
+
+    /// A new key for the account (as the console's "add key"), accepted beside the others:
+    /// the account as a key file for it holds it.
+    public func addKey() throws -> ServiceAccount {
+        let key = try RSAPrivateKey.generate()
+        let rotated = ServiceAccount(projectID: account.projectID, clientEmail: account.clientEmail,
+                                     privateKeyID: UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: ""),
+                                     tokenURI: tokenURI, privateKey: key)
+        let publicKey = try RSAPublicKey(pem: key.publicKeyPEM)
+        state.withLock { $0.keys[rotated.privateKeyID] = publicKey }
+        return rotated
+    }
+
+    /// The ids of the keys whose grants were accepted, one per token issued, in order.
+    public var grantKeyIDs: [String] { state.withLock { $0.grantKeyIDs } }
 
     // MARK: - Serving
 
@@ -252,47 +276,57 @@ public final class FCMV1Simulator: Sendable {
             return refuse("unsupported_grant_type", "Invalid grant_type: \(fields["grant_type"] ?? "")")
         }
         guard let assertion = fields["assertion"] else { return refuse("invalid_request", "Missing required parameter: assertion") }
-        if let problem = check(assertion) { return refuse("invalid_grant", problem) }
-        if state.withLock({ $0.keyRevoked }) { return refuse("invalid_grant", "Invalid JWT Signature.") }
+        let keyID: String
+        switch check(assertion) {
+        case .failure(let problem): return refuse("invalid_grant", problem.description)
+        case .success(let id): keyID = id
+        }
         let token = "ya29.sim-" + UUID().uuidString.lowercased()
         let lifetime = settings.tokenLifetime
         state.withLock { state in
             state.tokens[token] = Date().addingTimeInterval(lifetime.seconds)
             state.counters.tokensIssued += 1
+            state.grantKeyIDs.append(keyID)
         }
         return Self.json(200, ["access_token": .string(token), "expires_in": .number(JSONNumber(Int(lifetime.seconds))),
                                "token_type": "Bearer"])
     }
 
-    /// Why Google would refuse the assertion, or nil.
-    private func check(_ assertion: String) -> String? {
+    /// The id of the key that signed the assertion, or why Google would refuse it.
+    private func check(_ assertion: String) -> Result<String, SimulatorError> {
+        func refuse(_ reason: String) -> Result<String, SimulatorError> { .failure(SimulatorError(reason)) }
         let parts = assertion.split(separator: ".", omittingEmptySubsequences: false).map(String.init)
         guard parts.count == 3, let headerBytes = Base64URL.decode(parts[0]), let claimBytes = Base64URL.decode(parts[1]),
               let signature = Base64URL.decode(parts[2]),
               let header = try? JSONValue.parse(String(decoding: headerBytes, as: UTF8.self)),
               let claims = try? JSONValue.parse(String(decoding: claimBytes, as: UTF8.self)) else {
-            return "Invalid JWT: the assertion is not a signed JWT"
+            return refuse("Invalid JWT: the assertion is not a signed JWT")
         }
-        guard header["alg"]?.stringValue == "RS256" else { return "Invalid JWT: the algorithm must be RS256" }
-        guard publicKey.verifySHA256(Array((parts[0] + "." + parts[1]).utf8), signature: signature) else { return "Invalid JWT Signature." }
-        guard claims["iss"]?.stringValue == account.clientEmail else { return "Invalid JWT: iss is not the service account" }
+        guard header["alg"]?.stringValue == "RS256" else { return refuse("Invalid JWT: the algorithm must be RS256") }
+        let keys = state.withLock { state in state.keys.filter { !state.revokedKeys.contains($0.key) } }
+        let signingInput = Array((parts[0] + "." + parts[1]).utf8)
+        let candidates = header["kid"]?.stringValue.map { kid in keys.filter { $0.key == kid } } ?? keys
+        guard let keyID = candidates.first(where: { $0.value.verifySHA256(signingInput, signature: signature) })?.key else {
+            return refuse("Invalid JWT Signature.")
+        }
+        guard claims["iss"]?.stringValue == account.clientEmail else { return refuse("Invalid JWT: iss is not the service account") }
         let scopes = (claims["scope"]?.stringValue ?? "").split(separator: " ").map(String.init)
         guard scopes.contains(ServiceAccount.messagingScope) || scopes.contains("https://www.googleapis.com/auth/cloud-platform") else {
-            return "Invalid JWT: no scope allows sending messages (firebase.messaging or cloud-platform)"
+            return refuse("Invalid JWT: no scope allows sending messages (firebase.messaging or cloud-platform)")
         }
         guard let audience = claims["aud"]?.stringValue, audience == ServiceAccount.googleTokenAudience || audience == tokenURI else {
-            return "Invalid JWT: audience is not the token endpoint"
+            return refuse("Invalid JWT: audience is not the token endpoint")
         }
         guard case .number(let issuedNumber)? = claims["iat"], let issued = issuedNumber.int64Value,
               case .number(let expiresNumber)? = claims["exp"], let expires = expiresNumber.int64Value else {
-            return "Invalid JWT: iat and exp are required"
+            return refuse("Invalid JWT: iat and exp are required")
         }
         let now = Int64(Date().timeIntervalSince1970)
-        guard issued <= now + 60 else { return "Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. Check your iat and exp values in the JWT claim." }
+        guard issued <= now + 60 else { return refuse("Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. Check your iat and exp values in the JWT claim.") }
         guard expires > now, expires - issued <= 3600 else {
-            return "Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. Check your iat and exp values in the JWT claim."
+            return refuse("Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. Check your iat and exp values in the JWT claim.")
         }
-        return nil
+        return .success(keyID)
     }
 
     // MARK: - Sending

@@ -143,7 +143,7 @@ public struct FCMWorker: Sendable {
         guard let path = configuration.serviceAccountFile else { return nil }
         let client: FCMV1Client
         do {
-            client = try FCMV1Client(account: try ServiceAccount(file: path), settings: configuration.v1Client)
+            client = try FCMV1Client(file: try ServiceAccountFile(path: path), settings: configuration.v1Client)
         } catch let error as ServiceAccount.Invalid {
             throw ServiceAccountRefused(error.description)
         } catch {

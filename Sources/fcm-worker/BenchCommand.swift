@@ -25,6 +25,8 @@ enum BenchCommand {
         var reference = 100_000
         var multicastRows = 200
         var statementRows = 100_000
+        /// `bench downstream --transport`: xmpp alone, or v1 paired with xmpp.
+        var transport = "xmpp"
         var minutes = 30.0
         var upstreamRate = 1000
         var downstreamRate = 300
@@ -77,6 +79,12 @@ enum BenchCommand {
             settings.runs = runs.compactMap { $0 }
         },
         positive("--seconds", default: "5", help: "each run sends about this many seconds' worth of its bound", \.seconds),
+        CommandOption("--transport", placeholder: "xmpp|v1", default: "xmpp",
+                      help: "xmpp: CCS connections; v1: FCM's HTTP v1 API over as many HTTP/2 connections (100 streams each), "
+                          + "each run paired with the XMPP transport at the same latency and connection count") { settings, text throws(ConfigurationError) in
+            guard ["xmpp", "v1"].contains(text) else { throw ConfigurationError("bench: --transport takes xmpp or v1") }
+            settings.transport = text
+        },
         CommandOption("--reference", placeholder: "N", default: "100000",
                       help: "upstream messages stored before each run, whose CPU per message the run is compared with (0: none)") { settings, text throws(ConfigurationError) in
             guard let number = Int(text), number >= 0 else { throw ConfigurationError("bench: --reference takes a whole number") }
@@ -153,7 +161,7 @@ enum BenchCommand {
                 } else if mode == "downstream" {
                     try await DownstreamBench(databaseURL: settings.databaseURL, runs: settings.runs, seconds: settings.seconds,
                                               referenceMessages: settings.reference, multicastRows: settings.multicastRows,
-                                              statementRows: settings.statementRows).run()
+                                              statementRows: settings.statementRows, transport: settings.transport).run()
                 } else {
                     try await UpstreamBench(databaseURL: settings.databaseURL, messages: settings.messages, connections: settings.connections,
                                             durableConnections: settings.durableConnections, concurrency: settings.concurrency,

@@ -6,8 +6,9 @@ import Simulator
 import Synchronization
 import Worker
 
-/// The downstream benchmark of issue 4: rows inserted into the outbox, sent by an
-/// in-process worker to a simulator process that acks each after a set delay.
+/// The downstream benchmark: rows inserted into the outbox, sent by an in-process worker to
+/// a simulator process that answers each after a set delay (over XMPP, or over FCM's HTTP v1
+/// API with `--transport v1`, each run then paired with XMPP's).
 ///
 /// Per run (connections × simulated round trip) it prints: sent msgs/s, acked msgs/s, the
 /// ack round trip p50/p99 as the worker recorded it (`acked_at - sent_at`), and the share
@@ -40,6 +41,9 @@ struct DownstreamBench {
     let multicastTokens = 1000
     /// Rows of the database-cost runs (`OutboxDatabaseCost`; 0: none).
     let statementRows: Int
+    /// `xmpp`, or `v1`: each run sent over FCM's HTTP v1 API, then over XMPP at the same
+    /// latency and connection count.
+    var transport = "xmpp"
 
     func run() async throws {
         say("fcm-worker bench downstream: \(runs.count) run(s) of about \(seconds) s, "
@@ -111,6 +115,7 @@ struct DownstreamBench {
     }
 
     private func report(_ run: Run, url: String, reference: CPUReference?) async throws {
+        if transport == "v1" { return try await reportV1(run, url: url, reference: reference) }
         let messages = max(5_000, min(500_000, Int(run.bound) * seconds))
         let result = try await measure(connections: run.connections, roundTripMilliseconds: run.roundTripMilliseconds,
                                        rows: messages, url: url)
@@ -122,6 +127,34 @@ struct DownstreamBench {
                                        cores: ProcessInfo.processInfo.activeProcessorCount))
         say("  " + result.database)
         compare(result, units: messages, unit: "message", with: reference)
+    }
+
+    /// A run over v1 (`run.connections` HTTP/2 connections of 100 streams, the simulator
+    /// answering after the run's latency), then the same over XMPP, and how they compare.
+    private func reportV1(_ run: Run, url: String, reference: CPUReference?) async throws {
+        let messages = max(5_000, min(500_000, Int(run.bound) * seconds))
+        let v1 = try await measure(connections: run.connections, roundTripMilliseconds: run.roundTripMilliseconds, rows: messages,
+                                   url: url, transport: "v1")
+        let xmpp = try await measure(connections: run.connections, roundTripMilliseconds: run.roundTripMilliseconds, rows: messages,
+                                     url: url, transport: "xmpp")
+        let cores = ProcessInfo.processInfo.activeProcessorCount
+        for (name, result) in [("v1 over HTTP/2", v1), ("xmpp", xmpp)] {
+            say(String(format: "%@, %@: %d messages, %.0f msgs/s = %.0f%% of the bound %.0f msgs/s; answer round trip p50 %.1f ms, p99 %.1f ms",
+                       run.description, name, messages, result.ackedPerSecond, 100 * result.ackedPerSecond / run.bound, run.bound,
+                       result.p50 * 1000, result.p99 * 1000))
+            say("  " + CPUAccount.describe(from: result.before, to: result.after, messages: messages, cores: cores))
+            say("  " + result.database)
+            compare(result, units: messages, unit: "message", with: reference)
+        }
+        let v1Spent = CPUAccount.Spent(from: v1.before, to: v1.after, units: messages)
+        let xmppSpent = CPUAccount.Spent(from: xmpp.before, to: xmpp.after, units: messages)
+        var line = String(format: "  v1 against xmpp: throughput %.2f×, CPU per message: worker %.2f×",
+                          v1.ackedPerSecond / xmpp.ackedPerSecond, v1Spent.worker / xmppSpent.worker)
+        if let v1Postgres = v1Spent.postgres, let xmppPostgres = xmppSpent.postgres {
+            line += String(format: ", PostgreSQL %.2f×, worker + PostgreSQL %.2f×", v1Postgres / xmppPostgres,
+                           (v1Spent.worker + v1Postgres) / (xmppSpent.worker + xmppPostgres))
+        }
+        say(line)
     }
 
     struct Result {
@@ -168,16 +201,20 @@ struct DownstreamBench {
     /// HTTP) through a worker with `connections` CCS connections to a simulator that answers
     /// after `roundTripMilliseconds`.
     private func measure(connections: Int, roundTripMilliseconds: Int = 1, rows messages: Int, tokensPerRow: Int? = nil,
-                         url: String) async throws -> Result {
+                         url: String, transport: String = "xmpp") async throws -> Result {
         try await PostgresConnection.withConnection(url) { connection in
             try await connection.execute("TRUNCATE downstream_messages, device_tokens, outbox_claims")
             try await connection.execute("CHECKPOINT")
 
-            let simulator = try await SimulatorProcess.start(arguments: ["--ack-delay", "\(roundTripMilliseconds)", "--quiet"])
+            let v1 = transport == "v1"
+            let simulator = try await SimulatorProcess.start(arguments: [v1 ? "--v1-latency" : "--ack-delay", "\(roundTripMilliseconds)", "--quiet"])
             defer { simulator.stop() }
             var configuration = try WorkerConfiguration.parse(arguments: [], environment: simulator.environment)
             configuration.databaseURL = url
-            configuration.connections = connections
+            // Over v1, one CCS connection stays idle beside the HTTP/2 connections measured.
+            configuration.connections = v1 ? 1 : connections
+            configuration.v1Connections = connections
+            if !v1 { configuration.serviceAccountFile = nil }
             configuration.spoolFile = simulator.directory + "/spool"
             let connected = Atomic<Int>(0)
             let worker = FCMWorker(configuration: configuration, handlers: UpstreamHandlers(),
@@ -187,7 +224,7 @@ struct DownstreamBench {
             let task = Task { try await worker.run() }
             defer { task.cancel() }
             let deadline = ContinuousClock.now + .seconds(30)
-            while connected.load(ordering: .relaxed) < connections {
+            while connected.load(ordering: .relaxed) < configuration.connections {
                 guard ContinuousClock.now < deadline else { throw SimulatorError("the worker did not connect \(connections) time(s)") }
                 try await Task.sleep(for: .milliseconds(10))
             }
@@ -206,7 +243,7 @@ struct DownstreamBench {
                                '{"data":{"text":"benchmark payload"},"priority":"high"}'::jsonb
                         FROM generate_series(1, $1) AS g
                         """, [.int(Int64(messages)), .int(Int64(tokens))])
-                } ?? OutboxDatabaseCost.insertRows(messages),
+                } ?? OutboxDatabaseCost.insertRows(messages, transport: transport),
                 PostgresStatement("ANALYZE downstream_messages"),
                 PostgresStatement("COMMIT"),
             ])
