@@ -100,7 +100,7 @@ public final class FCMV1Client: Sendable {
     /// Sends one message and returns FCM's answer.
     /// - Throws: `Failure` when there was no answer.
     public func send(_ message: FCMV1Message) async throws(Failure) -> FCMV1Answer {
-        let body = Array(message.body.serialized.utf8)
+        let body = Array(message.body.wireText.utf8)
         var refreshed = false
         while true {
             let token: String

@@ -71,6 +71,39 @@ public enum JSONValue: Sendable, Equatable, Codable, CustomStringConvertible {
 
     public var description: String { serialized }
 
+    /// Compact JSON text with keys in no particular order: for the wire, where sorting
+    /// every object's keys would cost for nothing.
+    public var wireText: String {
+        var output = ""
+        writeUnsorted(to: &output)
+        return output
+    }
+
+    func writeUnsorted(to output: inout String) {
+        switch self {
+        case .array(let values):
+            output += "["
+            for (index, value) in values.enumerated() {
+                if index > 0 { output += "," }
+                value.writeUnsorted(to: &output)
+            }
+            output += "]"
+        case .object(let members):
+            output += "{"
+            var first = true
+            for (key, value) in members {
+                if !first { output += "," }
+                first = false
+                JSONValue.appendQuoted(key, to: &output)
+                output += ":"
+                value.writeUnsorted(to: &output)
+            }
+            output += "}"
+        default:
+            write(to: &output)
+        }
+    }
+
     func write(to output: inout String) {
         switch self {
         case .string(let value): JSONValue.appendQuoted(value, to: &output)

@@ -26,6 +26,16 @@ extension OutboxSettlement {
                            rowID: Int64, attempt: Int, age: Duration, timeToLive: Int?, policy: DownstreamRetryPolicy,
                            maximumRetryAfter: Duration, sentAt: Date, now: Date,
                            using generator: inout some RandomNumberGenerator) -> OutboxSettlement {
+        if earlier.isEmpty, outcome.count == 1, case .sent(let name) = outcome[0].outcome {
+            // The usual answer: one target, delivered at the first attempt.
+            var results = "{"
+            JSONValue.appendQuoted(outcome[0].target, to: &results)
+            results += ":{\"name\":"
+            JSONValue.appendQuoted(name, to: &results)
+            results += "}}"
+            return OutboxSettlement(update: OutboxUpdate(rowID: rowID, status: .acked, attempts: attempt, sentOn: "v1", sentAt: sentAt,
+                                                         ackedAt: now, tokenResults: results))
+        }
         var results = earlier
         var marks: [TokenMark] = []
         var retryable = false

@@ -81,10 +81,14 @@ public final class HTTP2Client: Sendable {
         var request = HTTP2Session.Message(headers: [(":method", method), (":scheme", "https"),
                                                      (":authority", port == 443 ? host : "\(host):\(port)"), (":path", path)],
                                            body: body)
-        for (name, value) in headers.sorted(by: { $0.key < $1.key }) {
-            let lowered = name.lowercased()
-            guard !["host", "connection", "content-length", "transfer-encoding", "keep-alive"].contains(lowered) else { continue }
-            request.headers.append((lowered, value))
+        request.headers.reserveCapacity(headers.count + 5)
+        for (name, value) in headers {
+            let lowered = name.utf8.contains(where: { (65...90).contains($0) }) ? name.lowercased() : name
+            // Connection-specific headers have no place in HTTP/2.
+            switch lowered {
+            case "host", "connection", "content-length", "transfer-encoding", "keep-alive": continue
+            default: request.headers.append((lowered, value))
+            }
         }
         request.headers.append(("content-length", String(body.count)))
         var lastRefusal: TransportError?

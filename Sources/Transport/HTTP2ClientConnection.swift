@@ -58,9 +58,19 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
     /// Called (on the loop's thread) when the connection can take more, or ended.
     private let onChange: @Sendable () -> Void
 
+    /// An exchange whose request went out on a stream (the request itself is not kept).
+    private struct OpenStream {
+        let id: UInt64
+        let deadline: ContinuousClock.Instant
+        let continuation: CheckedContinuation<Outcome, Never>
+    }
+
     // Loop thread only.
     private var session: HTTP2Session?
-    private var streams: [Int32: Exchange] = [:]
+    private var streams: [Int32: OpenStream] = [:]
+    /// The streams by deadline: every exchange has the client's timeout and streams open
+    /// in the order of their exchanges, so the earliest deadline is the first still open.
+    private var deadlines = FIFO<(deadline: ContinuousClock.Instant, streamID: Int32)>()
     private var goAwayLastStreamID: Int32?
     private var closeRequested = false
 
@@ -167,7 +177,8 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
     var wantsToRead: Bool { true }
 
     func nextDeadline(_ loop: StreamLoop) -> ContinuousClock.Instant? {
-        streams.values.lazy.map(\.deadline).min()
+        while let first = deadlines.first, streams[first.streamID] == nil { _ = deadlines.popFirst() }
+        return deadlines.first?.deadline
     }
 
     func streamDidEnd(_ loop: StreamLoop, reason: any Error) {
@@ -221,17 +232,19 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
             finished += 1
         }
         let now = ContinuousClock.now
-        for (streamID, exchange) in streams where exchange.deadline <= now {
-            streams[streamID] = nil
-            session.reset(streamID, errorCode: HTTP2Session.ErrorCode.cancel)
-            exchange.continuation.resume(returning: .failed(.outcomeUnknown("no answer in time")))
+        while let first = deadlines.first, first.deadline <= now || streams[first.streamID] == nil {
+            _ = deadlines.popFirst()
+            guard let stream = streams.removeValue(forKey: first.streamID) else { continue }
+            session.reset(first.streamID, errorCode: HTTP2Session.ErrorCode.cancel)
+            stream.continuation.resume(returning: .failed(.outcomeUnknown("no answer in time")))
             finished += 1
         }
         var refused: [Exchange] = []
         for exchange in taken {
             do {
                 let streamID = try session.submitRequest(exchange.request)
-                streams[streamID] = exchange
+                streams[streamID] = OpenStream(id: exchange.id, deadline: exchange.deadline, continuation: exchange.continuation)
+                deadlines.append((exchange.deadline, streamID))
             } catch {
                 refused.append(exchange)
             }

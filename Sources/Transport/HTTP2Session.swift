@@ -199,19 +199,25 @@ package final class HTTP2Session {
 
     private func submit(_ headers: [(name: String, value: String)], hasBody: Bool,
                         _ body: (UnsafePointer<nghttp2_nv>, Int, UnsafePointer<nghttp2_data_provider>?) -> Int32) -> Int32 {
-        // nghttp2 copies names and values during the call.
-        var storage: [[UInt8]] = []
-        storage.reserveCapacity(headers.count * 2)
+        // Every name and value in one buffer (nghttp2 copies them during the call).
+        var bytes: [UInt8] = []
+        var spans: [(name: Range<Int>, value: Range<Int>)] = []
+        spans.reserveCapacity(headers.count)
         for (name, value) in headers {
-            storage.append(Array(name.utf8))
-            storage.append(Array(value.utf8))
+            let nameStart = bytes.count
+            bytes += name.utf8
+            let valueStart = bytes.count
+            bytes += value.utf8
+            spans.append((nameStart..<valueStart, valueStart..<bytes.count))
         }
-        return withPointers(to: storage) { pointers in
+        if bytes.isEmpty { bytes.append(0) }
+        return bytes.withUnsafeMutableBufferPointer { buffer in
+            let base = buffer.baseAddress!
             var list: [nghttp2_nv] = []
             list.reserveCapacity(headers.count)
-            for index in 0..<headers.count {
-                list.append(nghttp2_nv(name: pointers[index * 2].0, value: pointers[index * 2 + 1].0,
-                                       namelen: pointers[index * 2].1, valuelen: pointers[index * 2 + 1].1,
+            for span in spans {
+                list.append(nghttp2_nv(name: base + span.name.lowerBound, value: base + span.value.lowerBound,
+                                       namelen: span.name.count, valuelen: span.value.count,
                                        flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue)))
             }
             var provider = nghttp2_data_provider()
@@ -225,20 +231,6 @@ package final class HTTP2Session {
                 }
             }
         }
-    }
-
-    /// Stable pointers to each of `buffers` for the duration of `body`.
-    private func withPointers<R>(to buffers: [[UInt8]], _ body: ([(UnsafeMutablePointer<UInt8>, Int)]) -> R) -> R {
-        var copies = buffers.map { buffer -> UnsafeMutablePointer<UInt8> in
-            let pointer = UnsafeMutablePointer<UInt8>.allocate(capacity: max(1, buffer.count))
-            pointer.initialize(from: buffer, count: buffer.count)
-            return pointer
-        }
-        defer {
-            for pointer in copies { pointer.deallocate() }
-            copies.removeAll()
-        }
-        return body(zip(copies, buffers).map { ($0, $1.count) })
     }
 
     // MARK: - Callbacks (during `receive` and `output`)
