@@ -97,6 +97,26 @@ public final class FCMV1Client: Sendable {
         }
     }
 
+    /// Sends one message with `token` without waiting: `complete` runs once with FCM's
+    /// answer or the failure, on a connection's thread (it must not block). An access token
+    /// FCM refuses comes back as the answer (`UNAUTHENTICATED`): the caller fetches another
+    /// (`tokens.invalidate`, `tokens.token()`) and submits again.
+    public func submit(_ message: FCMV1Message, token: String, complete: @escaping @Sendable (Result<FCMV1Answer, Failure>) -> Void) {
+        client.submit(method: "POST", path: path,
+                      headers: ["authorization": "Bearer \(token)", "content-type": "application/json; charset=UTF-8"],
+                      body: Array(message.body.wireText.utf8)) { result in
+            switch result {
+            case .success(let response): complete(.success(FCMV1Answer(status: response.status, headers: response.headers, body: response.body)))
+            case .failure(let error): complete(.failure(.transport(error)))
+            }
+        }
+    }
+
+    /// Ends every request under way with `.transport(.cancelled)`.
+    public func cancelAll() {
+        client.cancelAll()
+    }
+
     /// Sends one message and returns FCM's answer.
     /// - Throws: `Failure` when there was no answer.
     public func send(_ message: FCMV1Message) async throws(Failure) -> FCMV1Answer {

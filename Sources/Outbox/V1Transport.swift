@@ -6,22 +6,24 @@ import Transport
 /// The outbox's FCM HTTP v1 transport (`v1`): sends rows with FCM's current API, over
 /// HTTP/2, authorized by a service account (`FCMV1Client`).
 ///
-/// Claimed rows wait in a queue bounded by what the client can have in flight (its
-/// connections × streams) plus as much again read ahead; as many senders as the client has
-/// streams take them one at a time, so the streams stay full while PostgreSQL is claimed in
-/// batches. A row is translated first (`FCMV1Message`: one request, or one per token of
-/// `registration_ids`); one that cannot be is failed with the field named, unsent.
+/// A claimed row is translated first (`prepare`: one request, or one per token of
+/// `registration_ids`); one that cannot be is failed with the field named, unsent. Its
+/// requests are submitted at once, without a task each: the HTTP/2 client multiplexes them
+/// over its connections' streams (those beyond its streams wait in its queue), and each
+/// answer is settled on the connection's thread. What it holds is bounded by the claim
+/// loop: the client's streams plus the read-ahead of the XMPP transport per connection.
 ///
 /// Each answer is settled (`OutboxSettlement.v1`) and written through the same write-back as
 /// the other transports: the message's name (or each target's error) to `token_results`,
 /// tokens FCM reports gone or of another sender marked, retries with the downstream backoff
-/// no sooner than `Retry-After`. `QUOTA_EXCEEDED` holds the whole project back (no request
-/// goes out, no row is claimed) until its `Retry-After` or a second. A refused grant or a
-/// 403 without an FCM code (the account may not send for the project) holds v1 sending for
-/// a minute, its rows waiting, said as an error; then the key file is read again (if it was
-/// replaced) and sending tried again. A request whose
-/// outcome is unknown (a reset stream, a broken connection) is sent again: a duplicate is
-/// possible only then, never after an answer was read.
+/// no sooner than `Retry-After`. An access token FCM refuses is replaced and the request
+/// submitted once more (`run` does that). `QUOTA_EXCEEDED` holds the whole project back (no
+/// request goes out, no row is claimed) until its `Retry-After` or a second. A refused grant
+/// or a 403 without an FCM code (the account may not send for the project) holds v1 sending
+/// for a minute, its rows waiting, said as an error; then the key file is read again (if it
+/// was replaced) and sending tried again. A request whose outcome is unknown (a reset
+/// stream, a broken connection) is sent again: a duplicate is possible only then, never
+/// after an answer was read.
 package final class V1Transport: DownstreamTransport {
     private let client: FCMV1Client
     private let recorder: OutboxRecorder
@@ -29,19 +31,44 @@ package final class V1Transport: DownstreamTransport {
     private let logger: Logger
     private let state = BlockingLock(State())
     private let failureWarnings = WarningThrottle()
+    /// Requests whose access token FCM refused, for `run` to submit again with a new one.
+    private let refreshes = BlockingLock([(request: FCMV1Message, row: RowProgress, token: String)]())
+    private let refreshDoorbell = Doorbell()
     /// The longest `Retry-After` honoured.
     package static let maximumRetryAfter: Duration = .seconds(300)
 
     private struct State {
-        var waiting = FIFO<ClaimedMessage>()
-        /// Rows a sender took and has not settled yet.
+        /// Rows submitted and not settled yet.
         var sending = 0
-        var senders = Waiters<Bool>()
         var idle = Waiters<Bool>()
         var taking = true
         /// Until when nothing is sent: the project's quota ran out (`QUOTA_EXCEEDED`), or the
         /// credentials were refused.
         var heldUntil: ContinuousClock.Instant?
+    }
+
+    /// One row's requests under way and the outcomes so far.
+    private final class RowProgress: Sendable {
+        let claimed: ClaimedMessage
+        let sentAt: Date
+        private let outcomes: BlockingLock<(list: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)], remaining: Int, handBack: Bool)>
+
+        init(_ claimed: ClaimedMessage, sentAt: Date) {
+            self.claimed = claimed
+            self.sentAt = sentAt
+            outcomes = BlockingLock(([], claimed.v1Requests.count, false))
+        }
+
+        /// Adds a request's outcome (nil: it must go back unanswered); returns the row's
+        /// outcomes once it was the last, and whether the row goes back.
+        func add(_ outcome: (target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)?)
+            -> (list: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)], handBack: Bool)? {
+            outcomes.withLock { state in
+                if let outcome { state.list.append(outcome) } else { state.handBack = true }
+                state.remaining -= 1
+                return state.remaining == 0 ? (state.list, state.handBack) : nil
+            }
+        }
     }
 
     package init(client: FCMV1Client, recorder: OutboxRecorder, settings: DownstreamSettings, logger: Logger) {
@@ -88,15 +115,18 @@ package final class V1Transport: DownstreamTransport {
         return nil
     }
 
-    /// Room in the streams, plus the read-ahead (as the XMPP transport's, per connection)
+    /// Room in the streams, plus the read-ahead (as the XMPP transport's, per connection),
     /// less what it holds.
     package func wantedRows() -> Int {
         state.withLock { state in
             if !state.taking { return 0 }
             if let until = state.heldUntil, until > .now { return 0 }
-            return max(0, client.capacity + readAhead - state.waiting.count - state.sending)
+            return max(0, room - state.sending)
         }
     }
+
+    /// The rows it may hold: the streams plus the read-ahead.
+    private var room: Int { client.capacity + readAhead }
 
     /// Rows claimed ahead of the free streams.
     private var readAhead: Int { settings.readAheadPerConnection * client.connections }
@@ -104,6 +134,7 @@ package final class V1Transport: DownstreamTransport {
     /// Claims wait until half the read-ahead is wanted: fewer, larger claim transactions
     /// (a claim's fixed cost is that of many rows).
     package var claimThreshold: Int { max(1, readAhead / 2) }
+
     /// It never stops for good: refused credentials hold it for a while (`holdForCredentials`).
     package var isStopped: Bool { false }
 
@@ -113,155 +144,133 @@ package final class V1Transport: DownstreamTransport {
         }
     }
 
-    /// Queues the rows for the senders and returns.
+    /// Submits the rows' requests with the current access token and returns.
     package func send(_ messages: [ClaimedMessage]) async {
-        let waiters = state.withLock { state -> [CheckedContinuation<Bool, Never>] in
-            state.waiting.append(contentsOf: messages)
-            return state.senders.removeAll()
+        if let until = state.withLock({ $0.heldUntil }), until > .now {
+            // Held back: not sent, not counted as an attempt.
+            let resumes = Date().addingTimeInterval((until - .now).seconds)
+            recorder.record(messages.map { OutboxUpdate(rowID: $0.row.id, status: $0.row.attempts > 0 ? .retry : .pending, availableAt: resumes) })
+            return
         }
-        for waiter in waiters { waiter.resume(returning: true) }
-    }
-
-    /// The senders, one per stream the client has, until cancelled: each row they hold then
-    /// is handed back.
-    package func run() async {
-        await withTaskGroup(of: Void.self) { group in
-            for _ in 0..<client.capacity {
-                group.addTask { await self.sendRows() }
+        state.withLock { $0.sending += messages.count }
+        let token: String
+        do {
+            token = try await client.tokens.token()
+        } catch {
+            let failure = error as? AccessTokenSource.Failure
+            switch failure {
+            case .refused(let reason)?: holdForCredentials("the token endpoint refused the service account's grant: \(reason)")
+            case .unreachable?: warn(.credentials(failure!), kind: "token")
+            case nil: break
             }
+            let now = Date()
+            for claimed in messages {
+                let progress = RowProgress(claimed, sentAt: now)
+                if claimed.v1Requests.isEmpty { settle(progress, outcomes: [], handBack: false) }
+                for request in claimed.v1Requests {
+                    if case .unreachable? = failure {
+                        finished(progress, with: (request.target, request.targetIsDevice,
+                                                  .unanswered(code: "TOKEN_UNAVAILABLE", description: "\(failure!)")))
+                    } else {
+                        // Cancelled, or the grant was refused: handed back.
+                        finished(progress, with: nil)
+                    }
+                }
+            }
+            return
+        }
+        let now = Date()
+        for claimed in messages {
+            let progress = RowProgress(claimed, sentAt: now)
+            // A multicast whose tokens all have their final answer already is settled as it is.
+            if claimed.v1Requests.isEmpty { settle(progress, outcomes: [], handBack: false) }
+            for request in claimed.v1Requests { submit(request, for: progress, token: token, refreshed: false) }
         }
     }
 
-    /// Shutdown: the rows not yet taken are handed back at once; the ones under way get until
-    /// `deadline` (or an urgent shutdown) for their answers.
-    package func finish(until deadline: ContinuousClock.Instant, shutdown: ShutdownSignal) async {
-        let (unsent, senders) = state.withLock { state -> ([ClaimedMessage], [CheckedContinuation<Bool, Never>]) in
-            state.taking = false
-            defer { state.waiting = FIFO() }
-            return (state.waiting.elements, state.senders.removeAll())
+    /// Submits the access-token refreshes' requests again, until cancelled.
+    package func run() async {
+        while !Task.isCancelled {
+            await refreshDoorbell.wait(timeout: .seconds(1))
+            let waiting = refreshes.withLock { list -> [(request: FCMV1Message, row: RowProgress, token: String)] in
+                defer { list.removeAll() }
+                return list
+            }
+            guard !waiting.isEmpty else { continue }
+            for token in Set(waiting.map(\.token)) { client.tokens.invalidate(token) }
+            let fresh: String
+            do {
+                fresh = try await client.tokens.token()
+            } catch {
+                if case .refused(let reason)? = error as? AccessTokenSource.Failure {
+                    holdForCredentials("the token endpoint refused the service account's grant: \(reason)")
+                }
+                for (_, row, _) in waiting { finished(row, with: nil) }
+                continue
+            }
+            for (request, row, _) in waiting { submit(request, for: row, token: fresh, refreshed: true) }
         }
-        for sender in senders { sender.resume(returning: false) }
-        let now = Date()
-        recorder.record(unsent.map { OutboxSettlement.handBack(rowID: $0.row.id, sentBefore: $0.row.attempts > 0, now: now) })
+        // Cancelled with refreshes waiting: their rows go back.
+        let left = refreshes.withLock { list -> [RowProgress] in
+            defer { list.removeAll() }
+            return list.map(\.row)
+        }
+        for row in left { finished(row, with: nil) }
+    }
+
+    /// Shutdown: the requests under way get until `deadline` (or an urgent shutdown) for
+    /// their answers; then they are cancelled and their rows handed back.
+    package func finish(until deadline: ContinuousClock.Instant, shutdown: ShutdownSignal) async {
+        state.withLock { $0.taking = false }
         shutdown.onUrgent { [self] in
             for waiter in state.withLock({ $0.idle.removeAll() }) { waiter.resume(returning: true) }
         }
         _ = await state.suspend(in: \.idle, cancelled: false, deadline: deadline, timedOut: false) { state in
             state.sending == 0 || shutdown.isUrgent ? true : nil
         }
+        client.cancelAll()
+        // The cancelled requests' completions run on the connections' threads at once.
+        _ = await state.suspend(in: \.idle, cancelled: false, deadline: .now + .seconds(1), timedOut: false) { state in
+            state.sending == 0 ? true : nil
+        }
     }
 
     // MARK: - Sending
 
-    private func sendRows() async {
-        let threshold = claimThreshold, room = client.capacity + readAhead
-        while let claimed = await nextRow() {
-            await send(claimed)
-            let (idle, claimWanted) = state.withLock { state -> ([CheckedContinuation<Bool, Never>], Bool) in
-                state.sending -= 1
-                // The claim loop is rung when this row made a claim worth its while, not for
-                // every row.
-                let wanted = room - state.waiting.count - state.sending
-                return (state.sending == 0 ? state.idle.removeAll() : [], wanted >= threshold && (wanted == threshold || state.sending == 0))
-            }
-            for waiter in idle { waiter.resume(returning: true) }
-            if claimWanted { recorder.doorbell.ring() }
+    private func submit(_ request: FCMV1Message, for row: RowProgress, token: String, refreshed: Bool) {
+        client.submit(request, token: token) { [self] result in
+            answered(request, result, for: row, token: token, refreshed: refreshed)
         }
     }
 
-    /// The next row to send, or nil once cancelled or finishing.
-    private func nextRow() async -> ClaimedMessage? {
-        while !Task.isCancelled {
-            enum Next { case row(ClaimedMessage), done, wait }
-            let next = state.withLock { state -> Next in
-                guard state.taking else { return .done }
-                guard let row = state.waiting.popFirst() else { return .wait }
-                state.sending += 1
-                return .row(row)
-            }
-            switch next {
-            case .row(let row): return row
-            case .done: return nil
-            case .wait:
-                let more = await state.suspend(in: \.senders, cancelled: false) { state in
-                    !state.taking ? false : (state.waiting.isEmpty ? nil : true)
-                }
-                if !more { return nil }
-            }
-        }
-        return nil
-    }
-
-    private func send(_ claimed: ClaimedMessage) async {
-        let row = claimed.row
-        let now = Date()
-        if let until = state.withLock({ $0.heldUntil }), until > .now {
-            // Held back: not sent, not counted as an attempt.
-            recorder.record([OutboxUpdate(rowID: row.id, status: row.attempts > 0 ? .retry : .pending,
-                                          availableAt: now.addingTimeInterval((until - .now).seconds))])
-            return
-        }
-        let earlier = row.tokenResults == nil ? [:] : Self.tokenResults(row.tokenResults)
-        let requests = claimed.v1Requests
-        var outcomes: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)] = []
-        if requests.count == 1 {
-            // The usual row: no task group.
-            if let outcome = await attempt(requests[0]) { outcomes.append(outcome) }
-        } else {
-            outcomes = await withTaskGroup(of: (String, Bool, OutboxSettlement.V1Outcome)?.self) { group in
-                for request in requests {
-                    group.addTask { await self.attempt(request) }
-                }
-                return await group.reduce(into: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)]()) { list, item in
-                    if let item { list.append((item.0, item.1, item.2)) }
-                }
-            }
-        }
-        if outcomes.count < requests.count {
-            // Cancelled (shutdown), or the credentials were refused: the row goes back whole,
-            // due when sending resumes (a retry: whether FCM took what went out is unknown).
-            let resumes = state.withLock { $0.heldUntil }.map { $0 > .now ? Date().addingTimeInterval(($0 - .now).seconds) : Date() } ?? Date()
-            recorder.record([OutboxUpdate(rowID: row.id, status: .retry, availableAt: resumes)])
-            return
-        }
-        var generator = SystemRandomGenerator()
-        let settlement = OutboxSettlement.v1(outcomes, earlier: earlier, rowID: row.id, attempt: row.attempts + 1,
-                                             age: .seconds(now.timeIntervalSince(row.createdAt)), timeToLive: claimed.message.timeToLive,
-                                             policy: settings.retry, maximumRetryAfter: Self.maximumRetryAfter, sentAt: now, now: Date(),
-                                             using: &generator)
-        if let update = settlement.update { recorder.record([update], tokens: settlement.tokens) }
-    }
-
-    /// One request: its target's outcome, or nil when it must be handed back unanswered
-    /// (cancelled, or the credentials were refused).
-    private func attempt(_ request: FCMV1Message) async -> (String, Bool, OutboxSettlement.V1Outcome)? {
+    /// One request's answer (on a connection's thread).
+    private func answered(_ request: FCMV1Message, _ result: Result<FCMV1Answer, FCMV1Client.Failure>, for row: RowProgress,
+                          token: String, refreshed: Bool) {
         let answer: FCMV1Answer
-        do {
-            answer = try await client.send(request)
-        } catch {
-            switch error {
-            case .transport(.cancelled):
-                return nil
-            case .credentials(.refused(let reason)):
-                holdForCredentials("the token endpoint refused the service account's grant: \(reason)")
-                return nil
-            case .credentials(.unreachable):
-                warn(error, kind: "token")
-                return (request.target, request.targetIsDevice, .unanswered(code: "TOKEN_UNAVAILABLE", description: "\(error)"))
-            case .transport(let transport):
-                warn(error, kind: transport.isOutcomeUnknown ? "unknown" : "transport")
-                return (request.target, request.targetIsDevice,
-                        .unanswered(code: transport.isOutcomeUnknown ? "OUTCOME_UNKNOWN" : "V1_UNAVAILABLE", description: "\(error)"))
-            }
+        switch result {
+        case .failure(.transport(.cancelled)), .failure(.credentials):
+            return finished(row, with: nil)
+        case .failure(.transport(let error)):
+            let failure = FCMV1Client.Failure.transport(error)
+            warn(failure, kind: error.isOutcomeUnknown ? "unknown" : "transport")
+            return finished(row, with: (request.target, request.targetIsDevice,
+                                        .unanswered(code: error.isOutcomeUnknown ? "OUTCOME_UNKNOWN" : "V1_UNAVAILABLE", description: "\(failure)")))
+        case .success(let value):
+            answer = value
         }
         switch answer {
         case .sent(let name):
-            return (request.target, request.targetIsDevice, .sent(name: name))
+            finished(row, with: (request.target, request.targetIsDevice, .sent(name: name)))
         case .refused(let error):
             switch error.action {
+            case .refreshToken where !refreshed:
+                // FCM did not process it: sent again once with a new token.
+                refreshes.withLock { $0.append((request, row, token)) }
+                refreshDoorbell.ring()
+                return
             case .stopSending:
                 holdForCredentials("FCM refused the service account for project \(client.projectID): \(error)")
-                return nil
+                return finished(row, with: nil)
             case .slowDownProject:
                 holdProject(retryAfter: error.retryAfter)
             case .refreshToken:
@@ -271,8 +280,42 @@ package final class V1Transport: DownstreamTransport {
             case .fail, .failAndMarkToken:
                 break
             }
-            return (request.target, request.targetIsDevice, .refused(error))
+            finished(row, with: (request.target, request.targetIsDevice, .refused(error)))
         }
+    }
+
+    /// Adds a request's outcome to its row; the row's last settles it.
+    private func finished(_ row: RowProgress, with outcome: (target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)?) {
+        guard let (outcomes, handBack) = row.add(outcome) else { return }
+        settle(row, outcomes: outcomes, handBack: handBack)
+    }
+
+    /// Records a row's settlement (or hands it back), and counts it out.
+    private func settle(_ row: RowProgress, outcomes: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)], handBack: Bool) {
+        let claimed = row.claimed
+        if handBack {
+            // Cancelled (shutdown), or the credentials were refused: the row goes back whole,
+            // due when sending resumes (a retry: whether FCM took what went out is unknown).
+            let resumes = state.withLock { $0.heldUntil }.map { $0 > .now ? Date().addingTimeInterval(($0 - .now).seconds) : Date() } ?? Date()
+            recorder.record([OutboxUpdate(rowID: claimed.row.id, status: .retry, availableAt: resumes)])
+        } else {
+            var generator = SystemRandomGenerator()
+            let settlement = OutboxSettlement.v1(outcomes, earlier: claimed.row.tokenResults == nil ? [:] : Self.tokenResults(claimed.row.tokenResults),
+                                                 rowID: claimed.row.id, attempt: claimed.row.attempts + 1,
+                                                 age: .seconds(row.sentAt.timeIntervalSince(claimed.row.createdAt)),
+                                                 timeToLive: claimed.message.timeToLive, policy: settings.retry,
+                                                 maximumRetryAfter: Self.maximumRetryAfter, sentAt: row.sentAt, now: Date(), using: &generator)
+            if let update = settlement.update { recorder.record([update], tokens: settlement.tokens) }
+        }
+        let (idle, claimWanted) = state.withLock { state -> ([CheckedContinuation<Bool, Never>], Bool) in
+            state.sending -= 1
+            // The claim loop is rung when this row made a claim worth its while, not for
+            // every row.
+            let wanted = room - state.sending
+            return (state.sending == 0 ? state.idle.removeAll() : [], wanted >= claimThreshold && (wanted == claimThreshold || state.sending == 0))
+        }
+        for waiter in idle { waiter.resume(returning: true) }
+        if claimWanted { recorder.doorbell.ring() }
     }
 
     /// `QUOTA_EXCEEDED`: nothing goes out until `Retry-After` (capped), or a second if none.

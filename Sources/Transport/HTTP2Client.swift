@@ -5,7 +5,7 @@ import Synchronization
 /// An HTTPS client for one origin over HTTP/2: many requests share each connection as
 /// concurrent streams (up to the server's `SETTINGS_MAX_CONCURRENT_STREAMS` and
 /// `maximumStreamsPerConnection`), over at most `maximumConnections` connections, opened
-/// as the load needs them. Callers beyond that wait for a stream.
+/// as the load needs them. Requests beyond that wait, in order, for a stream.
 ///
 /// It offers `h2` by ALPN; a server that chooses HTTP/1.1 instead is served from then on by
 /// an `HTTPSClient` (keep-alive, one request per connection at a time), said once in
@@ -15,10 +15,18 @@ import Synchronization
 /// written, the server refused its stream (`REFUSED_STREAM`), or a `GOAWAY` announced a last
 /// processed stream below it. Then it goes to another connection (a `GOAWAY`ed connection
 /// takes no new stream, and closes when its streams finished). A stream the server reset
-/// otherwise, a connection that broke, or a request left unanswered past `timeout` throws
+/// otherwise, a connection that broke, or a request left unanswered past `timeout` ends with
 /// `.outcomeUnknown` (counted in `outcomeUnknownCount`): the caller decides whether to send
-/// it again. Cancelling the calling task resets its stream and throws `.cancelled`.
+/// it again.
+///
+/// Two ways to send: `send` awaits the response (cancelling the task resets its stream and
+/// throws `.cancelled`); `submit` returns at once and hands the outcome to a completion
+/// that runs on the connection's thread, without a task per request (the outbox's v1
+/// transport keeps thousands of requests in flight that way).
 public final class HTTP2Client: Sendable {
+    /// What a request came to.
+    public typealias Completion = @Sendable (Result<HTTPSClient.Response, TransportError>) -> Void
+
     public let host: String
     public let port: Int
     public let maximumConnections: Int
@@ -27,16 +35,29 @@ public final class HTTP2Client: Sendable {
     private let context: TLSContext
     private let connectTimeout: Duration
     private let trust: TLSTrust
+    private let authority: String
     private let state = BlockingLock(State())
     private let outcomeUnknown = Atomic(0)
     private let exchangeIDs = Atomic<UInt64>(0)
 
+    /// A request not answered yet, and how many times a server did not process it.
+    private struct Pending: Sendable {
+        let id: UInt64
+        let request: HTTP2Session.Message
+        let original: (method: String, path: String, headers: [String: String], body: [UInt8])
+        var refusals: Int
+        let complete: Completion
+    }
+
     private struct State {
         var connections: [HTTP2ClientConnection] = []
-        var waiters = Waiters<Bool>()
+        /// Requests waiting for a stream, oldest first.
+        var waiting = FIFO<Pending>()
         var fallback: HTTPSClient?
-        var closed = false
     }
+
+    /// A server that refuses every stream it is sent ends a request after this many tries.
+    private static let maximumRefusals = 4
 
     /// - Parameters:
     ///   - trust: how the server's certificate is verified.
@@ -47,6 +68,7 @@ public final class HTTP2Client: Sendable {
         self.host = host
         self.port = port
         self.trust = trust
+        self.authority = port == 443 ? host : "\(host):\(port)"
         self.maximumConnections = maximumConnections
         self.maximumStreamsPerConnection = maximumStreamsPerConnection
         self.timeout = timeout
@@ -74,12 +96,42 @@ public final class HTTP2Client: Sendable {
         for connection in state.withLock({ $0.connections }) { connection.retire() }
     }
 
+    /// Ends every request under way or waiting with `.cancelled` (streams reset).
+    public func cancelAll() {
+        let (connections, waiting) = state.withLock { state -> ([HTTP2ClientConnection], [Pending]) in
+            defer { state.waiting = FIFO() }
+            return (state.connections, state.waiting.elements)
+        }
+        for pending in waiting { pending.complete(.failure(.cancelled)) }
+        for connection in connections { connection.cancelAll() }
+    }
+
     /// Sends one request and returns the response.
     /// - Throws: `TransportError`: for connection and TLS failures, `.outcomeUnknown` when the
     ///   request may have been processed, `.cancelled`.
     public func send(method: String, path: String, headers: [String: String], body: [UInt8]) async throws -> HTTPSClient.Response {
-        var request = HTTP2Session.Message(headers: [(":method", method), (":scheme", "https"),
-                                                     (":authority", port == 443 ? host : "\(host):\(port)"), (":path", path)],
+        if Task.isCancelled { throw TransportError.cancelled }
+        let id = exchangeIDs.add(1, ordering: .relaxed).newValue
+        let result = await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Result<HTTPSClient.Response, TransportError>, Never>) in
+                dispatch(pending(id: id, method: method, path: path, headers: headers, body: body) { continuation.resume(returning: $0) })
+            }
+        } onCancel: {
+            cancel(id)
+        }
+        return try result.get()
+    }
+
+    /// Sends one request without waiting: `complete` runs once with its outcome, on a
+    /// connection's thread (it must not block).
+    public func submit(method: String, path: String, headers: [String: String], body: [UInt8], complete: @escaping Completion) {
+        dispatch(pending(id: exchangeIDs.add(1, ordering: .relaxed).newValue, method: method, path: path, headers: headers, body: body,
+                         complete: complete))
+    }
+
+    private func pending(id: UInt64, method: String, path: String, headers: [String: String], body: [UInt8],
+                         complete: @escaping Completion) -> Pending {
+        var request = HTTP2Session.Message(headers: [(":method", method), (":scheme", "https"), (":authority", authority), (":path", path)],
                                            body: body)
         request.headers.reserveCapacity(headers.count + 5)
         for (name, value) in headers {
@@ -91,85 +143,139 @@ public final class HTTP2Client: Sendable {
             }
         }
         request.headers.append(("content-length", String(body.count)))
-        var lastRefusal: TransportError?
-        // A request the server did not process goes to another connection; a server that
-        // refuses every stream it is sent ends this after a few tries.
-        for _ in 0..<4 {
-            if Task.isCancelled { throw TransportError.cancelled }
-            if let fallback = state.withLock({ $0.fallback }) {
-                return try await fallback.send(method: method, path: path, headers: headers, body: body)
-            }
-            guard let connection = await connectionWithRoom() else {
-                if Task.isCancelled { throw TransportError.cancelled }
-                continue  // fell back to HTTP/1.1 meanwhile
-            }
-            let id = exchangeIDs.add(1, ordering: .relaxed).newValue
-            let deadline = ContinuousClock.now + timeout
-            let outcome = await withTaskCancellationHandler {
-                await withCheckedContinuation { (continuation: CheckedContinuation<HTTP2ClientConnection.Outcome, Never>) in
-                    if !connection.enqueue(.init(id: id, request: request, deadline: deadline, continuation: continuation)) {
-                        continuation.resume(returning: .notProcessed(.connectionLost("the connection is closing")))
-                    }
-                }
-            } onCancel: {
-                connection.cancel(id)
-            }
-            switch outcome {
-            case .answered(let response):
-                return response
-            case .failed(let error):
-                if error.isOutcomeUnknown { outcomeUnknown.add(1, ordering: .relaxed) }
-                throw error
-            case .notProcessed(let reason):
-                if connection.refusedHTTP2 { fallBack() }
-                lastRefusal = reason
-            }
-        }
-        throw lastRefusal ?? TransportError.connectionLost("the server processed none of the attempts")
+        return Pending(id: id, request: request, original: (method, path, headers, body), refusals: 0, complete: complete)
     }
 
-    /// A connection that takes another stream now, opened if needed; nil when the task was
-    /// cancelled while waiting for one.
-    private func connectionWithRoom() async -> HTTP2ClientConnection? {
-        while !Task.isCancelled {
-            if state.withLock({ $0.fallback != nil }) { return nil }
-            let found = state.withLock { state -> HTTP2ClientConnection? in
-                state.connections.removeAll { $0.isEnded }
-                let live = state.connections.filter { !$0.isRetiring }
-                if let best = live.filter(\.hasRoom).min(by: { $0.load < $1.load }) { return best }
-                guard live.count < maximumConnections else { return nil }
-                // Opened under the lock, so that two callers never open one each past the limit.
-                let connection = HTTP2ClientConnection(host: host, port: port, context: context, connectTimeout: connectTimeout,
-                                                       maximumStreams: maximumStreamsPerConnection) { [weak self] in self?.connectionChanged() }
-                state.connections.append(connection)
-                return connection
-            }
-            switch found {
-            case let connection?:
-                return connection
-            case .none:
-                _ = await state.suspend(in: \.waiters, cancelled: false) { state in
-                    state.connections.contains { $0.isEnded || ($0.hasRoom && !$0.isRetiring) }
-                        || state.connections.filter({ !$0.isRetiring }).count < maximumConnections ? true : nil
-                }
-            }
+    /// Hands a request to a connection with room (opened if needed), or queues it.
+    private func dispatch(_ pending: Pending) {
+        enum Route { case connection(HTTP2ClientConnection), fallback(HTTPSClient), queued }
+        let route = state.withLock { state -> Route in
+            if let fallback = state.fallback { return .fallback(fallback) }
+            if let connection = connectionWithRoom(&state) { return .connection(connection) }
+            state.waiting.append(pending)
+            return .queued
         }
-        return nil
+        switch route {
+        case .connection(let connection): enqueue(pending, on: connection)
+        case .fallback(let fallback): send(pending, over: fallback)
+        case .queued: break
+        }
     }
 
-    /// A connection made room, retired or ended: the tasks waiting for one look again.
+    /// The least loaded live connection with room, or a new one if the limit allows; under
+    /// the lock, so that two callers never open one each past the limit.
+    private func connectionWithRoom(_ state: inout State) -> HTTP2ClientConnection? {
+        state.connections.removeAll { $0.isEnded }
+        var best: HTTP2ClientConnection?
+        var bestLoad = Int.max
+        var live = 0
+        for connection in state.connections where !connection.isRetiring {
+            live += 1
+            let load = connection.load
+            if load < bestLoad && connection.hasRoom {
+                best = connection
+                bestLoad = load
+            }
+        }
+        if let best { return best }
+        guard live < maximumConnections else { return nil }
+        let connection = HTTP2ClientConnection(host: host, port: port, context: context, connectTimeout: connectTimeout,
+                                               maximumStreams: maximumStreamsPerConnection) { [weak self] in self?.connectionChanged() }
+        state.connections.append(connection)
+        return connection
+    }
+
+    private func enqueue(_ pending: Pending, on connection: HTTP2ClientConnection) {
+        let exchange = HTTP2ClientConnection.Exchange(id: pending.id, request: pending.request, deadline: .now + timeout) { [weak self] outcome in
+            self?.finish(pending, outcome: outcome, on: connection)
+        }
+        if !connection.enqueue(exchange) { redispatch(pending, after: .connectionLost("the connection is closing"), on: connection) }
+    }
+
+    private func finish(_ pending: Pending, outcome: HTTP2ClientConnection.Outcome, on connection: HTTP2ClientConnection) {
+        switch outcome {
+        case .answered(let response):
+            pending.complete(.success(response))
+        case .failed(let error):
+            if error.isOutcomeUnknown { outcomeUnknown.add(1, ordering: .relaxed) }
+            pending.complete(.failure(error))
+        case .notProcessed(let reason):
+            redispatch(pending, after: reason, on: connection)
+        }
+    }
+
+    /// A request the server did not process goes to another connection (or over HTTP/1.1
+    /// if the server refused h2), up to `maximumRefusals` times.
+    private func redispatch(_ pending: Pending, after reason: TransportError, on connection: HTTP2ClientConnection) {
+        if connection.refusedHTTP2 { fallBack() }
+        var again = pending
+        again.refusals += 1
+        guard again.refusals < Self.maximumRefusals else {
+            pending.complete(.failure(reason))
+            return
+        }
+        dispatch(again)
+    }
+
+    private func send(_ pending: Pending, over fallback: HTTPSClient) {
+        // HTTP/1.1 is the rare path: a task per request there.
+        Task {
+            do {
+                let original = pending.original
+                pending.complete(.success(try await fallback.send(method: original.method, path: original.path, headers: original.headers,
+                                                                  body: original.body)))
+            } catch let error as TransportError {
+                pending.complete(.failure(error))
+            } catch {
+                pending.complete(.failure(.connectionLost("\(error)")))
+            }
+        }
+    }
+
+    /// Ends the request `id` with `.cancelled`, wherever it is.
+    private func cancel(_ id: UInt64) {
+        let (waiting, connections) = state.withLock { state -> (Pending?, [HTTP2ClientConnection]) in
+            var found: Pending?
+            var kept = FIFO<Pending>()
+            while let pending = state.waiting.popFirst() {
+                if pending.id == id { found = pending } else { kept.append(pending) }
+            }
+            state.waiting = kept
+            return (found, found == nil ? state.connections : [])
+        }
+        if let waiting { waiting.complete(.failure(.cancelled)) }
+        for connection in connections { connection.cancel(id) }
+    }
+
+    /// A connection made room, retired or ended: waiting requests move to connections with
+    /// room (a new one opened if the limit allows).
     private func connectionChanged() {
-        let waiters = state.withLock { $0.waiters.removeAll() }
-        for waiter in waiters { waiter.resume(returning: true) }
+        while true {
+            enum Next { case connection(Pending, HTTP2ClientConnection), fallback(Pending, HTTPSClient), none }
+            let next = state.withLock { state -> Next in
+                guard let pending = state.waiting.first else { return .none }
+                if let fallback = state.fallback {
+                    _ = state.waiting.popFirst()
+                    return .fallback(pending, fallback)
+                }
+                guard let connection = connectionWithRoom(&state) else { return .none }
+                _ = state.waiting.popFirst()
+                return .connection(pending, connection)
+            }
+            switch next {
+            case .connection(let pending, let connection): enqueue(pending, on: connection)
+            case .fallback(let pending, let fallback): send(pending, over: fallback)
+            case .none: return
+            }
+        }
     }
 
     /// From now on, requests go over HTTP/1.1.
     private func fallBack() {
         let created = try? HTTPSClient(host: host, port: port, trust: trust, maximumConnections: maximumConnections, timeout: timeout)
-        let waiters = state.withLock { state -> [CheckedContinuation<Bool, Never>] in
+        state.withLock { state in
             if state.fallback == nil { state.fallback = created }
-            return state.waiters.removeAll()
         }
-        for waiter in waiters { waiter.resume(returning: true) }
+        connectionChanged()
     }
 }

@@ -28,7 +28,7 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
         let id: UInt64
         let request: HTTP2Session.Message
         let deadline: ContinuousClock.Instant
-        let continuation: CheckedContinuation<Outcome, Never>
+        let complete: @Sendable (Outcome) -> Void
     }
 
     /// Why the connection ended without HTTP/2: the server chose another protocol by ALPN.
@@ -49,6 +49,8 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
         var ended = false
         /// Set once the handshake chose a protocol other than h2.
         var refusedHTTP2 = false
+        /// `cancelAll()` was called: the loop resets every open stream.
+        var cancelsAll = false
         var loop: StreamLoop?
     }
 
@@ -62,7 +64,7 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
     private struct OpenStream {
         let id: UInt64
         let deadline: ContinuousClock.Instant
-        let continuation: CheckedContinuation<Outcome, Never>
+        let complete: @Sendable (Outcome) -> Void
     }
 
     // Loop thread only.
@@ -126,7 +128,20 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
             shared.cancelled.append(id)
             return (nil, shared.loop)
         }
-        dequeued?.continuation.resume(returning: .failed(.cancelled))
+        dequeued?.complete(.failed(.cancelled))
+        loop?.wake()
+    }
+
+    /// Ends every exchange it holds with `.cancelled` (their streams are reset).
+    func cancelAll() {
+        let (dequeued, loop) = shared.withLock { shared -> ([Exchange], StreamLoop?) in
+            let queued = shared.queued
+            shared.queued.removeAll()
+            shared.load -= queued.count
+            shared.cancelsAll = true
+            return (queued, shared.loop)
+        }
+        for exchange in dequeued { exchange.complete(.failed(.cancelled)) }
         loop?.wake()
     }
 
@@ -191,14 +206,14 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
             defer { shared.queued.removeAll() }
             return shared.queued
         }
-        for exchange in queued { exchange.continuation.resume(returning: .notProcessed(cause)) }
+        for exchange in queued { exchange.complete(.notProcessed(cause)) }
         for (streamID, exchange) in streams {
             if let last = goAwayLastStreamID, streamID > last {
-                exchange.continuation.resume(returning: .notProcessed(cause))
+                exchange.complete(.notProcessed(cause))
             } else if reason is HTTP2NotNegotiated {
-                exchange.continuation.resume(returning: .notProcessed(cause))
+                exchange.complete(.notProcessed(cause))
             } else {
-                exchange.continuation.resume(returning: .failed(.outcomeUnknown("\(cause)")))
+                exchange.complete(.failed(.outcomeUnknown("\(cause)")))
             }
         }
         streams.removeAll()
@@ -216,8 +231,12 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
         let limit = session.hasPeerSettings ? min(maximumStreams, max(1, session.peerMaximumConcurrentStreams)) : 0
         let (cancelled, taken, accepting) = shared.withLock { shared -> ([UInt64], [Exchange], Bool) in
             shared.streamLimit = session.hasPeerSettings ? limit : maximumStreams
-            let cancelled = shared.cancelled
+            var cancelled = shared.cancelled
             shared.cancelled.removeAll()
+            if shared.cancelsAll {
+                shared.cancelsAll = false
+                cancelled += streams.values.map(\.id)
+            }
             let room = max(0, limit - streams.count)
             let taken = Array(shared.queued.prefix(room))
             shared.queued.removeFirst(taken.count)
@@ -228,7 +247,7 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
             guard let (streamID, exchange) = streams.first(where: { $0.value.id == id }) else { continue }
             streams[streamID] = nil
             session.reset(streamID, errorCode: HTTP2Session.ErrorCode.cancel)
-            exchange.continuation.resume(returning: .failed(.cancelled))
+            exchange.complete(.failed(.cancelled))
             finished += 1
         }
         let now = ContinuousClock.now
@@ -236,14 +255,14 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
             _ = deadlines.popFirst()
             guard let stream = streams.removeValue(forKey: first.streamID) else { continue }
             session.reset(first.streamID, errorCode: HTTP2Session.ErrorCode.cancel)
-            stream.continuation.resume(returning: .failed(.outcomeUnknown("no answer in time")))
+            stream.complete(.failed(.outcomeUnknown("no answer in time")))
             finished += 1
         }
         var refused: [Exchange] = []
         for exchange in taken {
             do {
                 let streamID = try session.submitRequest(exchange.request)
-                streams[streamID] = OpenStream(id: exchange.id, deadline: exchange.deadline, continuation: exchange.continuation)
+                streams[streamID] = OpenStream(id: exchange.id, deadline: exchange.deadline, complete: exchange.complete)
                 deadlines.append((exchange.deadline, streamID))
             } catch {
                 refused.append(exchange)
@@ -252,7 +271,7 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
         if !refused.isEmpty {
             // No stream can be opened on this session any more: the others go elsewhere.
             shared.withLock { $0.acceptsExchanges = false }
-            for exchange in refused { exchange.continuation.resume(returning: .notProcessed(.connectionLost("no stream could be opened"))) }
+            for exchange in refused { exchange.complete(.notProcessed(.connectionLost("no stream could be opened"))) }
             finished += refused.count
         }
         if finished > 0 { release(finished) }
@@ -265,7 +284,7 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
                 shared.load -= shared.queued.count
                 return shared.queued
             }
-            for exchange in queued { exchange.continuation.resume(returning: .notProcessed(.connectionLost("the connection is closing"))) }
+            for exchange in queued { exchange.complete(.notProcessed(.connectionLost("the connection is closing"))) }
             if !queued.isEmpty { onChange() }
             if streams.isEmpty && !closeRequested {
                 closeRequested = true
@@ -292,14 +311,14 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
             for (name, value) in message.headers where !name.hasPrefix(":") { headers[name] = value }
             let status = Int(message.header(":status") ?? "") ?? 0
             let body = String(decoding: message.body, as: UTF8.self)
-            exchange.continuation.resume(returning: .answered(HTTPSClient.Response(status: status, headers: headers, body: body)))
+            exchange.complete(.answered(HTTPSClient.Response(status: status, headers: headers, body: body)))
             release(1)
         case .streamClosed(let streamID, let errorCode):
             guard let exchange = streams.removeValue(forKey: streamID) else { return }
             if errorCode == HTTP2Session.ErrorCode.refusedStream || goAwayLastStreamID.map({ streamID > $0 }) == true {
-                exchange.continuation.resume(returning: .notProcessed(.connectionLost("the server refused the stream")))
+                exchange.complete(.notProcessed(.connectionLost("the server refused the stream")))
             } else {
-                exchange.continuation.resume(returning: .failed(.outcomeUnknown("the server reset the stream (HTTP/2 error \(errorCode))")))
+                exchange.complete(.failed(.outcomeUnknown("the server reset the stream (HTTP/2 error \(errorCode))")))
             }
             release(1)
         case .goAway(let lastStreamID, _):
