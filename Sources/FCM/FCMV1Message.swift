@@ -52,10 +52,15 @@ public struct FCMV1Message: Sendable, Equatable {
         var requests: [FCMV1Message] = []
         requests.reserveCapacity(targets.count)
         for (to, condition) in targets {
-            var request = members["message"] != nil
-                ? try asIs(members, target: to, condition: condition)
-                : try translated(members, target: to, condition: condition, now: now)
-            try request.validate()
+            var request: FCMV1Message
+            if members["message"] != nil {
+                request = try asIs(members, target: to, condition: condition)
+                try request.validate()
+            } else {
+                // Checked as a legacy message already, field by field, before it was built.
+                request = try translated(members, target: to, condition: condition, now: now)
+                request.targetIsDevice = request.message["token"] != nil
+            }
             request.target = request.targetKey
             requests.append(request)
         }

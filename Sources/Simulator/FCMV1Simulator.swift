@@ -95,6 +95,8 @@ public final class FCMV1Simulator: Sendable {
     public let account: ServiceAccount
     /// The URL of the token endpoint (the account's `token_uri`).
     public let tokenURI: String
+    /// The 16 hex digits after `%` in the message names.
+    private let senderHash = String(UInt64.random(in: 1 << 60 ... UInt64.max), radix: 16)
     private let context: TLSContext
     private let listenFD: Int32
     private let state = BlockingLock(State())
@@ -388,7 +390,8 @@ public final class FCMV1Simulator: Sendable {
         let name = state.withLock { state -> String in
             guard !validateOnly else { return "projects/\(project)/messages/fake_message_id" }
             state.nextMessageID += 1
-            let name = "projects/\(project)/messages/0:\(Int64(now.timeIntervalSince1970 * 1000))\(state.nextMessageID)%\(project)"
+            // As FCM writes them: 0:MICROSECONDS%SENDERHASH.
+            let name = "projects/\(project)/messages/0:\(Int64(now.timeIntervalSince1970 * 1_000_000) + state.nextMessageID)%\(senderHash)"
             state.deliveries.append(Delivery(name: name, message: .object(message), validateOnly: false, protocolName: request.protocolName))
             state.counters.delivered += 1
             return name

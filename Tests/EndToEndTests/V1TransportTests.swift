@@ -235,6 +235,41 @@ import Worker
         #expect(!twice.isEmpty && twice.values.allSatisfy { $0 == 2 } && twice.count <= 101, "\(twice)")
     }
 
+    @Test func aWorkerKilledMidFlightLeavesEveryRowSentAtMostOnceMore() async throws {
+        // FCM answers after 30 ms: at the kill, hundreds of requests are under way, and
+        // answers read whose write-back had not committed. The next worker sends those rows
+        // again (FCM took them; their answers are lost with the first worker): once more at
+        // most, and every row ends acked once.
+        let setup = try await setUp { $0.latency = .milliseconds(30) }
+        defer { setup.stop() }
+        _ = try await setup.database.query("""
+            INSERT INTO downstream_messages (target, transport, payload)
+            SELECT 'device-' || g, 'v1', jsonb_build_object('data', jsonb_build_object('n', g::text)) FROM generate_series(1, 3000) AS g
+            """)
+        let spool = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID())").path
+        let flags = ["--service-account-file", setup.accountFile, "--v1-endpoint", "127.0.0.1:\(setup.v1.port)"]
+        let (first, _) = try WorkerProcess.start(setup.ccs, databaseURL: setup.database.url, spool: spool, flags)
+        let deadline = ContinuousClock.now + .seconds(30)
+        while setup.v1.counters.delivered < 600 && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        kill(first.processIdentifier, SIGKILL)
+        try await WorkerProcess.waitForExit(first)
+        let deliveredBeforeKill = setup.v1.counters.delivered
+        #expect(deliveredBeforeKill >= 600 && deliveredBeforeKill < 3000, "\(deliveredBeforeKill)")
+        // The first worker's claims lapse after the lease: a short one for the second worker's sweep.
+        _ = try await setup.database.query("UPDATE outbox_claims SET expires_at = now()")
+        let (second, _) = try WorkerProcess.start(setup.ccs, databaseURL: setup.database.url, spool: spool, flags)
+        defer { second.terminate() }
+        try await setup.database.waitForOutbox("status = 'acked'", count: 3000, within: .seconds(60))
+        var perRow: [String: Int] = [:]
+        for delivery in setup.v1.deliveries { perRow[delivery.message["data"]?["n"]?.stringValue ?? "?", default: 0] += 1 }
+        #expect(perRow.count == 3000)
+        #expect(perRow.values.allSatisfy { $0 <= 2 }, "a row was sent more than once more")
+        let twice = perRow.values.count { $0 == 2 }
+        // At most what the first worker had under way or answered but unwritten.
+        #expect(twice <= deliveredBeforeKill, "\(twice) of \(deliveredBeforeKill)")
+        #expect(try await setup.database.count("downstream_messages", where: "status = 'acked' AND sent_on = 'v1'") == 3000)
+    }
+
     @Test func anUnusableServiceAccountOrARefusedGrantStopsTheStart() async throws {
         let setup = try await setUp()
         defer { setup.stop() }
