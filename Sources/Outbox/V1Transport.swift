@@ -38,8 +38,13 @@ package final class V1Transport: DownstreamTransport {
     package static let maximumRetryAfter: Duration = .seconds(300)
 
     private struct State {
-        /// Rows submitted and not settled yet.
+        /// Rows it holds: waiting, or submitted and not settled yet.
         var sending = 0
+        /// Rows waiting for a stream, with the access token they go with: a row is submitted
+        /// when one of the client's streams is free, so that its `sent_at` is when it went out.
+        var waiting = FIFO<(claimed: ClaimedMessage, token: String)>()
+        /// Rows submitted and not settled yet (at most the client's streams).
+        var submitted = 0
         var idle = Waiters<Bool>()
         var taking = true
         /// Until when nothing is sent: the project's quota ran out (`QUOTA_EXCEEDED`), or the
@@ -164,6 +169,8 @@ package final class V1Transport: DownstreamTransport {
             case nil: break
             }
             let now = Date()
+            // Settled at once, as if submitted.
+            state.withLock { $0.submitted += messages.count }
             for claimed in messages {
                 let progress = RowProgress(claimed, sentAt: now)
                 if claimed.v1Requests.isEmpty { settle(progress, outcomes: [], handBack: false) }
@@ -179,9 +186,21 @@ package final class V1Transport: DownstreamTransport {
             }
             return
         }
-        let now = Date()
-        for claimed in messages {
-            let progress = RowProgress(claimed, sentAt: now)
+        state.withLock { state in
+            for claimed in messages { state.waiting.append((claimed, token)) }
+        }
+        startWaiting()
+    }
+
+    /// Submits waiting rows while the client has free streams.
+    private func startWaiting() {
+        let capacity = client.capacity
+        while let (claimed, token) = state.withLock({ state -> (ClaimedMessage, String)? in
+            guard state.submitted < capacity, let next = state.waiting.popFirst() else { return nil }
+            state.submitted += 1
+            return next
+        }) {
+            let progress = RowProgress(claimed, sentAt: Date())
             // A multicast whose tokens all have their final answer already is settled as it is.
             if claimed.v1Requests.isEmpty { settle(progress, outcomes: [], handBack: false) }
             for request in claimed.v1Requests { submit(request, for: progress, token: token, refreshed: false) }
@@ -221,7 +240,17 @@ package final class V1Transport: DownstreamTransport {
     /// Shutdown: the requests under way get until `deadline` (or an urgent shutdown) for
     /// their answers; then they are cancelled and their rows handed back.
     package func finish(until deadline: ContinuousClock.Instant, shutdown: ShutdownSignal) async {
-        state.withLock { $0.taking = false }
+        let unsent = state.withLock { state -> [ClaimedMessage] in
+            state.taking = false
+            defer {
+                state.sending -= state.waiting.count
+                state.waiting = FIFO()
+            }
+            return state.waiting.elements.map(\.claimed)
+        }
+        // Not sent: claimable again at once.
+        let now = Date()
+        recorder.record(unsent.map { OutboxSettlement.handBack(rowID: $0.row.id, sentBefore: $0.row.attempts > 0, now: now) })
         shutdown.onUrgent { [self] in
             for waiter in state.withLock({ $0.idle.removeAll() }) { waiter.resume(returning: true) }
         }
@@ -309,6 +338,7 @@ package final class V1Transport: DownstreamTransport {
         }
         let (idle, claimWanted) = state.withLock { state -> ([CheckedContinuation<Bool, Never>], Bool) in
             state.sending -= 1
+            state.submitted -= 1
             // The claim loop is rung when this row made a claim worth its while, not for
             // every row.
             let wanted = room - state.sending
@@ -316,6 +346,7 @@ package final class V1Transport: DownstreamTransport {
         }
         for waiter in idle { waiter.resume(returning: true) }
         if claimWanted { recorder.doorbell.ring() }
+        startWaiting()
     }
 
     /// `QUOTA_EXCEEDED`: nothing goes out until `Retry-After` (capped), or a second if none.
