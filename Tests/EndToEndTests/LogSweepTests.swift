@@ -3,7 +3,7 @@ import Testing
 
 /// Runs in the pass after the suite (`scripts/test`): every line the suite logged, from
 /// workers in the test process and from the processes it ran, is searched for the server
-/// key and the database password.
+/// key, the database password, a private key and an access token.
 @Suite(.enabled(if: ProcessInfo.processInfo.environment["FCM_TEST_LOG_DIR"].map { !$0.isEmpty } ?? false))
 struct LogSweepTests {
     @Test func noLineTheSuiteLoggedShowsTheServerKeyOrTheDatabasePassword() throws {

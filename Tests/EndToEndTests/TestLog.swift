@@ -29,5 +29,7 @@ enum TestLog {
 /// login, so the password is never checked, only carried everywhere the URL goes).
 enum TestSecrets {
     static let databasePassword = "test-db-pa55word"
-    static var all: [String] { [TestCCS.serverKey, databasePassword] }
+    /// The server key, the database password, any PEM private key (a service account's),
+    /// and the simulator's OAuth2 access tokens.
+    static var all: [String] { [TestCCS.serverKey, databasePassword, "PRIVATE KEY", "ya29.sim-"] }
 }
