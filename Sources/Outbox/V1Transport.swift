@@ -41,9 +41,10 @@ package final class V1Transport: DownstreamTransport {
         /// Rows it holds: waiting, or submitted and not settled yet.
         var sending = 0
         /// Rows waiting for a stream, with the access token they go with: a row is submitted
-        /// when one of the client's streams is free, so that its `sent_at` is when it went out.
+        /// when one of the client's streams is (nearly) free, so that its `sent_at` is about
+        /// when it went out.
         var waiting = FIFO<(claimed: ClaimedMessage, token: String)>()
-        /// Rows submitted and not settled yet (at most the client's streams).
+        /// Rows submitted and not settled yet (at most the client's streams and a quarter).
         var submitted = 0
         var idle = Waiters<Bool>()
         var taking = true
@@ -192,9 +193,11 @@ package final class V1Transport: DownstreamTransport {
         startWaiting()
     }
 
-    /// Submits waiting rows while the client has free streams.
+    /// Submits waiting rows while the client has free streams, and a quarter as many more
+    /// (queued in the client, they fill a stream the moment it frees, a few milliseconds
+    /// after they were counted as sent).
     private func startWaiting() {
-        let capacity = client.capacity
+        let capacity = client.capacity + client.capacity / 4
         while let (claimed, token) = state.withLock({ state -> (ClaimedMessage, String)? in
             guard state.submitted < capacity, let next = state.waiting.popFirst() else { return nil }
             state.submitted += 1
