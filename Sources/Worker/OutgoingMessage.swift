@@ -56,11 +56,12 @@ public struct OutgoingMessage: Sendable, Equatable {
         return .object(payload)
     }
 
-    /// The transport the row gets: HTTP for a multicast not set to v1; nil for the outbox's
-    /// default (which turns a multicast to HTTP when it is XMPP).
-    public var effectiveTransport: Transport? {
-        if case .multicast = target, transport != .v1 { return transport == nil ? nil : .http }
-        return transport
+    /// The transport the row gets: HTTP for a multicast not set to v1. A message that names
+    /// none gets the outbox's default: this says what that is while the default is XMPP (as
+    /// it is unless `fcm-worker outbox default-transport` changed it).
+    public var effectiveTransport: Transport {
+        if case .multicast = target, transport != .v1 { return .http }
+        return transport ?? .xmpp
     }
 
     /// Checks it against FCM's rules, as the outbox would before sending it (a message that
@@ -83,9 +84,7 @@ public struct OutgoingMessage: Sendable, Equatable {
             message = try DownstreamMessage(target: tokens[0], condition: nil, payload: payload, messageID: "check")
         }
         try message.validate()
-        var isMulticast = false
-        if case .multicast = target { isMulticast = true }
-        if effectiveTransport == .http || (isMulticast && effectiveTransport == nil), options["delivery_receipt_requested"] == .bool(true) {
+        if effectiveTransport == .http, options["delivery_receipt_requested"] == .bool(true) {
             throw DownstreamValidationError("delivery_receipt_requested", "is an XMPP option: legacy HTTP has no delivery receipts")
         }
         if effectiveTransport == .v1 {

@@ -60,11 +60,11 @@ enum OutboxInsert {
         case .multicast(let tokens): (column, value) = ("registration_ids", .array(tokens.map { .text($0) }))
         }
         let cast = column == "registration_ids" ? "::text[]" : ""
-        guard let transport = message.effectiveTransport else {
+        guard message.transport != nil else {
             return PostgresStatement("INSERT INTO downstream_messages (\(column), payload, source_message_id) VALUES ($1\(cast), $2::jsonb, $3)",
                                      [value, payload, source])
         }
         return PostgresStatement("INSERT INTO downstream_messages (\(column), payload, source_message_id, transport) VALUES ($1\(cast), $2::jsonb, $3, $4)",
-                                 [value, payload, source, .text(transport.rawValue)])
+                                 [value, payload, source, .text(message.effectiveTransport.rawValue)])
     }
 }

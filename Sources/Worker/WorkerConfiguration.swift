@@ -142,11 +142,7 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
                 throw ConfigurationError("cannot read the server key file \(path)")
             }
             settings.serverKey = try serverKey(contents, from: "the server key file \(path)")
-            if let attributes = try? FileManager.default.attributesOfItem(atPath: path),
-               let permissions = attributes[.posixPermissions] as? Int, permissions & 0o077 != 0 {
-                settings.warnings.append("the server key file \(path) can be read by group or others "
-                                         + "(mode \(String(permissions, radix: 8))): chmod 600 it")
-            }
+            warnIfShared(path, holding: "the server key file", in: &settings)
         },
         CommandOption("--server-key", environment: "FCM_SERVER_KEY", placeholder: "KEY", default: "required (or a key file)",
                       help: "FCM server key; wins over a key file given the same way (flags win over variables)") { settings, text throws(ConfigurationError) in
@@ -189,11 +185,7 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
                 throw ConfigurationError("the database URL file \(path): \(error.message)")
             }
             settings.databaseURL = url
-            if let attributes = try? FileManager.default.attributesOfItem(atPath: path),
-               let permissions = attributes[.posixPermissions] as? Int, permissions & 0o077 != 0 {
-                settings.warnings.append("the database URL file \(path) can be read by group or others "
-                                         + "(mode \(String(permissions, radix: 8))): chmod 600 it")
-            }
+            warnIfShared(path, holding: "the database URL file", in: &settings)
         },
         CommandOption("--database-url", environment: "DATABASE_URL", placeholder: "URL", default: "required",
                       help: "PostgreSQL URL or key=value connection string") { settings, text throws(ConfigurationError) in
@@ -260,37 +252,17 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             }
             settings.downstream.workerID = text
         },
-        CommandOption("--http-endpoint", environment: "FCM_HTTP_ENDPOINT", placeholder: "HOST:PORT", default: "fcm.googleapis.com:443",
-                      help: "FCM's legacy HTTP API (multicast, device groups, rows with transport http)") { settings, text throws(ConfigurationError) in
-            var probe = FCMHTTPClient.Settings(serverKey: "", senderID: "")
-            do {
-                try probe.setEndpoint(text)
-            } catch {
-                throw ConfigurationError("invalid HTTP endpoint \(text): expected host:port")
-            }
-            settings.httpEndpoint = text
-        },
+        httpsEndpoint("--http-endpoint", environment: "FCM_HTTP_ENDPOINT", name: "HTTP endpoint",
+                      help: "FCM's legacy HTTP API (multicast, device groups, rows with transport http)", \.httpEndpoint),
         CommandOption("--service-account-file", environment: "GOOGLE_APPLICATION_CREDENTIALS", placeholder: "PATH", default: "none",
                       help: "a Google service-account key file (JSON): sends rows with transport v1 through FCM's HTTP v1 API; "
                         + "an unusable file or a refused grant stops the start with status 3") { settings, path throws(ConfigurationError) in
             guard !path.isEmpty else { throw ConfigurationError("--service-account-file names no file") }
             settings.serviceAccountFile = path
-            if let attributes = try? FileManager.default.attributesOfItem(atPath: path),
-               let permissions = attributes[.posixPermissions] as? Int, permissions & 0o077 != 0 {
-                settings.warnings.append("the service-account file \(path) can be read by group or others "
-                                         + "(mode \(String(permissions, radix: 8))): chmod 600 it")
-            }
+            warnIfShared(path, holding: "the service-account file", in: &settings)
         },
-        CommandOption("--v1-endpoint", environment: "FCM_V1_ENDPOINT", placeholder: "HOST:PORT", default: "fcm.googleapis.com:443",
-                      help: "FCM's HTTP v1 API (rows with transport v1)") { settings, text throws(ConfigurationError) in
-            var probe = FCMHTTPClient.Settings(serverKey: "", senderID: "")
-            do {
-                try probe.setEndpoint(text)
-            } catch {
-                throw ConfigurationError("invalid v1 endpoint \(text): expected host:port")
-            }
-            settings.v1Endpoint = text
-        },
+        httpsEndpoint("--v1-endpoint", environment: "FCM_V1_ENDPOINT", name: "v1 endpoint", help: "FCM's HTTP v1 API (rows with transport v1)",
+                      \.v1Endpoint),
         CommandOption("--project-id", environment: "FCM_PROJECT_ID", placeholder: "ID", default: "the service account's",
                       help: "the Firebase project v1 messages are sent for") { settings, text throws(ConfigurationError) in
             guard !text.isEmpty, text.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-") }) else {
@@ -347,6 +319,27 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         guard !settings.serverKey.isEmpty else {
             throw ConfigurationError("missing server key: pass --server-key or --server-key-file, or set FCM_SERVER_KEY or FCM_SERVER_KEY_FILE")
         }
+    }
+
+    /// An HTTPS endpoint setting: `host:port`, `[v6]:port` or a bare host (port 443).
+    static func httpsEndpoint(_ flag: String, environment: String, name: String, help: String,
+                              _ keyPath: any WritableKeyPath<WorkerConfiguration, String> & Sendable) -> CommandOption<WorkerConfiguration> {
+        CommandOption(flag, environment: environment, placeholder: "HOST:PORT", default: "fcm.googleapis.com:443", help: help) { settings, text throws(ConfigurationError) in
+            var probe = FCMHTTPClient.Settings(serverKey: "", senderID: "")
+            do {
+                try probe.setEndpoint(text)
+            } catch {
+                throw ConfigurationError("invalid \(name) \(text): expected host:port")
+            }
+            settings[keyPath: keyPath] = text
+        }
+    }
+
+    /// Warns (at start) when a file holding a secret can be read by group or others.
+    static func warnIfShared(_ path: String, holding what: String, in settings: inout WorkerConfiguration) {
+        guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
+              let permissions = attributes[.posixPermissions] as? Int, permissions & 0o077 != 0 else { return }
+        settings.warnings.append("\(what) \(path) can be read by group or others (mode \(String(permissions, radix: 8))): chmod 600 it")
     }
 
     /// A server key as given or read from a file: surrounding white space is dropped; a

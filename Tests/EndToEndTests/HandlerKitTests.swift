@@ -92,8 +92,8 @@ final class Announcements: Sendable {
             try context.sendMulticast(to: ["a"], data: [:], options: ["delivery_receipt_requested": true], transport: .v1)
         }
         try context.sendMulticast(to: ["a", "b"], data: ["x": 1])
-        // The outbox's default: legacy HTTP while it is XMPP (the insert trigger turns it).
-        #expect(recording.sent.first?.effectiveTransport == nil)
+        // The outbox's default (XMPP unless changed) turns a multicast to legacy HTTP.
+        #expect(recording.sent.first?.effectiveTransport == .http && recording.sent.first?.transport == nil)
         try context.sendMulticast(to: ["a", "b"], data: ["x": 1], transport: .http)
         #expect(recording.sent.last?.effectiveTransport == .http)
         try context.sendMulticast(to: ["a", "b"], data: ["x": 1], transport: .v1)
