@@ -46,6 +46,15 @@ public final class FCMHTTPSimulator: Sendable {
         public let path: String
         public let headers: [String: String]
         public let body: String
+        /// When the simulator read it.
+        public let receivedAt: ContinuousClock.Instant
+
+        public init(path: String, headers: [String: String], body: String, receivedAt: ContinuousClock.Instant = .now) {
+            self.path = path
+            self.headers = headers
+            self.body = body
+            self.receivedAt = receivedAt
+        }
     }
 
     private struct State {

@@ -623,14 +623,20 @@ extension TestCCS {
             INSERT INTO downstream_messages (target, transport, payload) VALUES ('busy', 'http', '{"data":{"n":"1"}}')
             """)
         try await database.waitForOutbox("status = 'retry'", count: 1)
-        // The slowdown lasts 1 s × [0.5, 1.5): a later row to that device waits it out.
+        let insertedAt = ContinuousClock.now
+        // The slowdown lasts 1 s × [0.5, 1.5) from FCM's answer: a later row to that device
+        // waits it out, another device's row does not.
         let later = try await database.query("""
             INSERT INTO downstream_messages (target, transport, payload)
             VALUES ('busy', 'http', '{"data":{"n":"2"}}'), ('calm', 'http', '{"data":{"n":"3"}}') RETURNING id
             """).compactMap { $0.int(0) }
-        try await database.waitForOutbox("id = \(later[1]) AND status = 'acked'", count: 1, within: .seconds(5))
-        #expect(!http.requests.contains { $0.body.contains("\"n\":\"2\"") }, "the slowed-down device was not held back")
         try await database.waitForOutbox("status = 'acked'", count: 3, within: .seconds(10))
+        func request(_ n: Int) throws -> FCMHTTPSimulator.Request {
+            try #require(http.requests.first { $0.body.contains("\"n\":\"\(n)\"") })
+        }
+        let limitedAt = try request(1).receivedAt
+        #expect(try request(3).receivedAt - insertedAt < .milliseconds(450), "the other device was held back too")
+        #expect(try request(2).receivedAt - limitedAt > .milliseconds(450), "the slowed-down device was not held back")
         #expect(try await database.outboxRow(later[0])["attempts"] == "1")
     }
 }
