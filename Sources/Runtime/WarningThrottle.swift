@@ -1,5 +1,3 @@
-import Runtime
-
 /// Which warnings of a recurring kind get logged: the first for each key, then at most one
 /// per key and interval, saying how many were left out since. It keeps at most `capacity`
 /// keys: keys come from what devices send, and a flood of new ones must not grow it

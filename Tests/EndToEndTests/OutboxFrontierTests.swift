@@ -147,6 +147,40 @@ import Runtime
         #expect(try await Self.claimAll("w", on: connection) == [ids[1]])
     }
 
+    /// A claim reads the id sequence after it has locked the table, the order in which
+    /// `TRUNCATE … RESTART IDENTITY` locks them: a truncate between the two waits, instead of
+    /// holding the table while the claim holds the sequence (PostgreSQL then ended one of
+    /// them with "deadlock detected", and the operator's TRUNCATE failed while a worker sent).
+    @Test func aTruncateDuringAClaimWaitsForItInsteadOfDeadlocking() async throws {
+        let database = try await TestDatabase.make()
+        let claim = try await database.connect()
+        defer { Task { await claim.close() } }
+        _ = try await Self.insert(3, on: claim)
+        _ = try await claim.execute("BEGIN")
+        _ = try await claim.query("SELECT fcm_outbox_sequence_top()")
+        let truncate = Task {
+            let operatorConnection = try await database.connect()
+            defer { Task { await operatorConnection.close() } }
+            _ = try await operatorConnection.execute("TRUNCATE downstream_messages RESTART IDENTITY")
+        }
+        // The truncate queues behind the claim's lock on the table.
+        let deadline = ContinuousClock.now + .seconds(10)
+        while try await claim.query("""
+            SELECT 1 FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation
+            WHERE NOT l.granted AND c.relname = 'downstream_messages' AND l.mode = 'AccessExclusiveLock'
+            """).isEmpty {
+            #expect(ContinuousClock.now < deadline, "the truncate never waited for the claim's table lock")
+            if ContinuousClock.now >= deadline { break }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        // Past deadlock_timeout (1 s): a deadlock would have been found by now.
+        try await Task.sleep(for: .milliseconds(1_200))
+        #expect(try await claim.query("SELECT count(*) FROM downstream_messages").first?.int(0) == 3)
+        _ = try await claim.execute("COMMIT")
+        try await truncate.value
+        #expect(try await database.count("downstream_messages") == 0)
+    }
+
     /// The operator's step end to end: the outbox emptied with `TRUNCATE … RESTART IDENTITY`
     /// while a worker sends (the rows after it were never claimed: 0 of 300 sent in 40 s), and
     /// again while no worker runs; then a row given an id far above the sequence, and rows
