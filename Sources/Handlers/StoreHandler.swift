@@ -6,8 +6,8 @@ import Worker
 /// `upstream_messages(message_id, from_token, category, data, received_at)`.
 ///
 /// A batch is written with one `COPY` (`BatchContext.copy`), PostgreSQL's bulk path: it
-/// cost the server 14–20 % less per stored message than a multi-row INSERT (README,
-/// issue 16: most of what is left is the table's three indexes), and goes in the batch's
+/// cost the server 14–20 % less per stored message than a multi-row INSERT (docs/performance.md:
+/// most of what is left is the table's three indexes), and goes in the batch's
 /// one simple query with its BEGIN, check and COMMIT. It is also the example to copy for
 /// a handler of your own.
 ///

@@ -48,7 +48,7 @@ package final class OutboxWriteBack: Sendable {
     /// it this much later. Measured: at 1 connection × 20 ms (5,000 msgs/s) PostgreSQL's
     /// CPU per message 44 → 38 µs, the worker's 43 → 38 µs, against a 2 ms wait; 20 ms with
     /// claims of 100 rows or more (`XMPPTransport.claimThreshold`) against 10 ms and 50:
-    /// PostgreSQL's CPU per message 6–30 % less at 1@20 and 4@20 in paired runs (issue 16).
+    /// PostgreSQL's CPU per message 6–30 % less at 1@20 and 4@20 in paired runs.
     package let gatherTime: Duration
     package let gatherRows: Int
 

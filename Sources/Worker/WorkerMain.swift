@@ -24,7 +24,7 @@ import XMPP
 /// means `run`.
 public enum WorkerMain {
     /// This release.
-    public static let version = "0.9.0"
+    public static let version = "0.10.0"
 
     /// Exit statuses: 0 after SIGTERM/SIGINT (graceful shutdown) and for `help`, 2 for a
     /// missing or invalid setting or pending migrations, 3 when FCM refuses the credentials

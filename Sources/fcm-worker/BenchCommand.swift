@@ -174,7 +174,7 @@ enum BenchCommand {
         }
 }
 
-/// The upstream benchmark of issue 3.
+/// The upstream benchmark (docs/performance.md).
 struct UpstreamBench {
     let databaseURL: String
     let messages: Int
