@@ -19,14 +19,20 @@ final class ConnectionHandle: @unchecked Sendable {
     private let interrupted = AtomicFlag(false)
     /// False while a transaction is open (or aborted) on the server, as of the last call.
     private let outsideTransaction = AtomicFlag(true)
+    /// The error that showed the server does not keep this connection's prepared
+    /// statements (a transaction pooler), once seen. Read from any thread.
+    let preparedStatementsNotKept = BlockingLock<PostgresError?>(nil)
+    private let lostPreparedStatements = AtomicFlag(false)
     private let wakeRead: Int32
     private let wakeWrite: Int32
     /// Redacts the password of this connection from messages.
     private let target: PostgresConnectionString
     /// SQL text → the server-side prepared statement made for it on this connection.
     private var preparedNames: [String: String] = [:]
-    /// Names handed out so far (a failed preparation's name is not reused).
-    private var preparedCount = 0
+    /// SQL text → how many of its preparations were given up after their plan went stale:
+    /// the next one gets a name of its own. (A preparation that failed left nothing on the
+    /// server, and its name is used again.)
+    private var retiredPreparations: [String: Int] = [:]
     /// Statements prepared at most: past it, new SQL texts run unprepared (so handlers that
     /// build SQL text on the fly cannot grow the server's memory). Zero prepares none.
     private let preparedLimit: Int
@@ -94,7 +100,7 @@ final class ConnectionHandle: @unchecked Sendable {
         close(wakeWrite)
     }
 
-    var isHealthy: Bool { healthy.value && !interrupted.value }
+    var isHealthy: Bool { healthy.value && !interrupted.value && !lostPreparedStatements.value }
     var isOutsideTransaction: Bool { outsideTransaction.value }
 
     /// Makes the call under way (or the next one) give up at once; the connection is
@@ -496,18 +502,42 @@ final class ConnectionHandle: @unchecked Sendable {
 
     /// A fresh name to prepare `statement` under, or nil when it has no parameters or the
     /// limit is reached (`pending`: preparations sent but not yet confirmed).
+    ///
+    /// The name is made from the SQL text (`fcm_` and a 64-bit FNV-1a digest, then `_N` for
+    /// a text prepared again), never from a counter: a name means one SQL text on every
+    /// connection. Behind a pooler that hands each transaction another server connection,
+    /// a statement run by name then either is the same SQL or is missing (SQLSTATE 26000,
+    /// or 42P05 when preparing a name that exists), never another statement that happens
+    /// to share a counter's name.
     private func newPreparedName(for statement: PostgresStatement, pending: Int = 0) -> String? {
         guard !statement.parameters.isEmpty, preparedNames.count + pending < preparedLimit else { return nil }
-        preparedCount += 1
-        return "fcm_\(preparedCount)"
+        let digest = String(Self.digest(statement.sql), radix: 16)
+        let base = "fcm_" + String(repeating: "0", count: 16 - digest.count) + digest
+        let retired = retiredPreparations[statement.sql] ?? 0
+        return retired == 0 ? base : "\(base)_\(retired)"
+    }
+
+    /// FNV-1a, 64 bits, of the SQL text's UTF-8 bytes.
+    static func digest(_ sql: String) -> UInt64 {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in sql.utf8 {
+            hash ^= UInt64(byte)
+            hash = hash &* 0x0000_0100_0000_01b3
+        }
+        return hash
     }
 
     /// A prepared statement whose tables changed shape (`SELECT *` after `ALTER TABLE`)
     /// fails with "cached plan must not change result type" until it is prepared again:
-    /// forget it, so the next run of that SQL prepares a fresh one. (The old one stays on
-    /// the server until the connection closes: one per such change.)
+    /// forget it, so the next run of that SQL prepares a fresh one under a new name. (The
+    /// old one stays on the server until the connection closes: one per such change.)
     private func forgetIfStale(_ sql: String, after error: PostgresError) {
-        if error.sqlState == "0A000" { preparedNames[sql] = nil }
+        if error.sqlState == "0A000" { retire(sql) }
+    }
+
+    private func retire(_ sql: String) {
+        preparedNames[sql] = nil
+        retiredPreparations[sql, default: 0] += 1
     }
 
     private func connectionError(_ what: String) -> PostgresError {
@@ -552,7 +582,15 @@ final class ConnectionHandle: @unchecked Sendable {
                 healthy.value = false
                 throw PostgresError(kind: .connection, sqlState: sqlState, message: message)
             }
-            throw PostgresError(kind: .statement, sqlState: sqlState, message: message, statementIndex: index)
+            let error = PostgresError(kind: .statement, sqlState: sqlState, message: message, statementIndex: index)
+            // The server does not hold what this connection prepared (or holds it already):
+            // the names this connection knows are wrong, so it is replaced after this call.
+            if error.meansPreparedStatementsAreNotKept {
+                // Not `healthy`: the call reads its remaining results first.
+                lostPreparedStatements.value = true
+                preparedStatementsNotKept.withLock { if $0 == nil { $0 = error } }
+            }
+            throw error
         }
     }
 

@@ -78,6 +78,11 @@ public final class PostgresConnection: Sendable {
         }
     }
 
+    /// The error that showed the server does not keep this connection's prepared statements
+    /// (see `PostgresError.meansPreparedStatementsAreNotKept`), once a call got one; the
+    /// connection is then no longer healthy.
+    public var preparedStatementsNotKept: PostgresError? { handle.preparedStatementsNotKept.withLock { $0 } }
+
     /// Runs one statement and returns its rows (text values, nil for NULL).
     public func query(_ sql: String, _ parameters: [PostgresValue] = []) async throws -> [PostgresRow] {
         try await run(PostgresStatement(sql, parameters)).rows

@@ -32,6 +32,14 @@ public struct PostgresError: Error, CustomStringConvertible, Sendable {
     public var isUniqueViolation: Bool { sqlState == "23505" }
     /// True for SQLSTATE 40001.
     public var isSerializationFailure: Bool { sqlState == "40001" }
+    /// True when a statement this client prepared was missing on the server (26000) or was
+    /// there before this client prepared it (42P05): the connection goes through a pooler
+    /// that hands each transaction another server connection (PgBouncer's transaction or
+    /// statement mode), which does not keep a client's prepared statements. Connect without
+    /// prepared statements behind such a pooler.
+    public var meansPreparedStatementsAreNotKept: Bool {
+        (sqlState == "26000" || sqlState == "42P05") && message.contains("\"fcm_")
+    }
 
     public var description: String {
         switch kind {

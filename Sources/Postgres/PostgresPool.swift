@@ -23,16 +23,23 @@ public final class PostgresPool: Sendable {
     public let callTimeout: Duration?
     /// Whether its connections prepare statements (see `PostgresConnection.connect`).
     public let preparesStatements: Bool
+    /// Called (on the returning borrower's task) each time a connection comes back having
+    /// found that the server does not keep its prepared statements: the pool's target is a
+    /// transaction pooler, and `preparesStatements` must be off there. The connection is
+    /// replaced either way.
+    public let onPreparedStatementsNotKept: (@Sendable (PostgresError) -> Void)?
     private let state = BlockingLock(State())
 
     public init(target: PostgresConnectionString, size: Int, connectTimeout: Duration = .seconds(5),
-                callTimeout: Duration? = .seconds(15), preparesStatements: Bool = true) {
+                callTimeout: Duration? = .seconds(15), preparesStatements: Bool = true,
+                onPreparedStatementsNotKept: (@Sendable (PostgresError) -> Void)? = nil) {
         precondition(size > 0, "a pool needs at least one connection")
         self.target = target
         self.size = size
         self.connectTimeout = connectTimeout
         self.callTimeout = callTimeout
         self.preparesStatements = preparesStatements
+        self.onPreparedStatementsNotKept = onPreparedStatementsNotKept
     }
 
     /// Runs `body` with a connection of its own.
@@ -100,6 +107,7 @@ public final class PostgresPool: Sendable {
     }
 
     private func checkIn(_ connection: PostgresConnection) async {
+        if let error = connection.preparedStatementsNotKept { onPreparedStatementsNotKept?(error) }
         // A borrower that left a transaction open (or failed inside one without rolling
         // back) must not hand it to the next: roll it back, or replace the connection.
         if connection.isHealthy && !connection.isOutsideTransaction {

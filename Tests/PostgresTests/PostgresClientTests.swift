@@ -210,6 +210,41 @@ import Testing
         #expect(try await connection.query(select, [.int(2)]).first?.values == ["2", "n"])
     }
 
+    /// Behind a pooler that moves a client between server connections, a statement run by
+    /// name must be the one its name was prepared for: names come from the SQL text, so two
+    /// connections give one text one name and two texts two names (they were numbered per
+    /// connection, and `fcm_1` of one connection was another statement on the next server).
+    /// A name the server does not hold is an error that says so.
+    @Test func aPreparedStatementsNameStandsForItsSQLTextOnEveryConnection() async throws {
+        let first = try await PostgresConnection.connect(try testDatabaseURL())
+        let second = try await PostgresConnection.connect(try testDatabaseURL())
+        defer { Task { await first.close(); await second.close() } }
+        _ = try await first.query("SELECT $1::int + 1", [.int(1)])
+        _ = try await second.query("SELECT $1::int + 2", [.int(1)])
+        _ = try await second.query("SELECT $1::int + 1", [.int(1)])
+        func prepared(_ connection: PostgresConnection) async throws -> [String: String] {
+            Dictionary(uniqueKeysWithValues: try await connection.query("SELECT name, statement FROM pg_prepared_statements")
+                .compactMap { row in row.string(0).flatMap { name in row.string(1).map { (name, $0) } } })
+        }
+        let onFirst = try await prepared(first), onSecond = try await prepared(second)
+        #expect(onFirst.count == 1 && onSecond.count == 2)
+        // One name, one text, whichever connection prepared it.
+        for (name, statement) in onFirst {
+            #expect(name.hasPrefix("fcm_"))
+            #expect(onSecond[name] == statement)
+        }
+        #expect(Set(onSecond.values) == ["SELECT $1::int + 1", "SELECT $1::int + 2"])
+        // The server lost the statement (as on another server connection): the error says so,
+        // and the connection is no longer used.
+        let name = try #require(onFirst.keys.first)
+        _ = try await first.execute("DEALLOCATE \(name)")
+        await #expect { _ = try await first.query("SELECT $1::int + 1", [.int(1)]) } throws: {
+            ($0 as? PostgresError)?.meansPreparedStatementsAreNotKept == true
+        }
+        #expect(first.preparedStatementsNotKept != nil)
+        #expect(!first.isHealthy)
+    }
+
     @Test func aConnectionThatDoesNotPrepareLeavesNoPreparedStatements() async throws {
         let connection = try await PostgresConnection.connect(try testDatabaseURL(), preparesStatements: false)
         defer { Task { await connection.close() } }
