@@ -25,15 +25,20 @@ package final class Outbox: Sendable {
     package let loops: [OutboxClaimLoop]
     private let writeBack: OutboxWriteBack
     private let ledgerStore: OutboxStore
-    private let listener: OutboxListener
+    /// Nil when new rows are found by the sweep alone (no session connection for LISTEN).
+    private let listener: OutboxListener?
     private let settings: DownstreamSettings
     private let logger: Logger
 
+    /// - Parameter listenTarget: where the LISTEN for new rows connects: a session of its
+    ///   own, which a transaction pooler cannot carry (its notifications go to whichever
+    ///   client holds the server connection then). Nil: no LISTEN, new rows are found by the
+    ///   sweep (`settings.sweepInterval`).
     /// - Parameter onListening: called each time the LISTEN for new rows is (re)established.
     /// - Parameter v1: FCM's HTTP v1 client; without one, rows with transport `v1` wait for a
     ///   worker that has one.
-    package init(pool: PostgresPool, client: FCMHTTPClient, v1: FCMV1Client? = nil, settings: DownstreamSettings, logger: Logger,
-                 metrics: any OutboxMetrics, onListening: @escaping @Sendable () -> Void) {
+    package init(pool: PostgresPool, listenTarget: PostgresConnectionString?, client: FCMHTTPClient, v1: FCMV1Client? = nil,
+                 settings: DownstreamSettings, logger: Logger, metrics: any OutboxMetrics, onListening: @escaping @Sendable () -> Void) {
         let ledger = ClaimLedger()
         func store(_ transport: String) -> OutboxStore {
             OutboxStore(pool: pool, workerID: settings.workerID, lease: settings.lease, transport: transport, ledger: ledger)
@@ -64,8 +69,10 @@ package final class Outbox: Sendable {
                                          logger: logger.labeled("v1")))
         }
         self.loops = loops
-        self.listener = OutboxListener(target: pool.target, connectTimeout: pool.connectTimeout, doorbells: loops.map(\.recorder.doorbell),
-                                       logger: logger, onListening: onListening)
+        let doorbells = loops.map(\.recorder.doorbell)
+        self.listener = listenTarget.map {
+            OutboxListener(target: $0, connectTimeout: pool.connectTimeout, doorbells: doorbells, logger: logger, onListening: onListening)
+        }
     }
 
     /// The outbox as a service of the worker (see the type's description).
@@ -89,7 +96,7 @@ package final class Outbox: Sendable {
             let claiming = outbox.loops.map { loop in Task { await loop.run() } }
             let transporting = outbox.loops.map { loop in Task { await loop.transport.run() } }
             await withTaskGroup(of: Void.self) { group in
-                group.addTask { await outbox.listener.run() }
+                if let listener = outbox.listener { group.addTask { await listener.run() } }
                 await waitUntilCancelled()
             }
             await shielded { [outbox, shutdownTimeout, shutdown] in

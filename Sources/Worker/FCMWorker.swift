@@ -29,6 +29,9 @@ public struct FCMWorker: Sendable {
     private let shutdown = ShutdownSignal()
     /// Acked messages the shutdown could not keep: thrown as `ShutdownLoss` at the end.
     private let losses = ShutdownLosses()
+    /// A setting found wrong while running (a transaction pooler behind a database URL
+    /// that prepares statements): shuts the worker down, then thrown.
+    private let misconfiguration = BlockingLock<ConfigurationError?>(nil)
     /// What `/metrics` shows (also without `--metrics-address`, for embedding applications).
     let metrics = WorkerMetrics()
 
@@ -74,9 +77,11 @@ public struct FCMWorker: Sendable {
         let tls = try TLSContext.client(trust: configuration.xmppClient.trust)
         let httpClient = try FCMHTTPClient(settings: configuration.httpClient)
         let v1Client = try await v1Client()
+        let found = foundPreparedStatementsNotKept
         func pool(size: Int) -> PostgresPool {
             PostgresPool(target: target, size: size, connectTimeout: configuration.databaseConnectTimeout,
-                         callTimeout: configuration.databaseTimeout, preparesStatements: configuration.preparedStatements)
+                         callTimeout: configuration.databaseTimeout, preparesStatements: configuration.preparesStatements,
+                         onPreparedStatementsNotKept: found)
         }
         let upstreamPool = pool(size: configuration.concurrency + 1)
         let outboxPool = pool(size: 3)
@@ -89,11 +94,35 @@ public struct FCMWorker: Sendable {
             throw error
         }
         for pool in [upstreamPool, outboxPool] { await pool.close() }
+        let misconfiguration = misconfiguration.withLock { $0 }
         if let loss = losses.loss {
             logger.error("stopped: \(loss)")
             throw loss
         }
+        if let misconfiguration { throw misconfiguration }
         logger.info("stopped")
+    }
+
+    /// What a pool calls when PostgreSQL turns out not to keep the worker's prepared
+    /// statements: the database URL is a transaction pooler, and retrying cannot help.
+    /// The worker shuts down (what it acked commits or is spooled, as at any shutdown) and
+    /// then exits with status 2 and the setting to use.
+    private var foundPreparedStatementsNotKept: @Sendable (PostgresError) -> Void {
+        { [misconfiguration, shutdown, logger] error in
+            let first = misconfiguration.withLock { found -> Bool in
+                guard found == nil else { return false }
+                found = ConfigurationError("""
+                    the database URL leads to a pooler that hands each transaction another server connection (PgBouncer's \
+                    transaction mode: \(error.message)): run with --database-pooler transaction (FCM_DATABASE_POOLER=transaction) \
+                    and give --database-direct-url for LISTEN and migrations, or use session pooling
+                    """)
+                return true
+            }
+            guard first else { return }
+            logger.error("prepared statements are not kept between transactions (\(error.message)): shutting down; "
+                         + "run with --database-pooler transaction behind a transaction pooler")
+            shutdown.request()
+        }
     }
 
     private func serve(spool: Spool, tls: TLSContext, httpClient: FCMHTTPClient, v1Client: FCMV1Client?,
@@ -109,7 +138,14 @@ public struct FCMWorker: Sendable {
         let pipeline = UpstreamPipeline(pool: pools.upstream, handlers: handlers, settings: configuration.pipeline,
                                         logger: logger.labeled("pipeline"), observer: observer, metrics: metrics, journal: journal)
         let observer = self.observer
-        let outbox = Outbox(pool: pools.outbox, client: httpClient, v1: v1Client, settings: configuration.downstream,
+        let listenTarget = try configuration.sessionDatabaseURL.map { url throws(ConfigurationError) in
+            do throws(PostgresError) { return try PostgresConnectionString(url) } catch { throw ConfigurationError(error.message) }
+        }
+        if listenTarget == nil {
+            logger.notice("behind a transaction pooler without --database-direct-url: no LISTEN, new outbox rows are found by the sweep "
+                          + "every \(configuration.downstream.sweepInterval.formattedSeconds)")
+        }
+        let outbox = Outbox(pool: pools.outbox, listenTarget: listenTarget, client: httpClient, v1: v1Client, settings: configuration.downstream,
                             logger: logger.labeled("outbox"), metrics: metrics, onListening: { observer?(.outboxListening) })
         let ccs = CCSConnections(configuration: configuration, tls: tls, logger: logger, observer: observer,
                                  pipeline: pipeline, sender: outbox.xmpp, metrics: metrics)
@@ -167,6 +203,17 @@ public struct FCMWorker: Sendable {
         var outage = Backoff.outage()
         while !shutdown.isRequested {
             do {
+                if configuration.migrate, configuration.databasePooler == .transaction {
+                    // Migrations hold a session-level lock: over a session of their own.
+                    guard let url = configuration.sessionDatabaseURL else {
+                        throw ConfigurationError("--migrate behind a transaction pooler needs --database-direct-url (migrations hold a session-level lock)")
+                    }
+                    let applied = try await PostgresConnection.withConnection(url, callTimeout: nil, preparesStatements: false) {
+                        try await migrator.migrate($0)
+                    }
+                    if !applied.isEmpty { logger.info("applied migrations: \(applied.joined(separator: ", "))") }
+                    return
+                }
                 try await pool.withConnection { connection in
                     if configuration.migrate {
                         let applied = try await migrator.migrate(connection)

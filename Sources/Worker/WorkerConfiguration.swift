@@ -85,6 +85,11 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     /// Prepare each SQL text once per database connection (`--prepared-statements`); off
     /// behind PgBouncer in transaction mode before 1.21, which loses them between transactions.
     public var preparedStatements = true
+    /// What sits between the worker and PostgreSQL (`--database-pooler`).
+    public var databasePooler = DatabasePooler.none
+    /// A connection straight to PostgreSQL for what a transaction pooler cannot carry:
+    /// the outbox's LISTEN and migrations (`--database-direct-url`).
+    public var databaseDirectURL: String?
     /// The least severe level logged (`--log-level`), and the form of the lines (`--log-format`).
     public var logLevel = Logger.Level.info
     public var logFormat = Logger.Format.text
@@ -172,29 +177,26 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         // Before --database-url: of the two given the same way, the URL applies last and wins.
         CommandOption("--database-url-file", environment: "FCM_DATABASE_URL_FILE", placeholder: "PATH", default: "none",
                       help: "file holding the database URL (one line): keeps its password out of ps and the environment") { settings, path throws(ConfigurationError) in
-            guard let contents = try? String(contentsOfFile: path, encoding: .utf8) else {
-                throw ConfigurationError("cannot read the database URL file \(path)")
-            }
-            let url = contents.trimmingCharacters(in: .whitespacesAndNewlines)
-            guard !url.isEmpty, !url.contains(where: { $0 == "\n" || $0 == "\r" }) else {
-                throw ConfigurationError("the database URL file \(path) must hold one line")
-            }
-            do throws(PostgresError) {
-                _ = try PostgresConnectionString(url)
-            } catch {
-                throw ConfigurationError("the database URL file \(path): \(error.message)")
-            }
-            settings.databaseURL = url
-            warnIfShared(path, holding: "the database URL file", in: &settings)
+            settings.databaseURL = try readDatabaseURL(from: path, what: "the database URL file", into: &settings)
         },
         CommandOption("--database-url", environment: "DATABASE_URL", placeholder: "URL", default: "required",
                       help: "PostgreSQL URL or key=value connection string") { settings, text throws(ConfigurationError) in
-            do throws(PostgresError) {
-                _ = try PostgresConnectionString(text)
-            } catch {
-                throw ConfigurationError(error.message)
+            settings.databaseURL = try checkDatabaseURL(text)
+        },
+        CommandOption("--database-pooler", environment: "FCM_DATABASE_POOLER", placeholder: "none|transaction", default: "none",
+                      help: "transaction: the database URL is a pooler in transaction mode (PgBouncer): no prepared statements, LISTEN and migrations over --database-direct-url") { settings, text throws(ConfigurationError) in
+            guard let pooler = DatabasePooler(rawValue: text.lowercased()) else {
+                throw ConfigurationError("invalid database pooler \(text): expected none or transaction")
             }
-            settings.databaseURL = text
+            settings.databasePooler = pooler
+        },
+        CommandOption("--database-direct-url-file", environment: "FCM_DATABASE_DIRECT_URL_FILE", placeholder: "PATH", default: "none",
+                      help: "file holding the direct database URL (one line)") { settings, path throws(ConfigurationError) in
+            settings.databaseDirectURL = try readDatabaseURL(from: path, what: "the direct database URL file", into: &settings)
+        },
+        CommandOption("--database-direct-url", environment: "FCM_DATABASE_DIRECT_URL", placeholder: "URL", default: "none",
+                      help: "PostgreSQL itself, not the pooler: the outbox's LISTEN and migrations (without it behind a transaction pooler, new outbox rows wait for the 1 s sweep and migrate is refused)") { settings, text throws(ConfigurationError) in
+            settings.databaseDirectURL = try checkDatabaseURL(text)
         },
         .seconds("--database-timeout", environment: "FCM_DATABASE_TIMEOUT", default: "15",
                  help: "a database call that waits this long has its connection dropped and replaced, and is retried (at least 0.1)",
@@ -283,7 +285,7 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             }
         },
         CommandOption("--prepared-statements", environment: "FCM_PREPARED_STATEMENTS", placeholder: "on|off", default: "on",
-                      help: "prepare each SQL text once per connection (off behind PgBouncer's transaction mode before 1.21)") { settings, text throws(ConfigurationError) in
+                      help: "prepare each SQL text once per connection (never with --database-pooler transaction)") { settings, text throws(ConfigurationError) in
             switch text.lowercased() {
             case "on", "1", "true", "yes": settings.preparedStatements = true
             case "off", "0", "false", "no": settings.preparedStatements = false
@@ -354,6 +356,44 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     }
 
     /// `host:port`, `[v6]:port`, or a bare host (port 5235).
+    /// `text` if it is a connection string libpq can use.
+    private static func checkDatabaseURL(_ text: String) throws(ConfigurationError) -> String {
+        do throws(PostgresError) {
+            _ = try PostgresConnectionString(text)
+        } catch {
+            throw ConfigurationError(error.message)
+        }
+        return text
+    }
+
+    /// The one-line connection string in the file at `path` (warning when others may read it).
+    private static func readDatabaseURL(from path: String, what: String,
+                                        into settings: inout WorkerConfiguration) throws(ConfigurationError) -> String {
+        guard let contents = try? String(contentsOfFile: path, encoding: .utf8) else {
+            throw ConfigurationError("cannot read \(what) \(path)")
+        }
+        let url = contents.trimmingCharacters(in: .whitespacesAndNewlines)
+        guard !url.isEmpty, !url.contains(where: { $0 == "\n" || $0 == "\r" }) else {
+            throw ConfigurationError("\(what) \(path) must hold one line")
+        }
+        do throws(PostgresError) {
+            _ = try PostgresConnectionString(url)
+        } catch {
+            throw ConfigurationError("\(what) \(path): \(error.message)")
+        }
+        warnIfShared(path, holding: what, in: &settings)
+        return url
+    }
+
+    /// Whether database connections prepare statements: never through a transaction pooler.
+    public var preparesStatements: Bool { preparedStatements && databasePooler == .none }
+
+    /// Where sessions go (the outbox's LISTEN, migrations' lock): the direct URL, else the
+    /// database URL unless that is a transaction pooler (nil then).
+    public var sessionDatabaseURL: String? {
+        databaseDirectURL ?? (databasePooler == .transaction ? nil : databaseURL)
+    }
+
     static func parseEndpoint(_ text: String) throws(ConfigurationError) -> (String, Int) {
         var host = text, portText: String?
         if text.hasPrefix("["), let close = text.firstIndex(of: "]") {

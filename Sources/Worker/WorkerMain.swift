@@ -234,7 +234,11 @@ public enum WorkerMain {
                 let migrator = try configuration.migrator()
                 // A one-off command gains nothing from prepared statements, and then works
                 // behind any pooler; a migration may take long (no call deadline).
-                let output = try await PostgresConnection.withConnection(configuration.databaseURL!, callTimeout: nil,
+                // Migrations hold a session-level lock, which a transaction pooler cannot carry.
+                guard let url = listing ? configuration.databaseURL : configuration.sessionDatabaseURL else {
+                    throw ConfigurationError("behind a transaction pooler (--database-pooler transaction), migrate needs --database-direct-url: migrations hold a session-level lock")
+                }
+                let output = try await PostgresConnection.withConnection(url, callTimeout: nil,
                                                                          preparesStatements: false) { connection in
                     if listing { return statusTable(try await migrator.status(connection)) }
                     let applied = try await migrator.migrate(connection)

@@ -20,6 +20,8 @@ enum BenchCommand {
         var rate = 10_000
         var rateSeconds = 5
         var phases: Set<UpstreamBench.Phase> = [.ceiling, .immediate, .journal, .durable, .latency]
+        /// `bench upstream --pooler-url`: a transaction pooler in front of the same server.
+        var poolerURL = ProcessInfo.processInfo.environment["FCM_BENCH_POOLER_URL"]
         var runs: [DownstreamBench.Run] = "1@20,4@20,16@20,16@1".split(separator: ",").compactMap(DownstreamBench.Run.init)
         var seconds = 5
         var reference = 100_000
@@ -62,12 +64,24 @@ enum BenchCommand {
             let names = text.split(separator: ",")
             let phases = Set(names.compactMap { UpstreamBench.Phase(rawValue: String($0)) })
             guard phases.count == Set(names).count, !phases.isEmpty else {
-                throw ConfigurationError("bench: --phases takes a list of ceiling, immediate, journal, durable, latency")
+                throw ConfigurationError("bench: --phases takes a list of ceiling, immediate, journal, durable, latency, pooled")
             }
             settings.phases = phases
         },
+        CommandOption("--pooler-url", environment: "FCM_BENCH_POOLER_URL", placeholder: "URL", default: "none",
+                      help: "the pooled phase: a postgresql:// URL of PgBouncer in transaction mode in front of the same server (its database part is replaced by the bench's own)") { settings, text throws(ConfigurationError) in
+            guard text.hasPrefix("postgresql://") || text.hasPrefix("postgres://") else {
+                throw ConfigurationError("bench: --pooler-url takes a postgresql:// URL")
+            }
+            settings.poolerURL = text
+        },
         databaseURL,
-    ], finish: requireDatabase)
+    ], finish: { settings throws(ConfigurationError) in
+        try requireDatabase(&settings)
+        if settings.phases.contains(.pooled), settings.poolerURL == nil {
+            throw ConfigurationError("bench: the pooled phase needs --pooler-url (scripts/bench starts a PgBouncer for it)")
+        }
+    })
 
     static let downstreamOptions = OptionTable<Settings>([
         CommandOption("--runs", placeholder: "LIST", default: "1@20,4@20,16@20,16@1",
@@ -165,7 +179,8 @@ enum BenchCommand {
                 } else {
                     try await UpstreamBench(databaseURL: settings.databaseURL, messages: settings.messages, connections: settings.connections,
                                             durableConnections: settings.durableConnections, concurrency: settings.concurrency,
-                                            rate: settings.rate, rateSeconds: settings.rateSeconds, phases: settings.phases).run()
+                                            rate: settings.rate, rateSeconds: settings.rateSeconds, phases: settings.phases,
+                                            poolerURL: settings.poolerURL).run()
                 }
                 return 0
             } catch {
@@ -185,17 +200,64 @@ struct UpstreamBench {
     let rate: Int
     let rateSeconds: Int
     let phases: Set<Phase>
+    /// A transaction pooler in front of the same server (the pooled phase).
+    var poolerURL: String? = nil
 
-    /// The parts of the benchmark, in the order they run.
+    /// The parts of the benchmark, in the order they run. `pooled` (not run by default)
+    /// pairs immediate-mode runs through a transaction pooler and straight to PostgreSQL.
     enum Phase: String, Sendable {
-        case ceiling, immediate, journal, durable, latency
+        case ceiling, immediate, journal, durable, latency, pooled
     }
 
     func run() async throws {
         say("fcm-worker bench upstream: \(messages) messages per run, \(connections) connection(s) "
               + "(\(durableConnections) in durable mode), \(concurrency) lane(s), "
               + "\(ProcessInfo.processInfo.activeProcessorCount) cores; simulator in its own process, TLS on loopback")
-        try await BenchDatabase.withSchema(in: databaseURL) { url in try await measure(url: url) }
+        if phases != [.pooled] {
+            try await BenchDatabase.withSchema(in: databaseURL) { url in try await measure(url: url) }
+        }
+        if phases.contains(.pooled), let poolerURL { try await measurePooled(poolerURL) }
+    }
+
+    /// Immediate-mode runs through the pooler (`--database-pooler transaction`, LISTEN and
+    /// nothing else over a direct URL) and straight to PostgreSQL, in a database of the
+    /// bench's own (a pooler cannot pass the schema option the other phases use), two
+    /// pairs, alternating.
+    private func measurePooled(_ poolerURL: String) async throws {
+        let name = "fcm_bench_\(UInt32.random(in: 0...UInt32.max))"
+        let direct = try BenchDatabase.url(databaseURL, database: name)
+        let pooled = try BenchDatabase.url(poolerURL, database: name)
+        try await PostgresConnection.withConnection(databaseURL) { try await $0.execute("CREATE DATABASE \(name)") }
+        do {
+            try await measurePooled(direct: direct, pooled: pooled)
+        } catch {
+            _ = try? await PostgresConnection.withConnection(databaseURL) { try await $0.execute("DROP DATABASE IF EXISTS \(name) WITH (FORCE)") }
+            throw error
+        }
+        try await PostgresConnection.withConnection(databaseURL) { try await $0.execute("DROP DATABASE IF EXISTS \(name) WITH (FORCE)") }
+    }
+
+    private func measurePooled(direct: String, pooled: String) async throws {
+        try await PostgresConnection.withConnection(direct) { try await Migrator(sets: [.worker]).migrate($0) }
+        let cpu = await CPUAccount.locate(databaseURL: direct)
+        var rates: [(direct: Double, pooled: Double)] = []
+        for _ in 0..<2 {
+            var pair: [Double] = []
+            for throughPooler in [false, true] {
+                try await truncate(direct)
+                let result = try await throughputRun(url: throughPooler ? pooled : direct, mode: .immediate, cpu: cpu,
+                                                     directURL: throughPooler ? direct : nil)
+                say(String(format: "%@: immediate mode (%d connections): acked %.0f msgs/s, persisted %.0f msgs/s",
+                           throughPooler ? "through PgBouncer (transaction pooling)" : "straight to PostgreSQL",
+                           connections, result.ackedPerSecond, result.persistedPerSecond))
+                say("  " + CPUAccount.describe(from: result.cpuBefore, to: result.cpuAfter, messages: messages,
+                                               cores: ProcessInfo.processInfo.activeProcessorCount))
+                pair.append(result.persistedPerSecond)
+            }
+            rates.append((pair[0], pair[1]))
+        }
+        say("persisted through the pooler against straight to PostgreSQL, pair by pair: "
+            + rates.map { String(format: "%.2f×", $0.pooled / $0.direct) }.joined(separator: ", "))
     }
 
     private func measure(url: String) async throws {
@@ -323,10 +385,13 @@ struct UpstreamBench {
     /// The CPU is sampled while the worker's database sessions are still open: a session's
     /// server process counts (as the postmaster's reaped child) only once it has ended and
     /// been reaped, which after the worker's shutdown may come after the sample.
-    private func throughputRun(url: String, mode: WorkerConfiguration.AckMode, cpu: CPUAccount) async throws -> ThroughputResult {
+    /// - Parameter directURL: set when `url` is a transaction pooler: the worker runs with
+    ///   `--database-pooler transaction` and this as its direct URL.
+    private func throughputRun(url: String, mode: WorkerConfiguration.AckMode, cpu: CPUAccount,
+                               directURL: String? = nil) async throws -> ThroughputResult {
         let cpuBefore = cpu.sample()
         let setup = try await Setup.start(url: url, connections: connections(for: mode),
-                                          concurrency: concurrency, mode: mode, messages: messages, rate: 0)
+                                          concurrency: concurrency, mode: mode, messages: messages, rate: 0, directURL: directURL)
         defer { setup.stop() }
         let (ackedAt, stats) = try await setup.waitForAllAcked(limit: .seconds(600))
         let started = try await setup.firstConnection()
@@ -413,6 +478,15 @@ enum BenchDatabase {
         try? await dropSchema(schema, in: databaseURL)
     }
 
+    /// `url` (a `postgresql://` URL) with its database part replaced by `database`.
+    static func url(_ url: String, database: String) throws -> String {
+        guard let scheme = url.range(of: "://") else { throw ConfigurationError("bench: \(url) is not a postgresql:// URL") }
+        let rest = url[scheme.upperBound...]
+        let query = rest.firstIndex(of: "?") ?? rest.endIndex
+        let slash = rest[..<query].firstIndex(of: "/") ?? query
+        return String(url[..<slash]) + "/" + database + String(rest[query...])
+    }
+
     /// Creates `schema` in the database at `databaseURL`, migrates it, and returns a URL
     /// whose sessions use it.
     private static func makeSchema(_ schema: String, in databaseURL: String) async throws -> String {
@@ -467,7 +541,7 @@ final class Setup: Sendable {
     }
 
     static func start(url: String, connections: Int, concurrency: Int, mode: WorkerConfiguration.AckMode,
-                      messages: Int, rate: Int) async throws -> Setup {
+                      messages: Int, rate: Int, directURL: String? = nil) async throws -> Setup {
         let process = try await SimulatorProcess.start(
             arguments: ["--upstream", "\(messages)", "--upstream-rate", "\(rate)", "--exit-when-acked"], capturesOutput: true)
         let setup = Setup(simulator: process)
@@ -475,6 +549,10 @@ final class Setup: Sendable {
         let environment = process.environment
         var configuration = try WorkerConfiguration.parse(arguments: [], environment: environment)
         configuration.databaseURL = url
+        if let directURL {
+            configuration.databasePooler = .transaction
+            configuration.databaseDirectURL = directURL
+        }
         configuration.connections = connections
         configuration.concurrency = concurrency
         configuration.pipeline.partitions = concurrency

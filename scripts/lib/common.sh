@@ -1,7 +1,7 @@
 # Shared by scripts/test and scripts/demo: installs what is missing and runs a throwaway
 # PostgreSQL 15 cluster owned by an unprivileged OS user. Source it; do not run it.
 
-# Debian packages the project needs to build, test and demo.
+# Debian packages the project needs to build, test and demo (scripts/test adds pgbouncer).
 FCM_APT_PACKAGES=(pkg-config libpq-dev libssl-dev libexpat1-dev libnghttp2-dev postgresql-15 openssl ca-certificates)
 
 log() { printf '%s: %s\n' "${FCM_SCRIPT_NAME:-fcm-worker}" "$*" >&2; }
@@ -98,8 +98,67 @@ report_server_problems() {
   fi
 }
 
+# start_pgbouncer: Debian's PgBouncer in transaction pooling mode in front of the cluster
+# start_cluster started (every database, as the user postgres), on a free loopback port, as
+# production puts one between workers and PostgreSQL; exports FCM_TEST_PGBOUNCER_PORT.
+# Server connections are handed out in turn (server_round_robin), so that a client's
+# consecutive transactions land on different server connections, as on a busy pooler.
+# stop_cluster stops it too.
+start_pgbouncer() {
+  [ -n "${FCM_PG_DIR:-}" ] || die "start_pgbouncer needs start_cluster first"
+  command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || die "pgbouncer is not installed"
+  local dir="$FCM_PG_DIR/pgbouncer" port attempt bin
+  bin=$(command -v pgbouncer 2>/dev/null || echo /usr/sbin/pgbouncer)
+  mkdir -p "$dir"
+  [ "$(id -u)" -eq 0 ] && chown "$FCM_PG_OS_USER" "$dir"
+  for attempt in $(seq 1 20); do
+    port=$(( 20000 + RANDOM % 40000 ))
+    cat >"$dir/pgbouncer.ini" <<INI
+[databases]
+* = host=127.0.0.1 port=$PGPORT user=postgres
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+auth_type = any
+pool_mode = transaction
+server_round_robin = 1
+default_pool_size = 8
+max_client_conn = 2000
+max_db_connections = 40
+server_reset_query =
+ignore_startup_parameters = extra_float_digits
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+INI
+    [ "$(id -u)" -eq 0 ] && chown "$FCM_PG_OS_USER" "$dir/pgbouncer.ini"
+    rm -f "$dir/pgbouncer.pid"
+    as_pg_user "$bin" -d -q "$dir/pgbouncer.ini" >/dev/null 2>&1 || continue
+    for _ in $(seq 1 50); do
+      if "$(pg_bindir)/psql" -q -X -h 127.0.0.1 -p "$port" -U postgres -d postgres -c 'SELECT 1' >/dev/null 2>&1; then
+        export FCM_TEST_PGBOUNCER_PORT=$port
+        log "PgBouncer $("$bin" --version | awk 'NR==1 {print $2}') (transaction pooling) on 127.0.0.1:$port"
+        return 0
+      fi
+      sleep 0.1
+    done
+    stop_pgbouncer
+  done
+  cat "$dir/pgbouncer.log" >&2 2>/dev/null
+  die "could not start PgBouncer on a free loopback port"
+}
+
+stop_pgbouncer() {
+  local pidfile="${FCM_PG_DIR:-}/pgbouncer/pgbouncer.pid"
+  [ -f "$pidfile" ] || return 0
+  kill "$(cat "$pidfile")" 2>/dev/null || true
+  for _ in $(seq 1 50); do [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null || break; sleep 0.1; done
+  rm -f "$pidfile"
+}
+
 stop_cluster() {
   [ -n "${FCM_PG_DIR:-}" ] && [ -d "$FCM_PG_DIR" ] || return 0
+  stop_pgbouncer
   as_pg_user "$(pg_bindir)/pg_ctl" -D "$FCM_PG_DIR/data" -m immediate -w stop >/dev/null 2>&1 || true
   rm -rf "$FCM_PG_DIR"
   FCM_PG_DIR=
