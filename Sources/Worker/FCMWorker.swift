@@ -215,6 +215,8 @@ public struct FCMWorker: Sendable {
                     return
                 }
                 try await pool.withConnection { connection in
+                    let server = try await DatabaseServer.identify(on: connection)
+                    guard server.readWrite else { throw StandbyReached(server: server) }
                     if configuration.migrate {
                         let applied = try await migrator.migrate(connection)
                         if !applied.isEmpty { logger.info("applied migrations: \(applied.joined(separator: ", "))") }
@@ -231,8 +233,21 @@ public struct FCMWorker: Sendable {
                 logger.warning("database unavailable at start (\(error.message)); retrying in \(delay.formattedSeconds)")
                 observer?(.databaseUnavailable(error.message))
                 await shutdown.sleep(for: delay)
+            } catch let standby as StandbyReached {
+                // A URL that names a standby alone (or an address that moved to one before
+                // its promotion): nothing could be committed there. Wait for it to take writes.
+                let delay = outage.next()
+                logger.warning("the database at \(standby.server.address) is a standby in recovery (read-only): waiting for it to take writes "
+                               + "(list every host in the URL with target_session_attrs=read-write); again in \(delay.formattedSeconds)")
+                observer?(.databaseUnavailable("read-only standby at \(standby.server.address)"))
+                await shutdown.sleep(for: delay)
             }
         }
+    }
+
+    /// The database at start is a hot standby: nothing can be committed there yet.
+    private struct StandbyReached: Error {
+        let server: DatabaseServer
     }
 
     /// Persists what a previous run spooled or journaled (journal segments are replayed

@@ -10,7 +10,8 @@ import Synchronization
 /// - `/healthz` is 200 while the worker's loops run (the cooperative pool is not stuck): a
 ///   supervisor restarts the process when it is not.
 /// - `/readyz` is 200 while at least one CCS connection is open, the database answered
-///   the last probe (every 2 s, each given 2 s) and no shutdown was requested.
+///   the last probe (every 2 s, each given 2 s) from a server that takes writes, and no
+///   shutdown was requested; its line names the server (`127.0.0.1:5432, read-write`).
 struct ObservabilityService: Service {
     let metrics: WorkerMetrics
     let address: String?
@@ -80,8 +81,8 @@ struct ObservabilityService: Service {
         /// What one probe learnt.
         enum Answer: Sendable {
             case unreachable
-            case reached
-            case backlog([WorkerMetrics.Backlog])
+            case reached(DatabaseServer)
+            case backlog([WorkerMetrics.Backlog], DatabaseServer)
         }
         var backlogReadAt: ContinuousClock.Instant?
         while !Task.isCancelled {
@@ -91,11 +92,9 @@ struct ObservabilityService: Service {
                 group.addTask {
                     do {
                         return try await pool.withConnection { connection -> Answer in
-                            guard readsBacklog else {
-                                _ = try await connection.query("SELECT 1")
-                                return .reached
-                            }
-                            return .backlog(try await Self.backlog(on: connection))
+                            let server = try await DatabaseServer.identify(on: connection)
+                            guard readsBacklog else { return .reached(server) }
+                            return .backlog(try await Self.backlog(on: connection), server)
                         }
                     } catch {
                         return .unreachable
@@ -112,8 +111,11 @@ struct ObservabilityService: Service {
             }
             switch answer {
             case .unreachable: metrics.databaseReachable.store(false, ordering: .relaxed)
-            case .reached: metrics.databaseReachable.store(true, ordering: .relaxed)
-            case .backlog(let backlog):
+            case .reached(let server):
+                metrics.databaseServer.withLock { $0 = server }
+                metrics.databaseReachable.store(true, ordering: .relaxed)
+            case .backlog(let backlog, let server):
+                metrics.databaseServer.withLock { $0 = server }
                 metrics.databaseReachable.store(true, ordering: .relaxed)
                 metrics.backlog.withLock { $0 = backlog }
                 backlogReadAt = now
@@ -140,10 +142,15 @@ struct ObservabilityService: Service {
         guard metrics.databaseReachable.load(ordering: .relaxed) else {
             return .init(ok: false, reason: "not ready: the database did not answer the last probe")
         }
+        let server = metrics.databaseServer.withLock { $0 }
+        if let server, !server.readWrite {
+            return .init(ok: false, reason: "not ready: the database at \(server.address) is a standby in recovery (read-only); "
+                                            + "list every host in the URL with target_session_attrs=read-write")
+        }
         if let failure = metrics.journalFailure.withLock({ $0 }) {
             return .init(ok: false, reason: "not ready: the journal cannot be written (\(failure)); messages wait unacked")
         }
-        return .init(ok: true, reason: "ready: \(open) CCS connection(s) open, database reachable")
+        return .init(ok: true, reason: "ready: \(open) CCS connection(s) open, database \(server?.description ?? "reachable")")
     }
 
     /// When the worker's loop last ran (monotonic milliseconds).

@@ -13,6 +13,8 @@ struct StatusReport: Sendable {
         var oldestDueAge: Double?
     }
 
+    /// The server `status` reached, and whether it takes writes.
+    var database: DatabaseServer
     var pendingMigrations: [String]
     var appliedMigrations: Int
     var outbox: [OutboxGroup]
@@ -23,11 +25,12 @@ struct StatusReport: Sendable {
     var tokens: [String: Int]
 
     static func read(from connection: PostgresConnection, migrator: Migrator) async throws -> StatusReport {
+        let database = try await DatabaseServer.identify(on: connection)
         let migrations = try await migrator.status(connection)
         let pending = migrations.filter { $0.appliedAt == nil }.map { "\($0.set)/\($0.name)" }
         guard !migrations.contains(where: { $0.set == MigrationSet.worker.name && $0.appliedAt == nil }) else {
             // The worker's tables are not all there yet: only the migrations can be reported.
-            return StatusReport(pendingMigrations: pending, appliedMigrations: migrations.count { $0.appliedAt != nil },
+            return StatusReport(database: database, pendingMigrations: pending, appliedMigrations: migrations.count { $0.appliedAt != nil },
                                 outbox: [], defaultTransport: nil, deadLetters: [:], tokens: [:])
         }
         let outbox = try await connection.query("""
@@ -44,7 +47,7 @@ struct StatusReport: Sendable {
         for row in try await connection.query("SELECT state, count(*)::bigint FROM device_tokens GROUP BY state") {
             tokens[row.string(0) ?? ""] = Int(row.int(1) ?? 0)
         }
-        return StatusReport(pendingMigrations: pending,
+        return StatusReport(database: database, pendingMigrations: pending,
                             appliedMigrations: migrations.count { $0.appliedAt != nil },
                             outbox: outbox, defaultTransport: try await OutboxMaintenance.defaultTransport(on: connection),
                             deadLetters: letters, tokens: tokens)
@@ -63,6 +66,7 @@ struct StatusReport: Sendable {
 
     var json: [String: JSONValue] {
         [
+            "database": ["host": .string(database.host), "port": JSONValue(database.port), "read_write": .bool(database.readWrite)],
             "migrations": ["applied": JSONValue(appliedMigrations), "pending": .array(pendingMigrations.map { .string($0) })],
             "outbox": .array(outbox.map { group in
                 ["transport": .string(group.transport), "status": .string(group.status), "rows": JSONValue(group.rows),
@@ -75,7 +79,7 @@ struct StatusReport: Sendable {
     }
 
     var text: String {
-        var lines: [String] = []
+        var lines: [String] = ["database: \(database)"]
         lines.append(pendingMigrations.isEmpty ? "migrations: \(appliedMigrations) applied, none pending"
                                                : "migrations: \(pendingMigrations.count) PENDING: \(pendingMigrations.joined(separator: ", "))")
         let byDefault = defaultTransport.map { " (rows that name no transport go over \($0))" } ?? ""

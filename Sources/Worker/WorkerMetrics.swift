@@ -78,6 +78,8 @@ final class WorkerMetrics: OutboxMetrics {
     /// Kept by the health check: whether the last database probe succeeded, and whether the
     /// worker's loops still run.
     let databaseReachable = Atomic(false)
+    /// The server the last probe reached (nil before the first answer).
+    let databaseServer = BlockingLock<DatabaseServer?>(nil)
     let started = Date()
 
     // MARK: Counting
@@ -262,6 +264,8 @@ final class WorkerMetrics: OutboxMetrics {
         page.counter("fcm_worker_database_errors_total", "database calls that failed because the database was unreachable or hung",
                      databaseErrors.load(ordering: .relaxed))
         page.gauge("fcm_worker_database_reachable", "1 when the last health probe reached the database", databaseReachable.load(ordering: .relaxed) ? 1 : 0)
+        page.gauge("fcm_worker_database_read_write", "1 when the server the last health probe reached takes writes (a primary, not a standby)",
+                   databaseServer.withLock { $0?.readWrite ?? false } ? 1 : 0)
         return page.text
     }
 }

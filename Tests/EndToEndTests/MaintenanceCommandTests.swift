@@ -86,8 +86,12 @@ import Worker
         #expect(report["dead_letters"]?["unreadable"]?["all"] == 1)
         #expect(report["tokens"] == ["invalid": 2, "unregistered": 1])
         #expect(report["spool"]?["records"] == 2)
+        // Which server it reached, and that it takes writes (after a failover: the new primary).
+        let port = try #require(URLComponents(string: try TestDatabase.baseURL)?.port)
+        #expect(report["database"] == ["host": "127.0.0.1", "port": JSONValue(port), "read_write": true])
 
         let text = try await Self.fcmWorker(["status", "--database-url", database.url, "--spool-file", spool])
+        #expect(text.output.contains("database: 127.0.0.1:\(port), read-write\n"))
         #expect(text.output.contains("migrations: \(MigrationSet.workerCount) applied, none pending"))
         #expect(text.output.contains("xmpp pending: 2, oldest due"))
     }
