@@ -34,6 +34,29 @@ import XMPP
         }
     }
 
+    /// Behind a transaction pooler nothing is prepared, and sessions (LISTEN, migrations)
+    /// go to the direct URL, or nowhere without one.
+    @Test func aTransactionPoolerTurnsPreparedStatementsOffAndSendsSessionsToTheDirectURL() throws {
+        let direct = try WorkerConfiguration.parse(arguments: [], environment: base.merging(["DATABASE_URL": "postgresql://db/fcm"]) { $1 })
+        #expect(direct.databasePooler == .none && direct.preparesStatements && direct.sessionDatabaseURL == "postgresql://db/fcm")
+        let pooled = try WorkerConfiguration.parse(arguments: ["--database-url", "postgresql://pooler:6432/fcm", "--database-pooler", "transaction"],
+                                                   environment: base)
+        #expect(!pooled.preparesStatements && pooled.sessionDatabaseURL == nil)
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("direct-\(UUID())").path
+        try "postgresql://db:5432/fcm\n".write(toFile: file, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let withDirect = try WorkerConfiguration.parse(arguments: ["--database-url", "postgresql://pooler:6432/fcm"],
+                                                       environment: base.merging(["FCM_DATABASE_POOLER": "transaction",
+                                                                                  "FCM_DATABASE_DIRECT_URL_FILE": file]) { $1 })
+        #expect(withDirect.sessionDatabaseURL == "postgresql://db:5432/fcm" && !withDirect.preparesStatements)
+        #expect(throws: ConfigurationError.self) {
+            try WorkerConfiguration.parse(arguments: ["--database-pooler", "statement"], environment: base)
+        }
+        #expect(throws: ConfigurationError.self) {
+            try WorkerConfiguration.parse(arguments: ["--database-direct-url", "postgresql://h:notaport/d"], environment: base)
+        }
+    }
+
     @Test func flagsWinOverEnvironment() throws {
         let environment = base.merging(["FCM_ENDPOINT": "env.example:1", "FCM_CONNECTIONS": "2"]) { $1 }
         let configuration = try WorkerConfiguration.parse(
