@@ -490,7 +490,7 @@ struct ReplyingHandler: UpstreamHandler {
 
 @Suite struct MigrationTests {
     @Test func theCompiledInMigrationsAreTheRepositorysFiles() throws {
-        // scripts/embed-migrations writes WorkerMigrations.swift from migrations/*.sql.
+        // scripts/embed-migrations writes Sources/WorkerSchema/EmbeddedMigrations.swift from migrations/*.sql.
         let files = try MigrationSet.directory(TestDatabase.migrationsDirectory, name: MigrationSet.worker.name)
         #expect(files.migrations == MigrationSet.worker.migrations, "run scripts/embed-migrations")
         #expect(MigrationSet.worker.migrations.map(\.version) == Array(1...MigrationSet.worker.migrations.count))
