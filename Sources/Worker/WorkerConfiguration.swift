@@ -6,13 +6,6 @@ import Runtime
 import Transport
 import XMPP
 
-/// A setting that is missing or invalid. `fcm-worker` prints `description` as one line and
-/// exits with status 2.
-public struct ConfigurationError: Error, Equatable, CustomStringConvertible {
-    public let description: String
-    public init(_ description: String) { self.description = description }
-}
-
 /// Everything `fcm-worker run` needs, filled from flags, then environment, then defaults
 /// (`options`, the one table of the run settings). Each setting is stored once: what code
 /// sets is what runs.
