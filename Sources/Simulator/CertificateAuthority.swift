@@ -1,5 +1,6 @@
 internal import COpenSSL
 import Foundation
+import Runtime
 import Transport
 import XMPP
 
@@ -11,11 +12,11 @@ public final class CertificateAuthority: @unchecked Sendable {
         public let description: String
     }
 
-    // Immutable after init; OpenSSL objects only read (signing) afterwards, under `lock`.
+    // Immutable after init; OpenSSL objects only read (signing) afterwards, under `issued`'s lock.
     private let key: OpaquePointer
     private let certificate: OpaquePointer
-    private let lock = NSLock()
-    private var serial: Int = 1
+    /// The serial number of the last certificate issued (the root's is 1).
+    private let issued = BlockingLock(1)
 
     /// The root certificate, PEM: what a client passes as its CA (`--ca-file`, `.caPEM`).
     public let rootCertificatePEM: String
@@ -47,9 +48,15 @@ public final class CertificateAuthority: @unchecked Sendable {
     /// The returned identity's chain is the leaf alone (clients hold the root).
     public func issueServerIdentity(commonName: String = "localhost", dnsNames: [String] = ["localhost"],
                                     ipAddresses: [String] = ["127.0.0.1", "::1"], days: Int = 30) throws -> TLSIdentity {
-        lock.lock()
-        defer { lock.unlock() }
-        serial += 1
+        try issued.withLock { serial in
+            serial += 1
+            return try issue(serial: serial, commonName: commonName, dnsNames: dnsNames, ipAddresses: ipAddresses, days: days)
+        }
+    }
+
+    /// The leaf of `issueServerIdentity`, numbered `serial`; called under `issued`'s lock (the
+    /// root's key signs it).
+    private func issue(serial: Int, commonName: String, dnsNames: [String], ipAddresses: [String], days: Int) throws -> TLSIdentity {
         guard let leafKey = shim_EVP_EC_gen("prime256v1") else { throw Self.failure("EC key generation") }
         defer { EVP_PKEY_free(leafKey) }
         guard let leaf = X509_new() else { throw Self.failure("X509_new") }

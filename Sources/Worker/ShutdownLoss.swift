@@ -1,4 +1,4 @@
-import Synchronization
+import Runtime
 
 /// Acked messages a shutdown could keep neither in the database nor in the spool (its disk
 /// full or gone): `FCMWorker.run()` throws it after the shutdown, so that the process
@@ -17,7 +17,7 @@ public struct ShutdownLoss: Error, CustomStringConvertible, Sendable {
 
 /// What the shutdown's parts report lost, for `FCMWorker.run()` to throw once they stopped.
 final class ShutdownLosses: Sendable {
-    private let state = Mutex<(count: Int, reasons: [String])>((0, []))
+    private let state = BlockingLock<(count: Int, reasons: [String])>((0, []))
 
     func record(_ count: Int, reason: String) {
         guard count > 0 else { return }

@@ -18,13 +18,15 @@ import Worker
 /// Like the worker's transaction, `execute`d statements wait in `queued` until the next
 /// `query`/`executeNow` moves them to `statements`; `commit()` moves the rest and runs the
 /// `afterCommit` actions.
-public final class RecordingTransaction: HandlerTransaction, @unchecked Sendable {
-    private let lock = NSLock()
-    private var queuedStatements: [PostgresStatement] = []
-    private var ranStatements: [PostgresStatement] = []
-    private var sentMessages: [OutgoingMessage] = []
-    private var actions: [@Sendable () async -> Void] = []
-    private var answers: [(matches: @Sendable (PostgresStatement) -> Bool, answer: @Sendable (PostgresStatement) throws -> PostgresResult)] = []
+public final class RecordingTransaction: HandlerTransaction, Sendable {
+    private struct Recorded {
+        var queuedStatements: [PostgresStatement] = []
+        var ranStatements: [PostgresStatement] = []
+        var sentMessages: [OutgoingMessage] = []
+        var actions: [@Sendable () async -> Void] = []
+        var answers: [(matches: @Sendable (PostgresStatement) -> Bool, answer: @Sendable (PostgresStatement) throws -> PostgresResult)] = []
+    }
+    private let recorded = BlockingLock(Recorded())
     /// The logger handed to contexts; its lines are kept in `logLines`.
     public let logger: Logger
     private let lines = LogLines()
@@ -61,65 +63,65 @@ public final class RecordingTransaction: HandlerTransaction, @unchecked Sendable
     /// `PostgresError` to see how the handler takes a failing query).
     public func answer(where matches: @escaping @Sendable (PostgresStatement) -> Bool,
                        with answer: @escaping @Sendable (PostgresStatement) throws -> PostgresResult) {
-        lock.withLock { answers.insert((matches, answer), at: 0) }
+        recorded.withLock { $0.answers.insert((matches, answer), at: 0) }
     }
 
     // MARK: What was recorded
 
     /// Statements sent to the database, in order (queued ones once a query or the commit sent them).
-    public var statements: [PostgresStatement] { lock.withLock { ranStatements } }
+    public var statements: [PostgresStatement] { recorded.withLock { $0.ranStatements } }
     /// Statements `execute`d but not sent yet.
-    public var queued: [PostgresStatement] { lock.withLock { queuedStatements } }
+    public var queued: [PostgresStatement] { recorded.withLock { $0.queuedStatements } }
     /// Downstream messages queued with `reply`, `send` or `sendMulticast`, in order.
-    public var sent: [OutgoingMessage] { lock.withLock { sentMessages } }
+    public var sent: [OutgoingMessage] { recorded.withLock { $0.sentMessages } }
     /// The lines the handler logged.
     public var logLines: [String] { lines.all }
     /// How many `afterCommit` actions wait for `commit()`.
-    public var afterCommitCount: Int { lock.withLock { actions.count } }
+    public var afterCommitCount: Int { recorded.withLock { $0.actions.count } }
 
     /// Sends what is queued and runs the `afterCommit` actions, in order, as the worker does
     /// once the transaction committed.
     public func commit() async {
-        let pending = lock.withLock {
-            ranStatements += queuedStatements
-            queuedStatements.removeAll()
-            defer { actions.removeAll() }
-            return actions
+        let pending = recorded.withLock { state in
+            state.ranStatements += state.queuedStatements
+            state.queuedStatements.removeAll()
+            defer { state.actions.removeAll() }
+            return state.actions
         }
         for action in pending { await action() }
     }
 
     /// Drops what is queued and the `afterCommit` actions, as a rollback does.
     public func rollback() {
-        lock.withLock {
-            queuedStatements.removeAll()
-            sentMessages.removeAll()
-            actions.removeAll()
+        recorded.withLock { state in
+            state.queuedStatements.removeAll()
+            state.sentMessages.removeAll()
+            state.actions.removeAll()
         }
     }
 
     // MARK: HandlerTransaction
 
     public func enqueue(_ statement: PostgresStatement) {
-        lock.withLock { queuedStatements.append(statement) }
+        recorded.withLock { $0.queuedStatements.append(statement) }
     }
 
     public func run(_ statement: PostgresStatement) async throws -> PostgresResult {
-        let answer = lock.withLock { () -> (@Sendable (PostgresStatement) throws -> PostgresResult)? in
-            ranStatements += queuedStatements
-            queuedStatements.removeAll()
-            ranStatements.append(statement)
-            return answers.first { $0.matches(statement) }?.answer
+        let answer = recorded.withLock { state -> (@Sendable (PostgresStatement) throws -> PostgresResult)? in
+            state.ranStatements += state.queuedStatements
+            state.queuedStatements.removeAll()
+            state.ranStatements.append(statement)
+            return state.answers.first { $0.matches(statement) }?.answer
         }
         return try answer?(statement) ?? PostgresResult(rows: [], affectedRows: 0)
     }
 
     public func send(_ message: OutgoingMessage) {
-        lock.withLock { sentMessages.append(message) }
+        recorded.withLock { $0.sentMessages.append(message) }
     }
 
     public func afterCommit(_ action: @escaping @Sendable () async -> Void) {
-        lock.withLock { actions.append(action) }
+        recorded.withLock { $0.actions.append(action) }
     }
 }
 

@@ -279,14 +279,16 @@ enum SimulateCommand {
 }
 
 /// The `--upstream` and `--drop-after` behaviour of `simulate`.
-final class DemoScript: @unchecked Sendable {
+final class DemoScript: Sendable {
     private let upstreamCount: Int
     private let interval: Duration
     private let dropAfter: Duration?
-    private let lock = NSLock()
-    private var simulator: CCSSimulator?
-    private var started = false
-    private var dropped = false
+    private struct State {
+        var simulator: CCSSimulator?
+        var started = false
+        var dropped = false
+    }
+    private let state = BlockingLock(State())
 
     init(upstreamCount: Int, interval: Duration, dropAfter: Duration?) {
         self.upstreamCount = upstreamCount
@@ -295,14 +297,15 @@ final class DemoScript: @unchecked Sendable {
     }
 
     func attach(_ simulator: CCSSimulator) {
-        lock.withLock { self.simulator = simulator }
+        state.withLock { $0.simulator = simulator }
     }
 
     func observe(_ event: SimulatorEvent) {
         guard case .bound(let session, _) = event else { return }
-        let (simulator, startUpstream, scheduleDrop) = lock.withLock { () -> (CCSSimulator?, Bool, Bool) in
-            defer { started = true; dropped = dropped || dropAfter != nil }
-            return (self.simulator, !started && upstreamCount > 0, !dropped && dropAfter != nil)
+        let (upstreamCount, dropAfter) = (self.upstreamCount, self.dropAfter)
+        let (simulator, startUpstream, scheduleDrop) = state.withLock { state -> (CCSSimulator?, Bool, Bool) in
+            defer { state.started = true; state.dropped = state.dropped || dropAfter != nil }
+            return (state.simulator, !state.started && upstreamCount > 0, !state.dropped && dropAfter != nil)
         }
         guard let simulator else { return }
         let count = upstreamCount, interval = self.interval
@@ -328,13 +331,12 @@ final class DemoScript: @unchecked Sendable {
 ///
 /// The messages are made before the first session binds, so that making them does not
 /// take CPU from the worker the run measures (the simulator shares its cores).
-final class LoadScript: @unchecked Sendable {
+final class LoadScript: Sendable {
     private let count: Int
     private let rate: Int
     private let records: [CCSSimulator.UpstreamRecord]
-    private let lock = NSLock()
-    private var simulator: CCSSimulator?
-    private var started = false
+    /// The simulator once attached, and whether the load has started.
+    private let state = BlockingLock<(simulator: CCSSimulator?, started: Bool)>((nil, false))
 
     init(count: Int, rate: Int) {
         self.count = count
@@ -343,14 +345,14 @@ final class LoadScript: @unchecked Sendable {
     }
 
     func attach(_ simulator: CCSSimulator) {
-        lock.withLock { self.simulator = simulator }
+        state.withLock { $0.simulator = simulator }
     }
 
     func observe(_ event: SimulatorEvent) {
         guard case .bound = event else { return }
-        let simulator = lock.withLock { () -> CCSSimulator? in
-            defer { started = true }
-            return started ? nil : self.simulator
+        let simulator = state.withLock { state -> CCSSimulator? in
+            defer { state.started = true }
+            return state.started ? nil : state.simulator
         }
         guard let simulator, count > 0 else { return }
         let count = self.count, rate = self.rate, records = self.records
