@@ -17,7 +17,9 @@ public struct UpstreamMessage: Sendable {
         let receivedAt: Date
         /// `rawData` and `raw`: given, or parsed on first use from `dataJSON` and
         /// `rawPayload` (the `store` handler needs neither, so a queued message holds
-        /// only its text).
+        /// only its text). `Mutex` rather than the project's `BlockingLock`: its state is
+        /// stored inline, so the three cells cost no allocation per message, and they are
+        /// never contended (one handler reads a message at a time).
         let parsedData: Mutex<[String: JSONValue]?>
         let parsedRaw: Mutex<JSONValue?>
         /// `data`, made on first use.
