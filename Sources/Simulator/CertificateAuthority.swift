@@ -23,6 +23,7 @@ public final class CertificateAuthority: @unchecked Sendable {
 
     /// Makes a new root named `commonName`, valid for `days`.
     public init(commonName: String = "fcm-worker test CA", days: Int = 30) throws {
+        TLSContext.initializeForProcess()
         guard let key = shim_EVP_EC_gen("prime256v1") else { throw Self.failure("EC key generation") }
         self.key = key
         guard let certificate = X509_new() else {

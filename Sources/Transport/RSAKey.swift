@@ -17,6 +17,7 @@ public final class RSAPrivateKey: @unchecked Sendable {
     /// - Throws: `TransportError.tlsFailed` saying that the text holds no usable RSA key
     ///   (never the key itself).
     public convenience init(pem: String) throws(TransportError) {
+        TLSContext.initializeForProcess()
         let key: OpaquePointer
         do {
             key = try PEM.privateKey(pem)
@@ -32,6 +33,7 @@ public final class RSAPrivateKey: @unchecked Sendable {
 
     /// A new key of `bits` bits (the simulator's service account).
     public static func generate(bits: UInt32 = 2048) throws(TransportError) -> RSAPrivateKey {
+        TLSContext.initializeForProcess()
         guard let key = shim_EVP_RSA_gen(bits) else { throw .tlsFailed("cannot make an RSA key: \(OpenSSLErrors.drain())") }
         return RSAPrivateKey(key: key)
     }
@@ -74,6 +76,7 @@ public final class RSAPublicKey: @unchecked Sendable {
 
     /// Reads a PEM public key (`BEGIN PUBLIC KEY`).
     public init(pem: String) throws(TransportError) {
+        TLSContext.initializeForProcess()
         let bio = try PEM.memoryBIO(pem)
         defer { BIO_free(bio) }
         guard let key = PEM_read_bio_PUBKEY(bio, nil, nil, nil) else {

@@ -4,6 +4,7 @@ internal import COpenSSL
 public enum SHA256 {
     /// The digest of `bytes`, as 64 lowercase hex digits.
     public static func hex(_ bytes: [UInt8]) -> String {
+        TLSContext.initializeForProcess()
         var digest = [UInt8](repeating: 0, count: 32)
         var length: UInt32 = 0
         let done = bytes.withUnsafeBytes { input in

@@ -51,6 +51,7 @@ public final class TLSContext: @unchecked Sendable {
     let isClient: Bool
 
     private init(method: OpaquePointer, isClient: Bool) throws(TransportError) {
+        Self.initializeForProcess()
         guard let context = SSL_CTX_new(method) else {
             throw .tlsFailed("SSL_CTX_new failed: \(OpenSSLErrors.drain())")
         }
@@ -67,10 +68,13 @@ public final class TLSContext: @unchecked Sendable {
     /// its `SSL` (or libpq its connection): OpenSSL then does not free its global state from
     /// `atexit`, under those threads. Without this, OpenSSL's first user registers that
     /// cleanup (libpq, when it tries TLS with the database), and a command could end in a
-    /// double free as it exits (`fcm-worker groups create` did so once in CI). Call it first
-    /// thing in the process; calls after OpenSSL's first use change nothing.
+    /// double free as it exits (`fcm-worker groups create` did so once in CI; the test
+    /// process once as it ended with a worker still closing its connections). Calls after
+    /// OpenSSL's first use change nothing, so every entry point of this module that uses
+    /// OpenSSL (contexts, keys, digests) and the simulator's certificate authority call it
+    /// first; it costs one check after the first call.
     public static func initializeForProcess() {
-        _ = OPENSSL_init_ssl(UInt64(OPENSSL_INIT_NO_ATEXIT), nil)
+        _ = openSSLInitializedWithoutAtexit
     }
 
     /// A client context that verifies the server's chain against `trust` (host names are
@@ -165,6 +169,7 @@ enum PEM {
 extension PEM {
     /// A memory BIO holding a copy of `text` (the caller frees it).
     static func memoryBIO(_ text: String) throws(TransportError) -> OpaquePointer {
+        TLSContext.initializeForProcess()
         guard let bio = BIO_new(BIO_s_mem()) else { throw .tlsFailed("BIO_new failed") }
         let written = text.withCString { BIO_write(bio, $0, Int32(strlen($0))) }
         guard written >= 0 else {
@@ -190,3 +195,9 @@ enum OpenSSLErrors {
         return messages.isEmpty ? "no detail from OpenSSL" : messages.joined(separator: "; ")
     }
 }
+
+/// OpenSSL initialized without its `atexit` cleanup, once per process (see
+/// `TLSContext.initializeForProcess`).
+private let openSSLInitializedWithoutAtexit: Void = {
+    _ = OPENSSL_init_ssl(UInt64(OPENSSL_INIT_NO_ATEXIT), nil)
+}()
