@@ -1,4 +1,5 @@
 internal import CLibPQ
+internal import COpenSSL
 import Foundation
 import Runtime
 #if canImport(Glibc)
@@ -64,6 +65,7 @@ final class ConnectionHandle: @unchecked Sendable {
 
     /// Connects before `deadline` (blocking this thread; `interrupt()` ends it early).
     func connect(deadline: ContinuousClock.Instant) throws(PostgresError) {
+        _ = openSSLInitializedWithoutAtexit
         let parameters = target.adding(Self.networkDefaults)
         let keywords = parameters.map { strdup($0.keyword) } + [nil]
         let values = parameters.map { strdup($0.value) } + [nil]
@@ -656,3 +658,13 @@ private final class EncodedStatement {
                                 + "(a C string would end there): not sent", statementIndex: index)
     }
 }
+
+/// OpenSSL initialized without its `atexit` cleanup before libpq first uses it (libpq
+/// initializes OpenSSL on a connection's first SSL request, `sslmode=prefer` by default):
+/// whichever initialization comes first in a process decides, and OpenSSL's cleanup at exit
+/// would free its global state under threads still closing connections (a double free when
+/// a process ends with a connection's thread at work). `Transport` does the same for its
+/// own uses of OpenSSL.
+private let openSSLInitializedWithoutAtexit: Void = {
+    _ = OPENSSL_init_ssl(UInt64(OPENSSL_INIT_NO_ATEXIT), nil)
+}()

@@ -71,8 +71,9 @@ public final class TLSContext: @unchecked Sendable {
     /// double free as it exits (`fcm-worker groups create` did so once in CI; the test
     /// process once as it ended with a worker still closing its connections). Calls after
     /// OpenSSL's first use change nothing, so every entry point of this module that uses
-    /// OpenSSL (contexts, keys, digests) and the simulator's certificate authority call it
-    /// first; it costs one check after the first call.
+    /// OpenSSL (contexts, keys, digests), the simulator's certificate authority and the
+    /// Postgres module's connect (before libpq's) do it first; it costs one check after the
+    /// first call.
     public static func initializeForProcess() {
         _ = openSSLInitializedWithoutAtexit
     }
