@@ -90,7 +90,8 @@ package final class Outbox: Sendable {
         package var name: String { "outbox" }
 
         package func run() async {
-            // Not child tasks: they go on while the service winds down.
+            // Not child tasks: they go on while the service winds down (its task is cancelled
+            // as the graceful signal). This function owns them and waits for every one below.
             let writing = Task { await outbox.writeBack.run() }
             let renewing = Task { await outbox.renewLeases() }
             let claiming = outbox.loops.map { loop in Task { await loop.run() } }
@@ -114,6 +115,7 @@ package final class Outbox: Sendable {
                             await loop.transport.finish(until: deadline, shutdown: shutdown)
                             await task.value
                             stop.cancel()
+                            await stop.value
                             // What its senders still hold is handed back.
                             transportTask.cancel()
                             await transportTask.value
@@ -121,6 +123,7 @@ package final class Outbox: Sendable {
                     }
                 }
                 renewing.cancel()
+                await renewing.value
                 outbox.writeBack.stop()
                 let flushDeadline = shutdown.deadline(after: shutdownTimeout + .seconds(1))
                 let flushWindow = shutdown.isUrgent ? .milliseconds(200) : max(flushDeadline - .now, .milliseconds(200))

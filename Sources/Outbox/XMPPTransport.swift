@@ -183,6 +183,10 @@ package final class XMPPTransport: DownstreamTransport, CCSLinks {
             return state.nextLink
         }
         doorbell.ring()
+        // The link's send loop ends by itself once the link is drained or detached, or the
+        // transport finished (`finish` wakes every waiting loop). It is not awaited at
+        // shutdown: a loop blocked writing to a peer that stopped reading would then hold the
+        // outbox stage until the streams stage, which comes after it, closed the connection.
         Task { await sendLoop(link: link, connection: connection) }
         return link
     }

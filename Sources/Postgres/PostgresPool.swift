@@ -107,7 +107,8 @@ public final class PostgresPool: Sendable {
     }
 
     private func checkIn(_ connection: PostgresConnection) async {
-        if let error = connection.preparedStatementsNotKept { onPreparedStatementsNotKept?(error) }
+        // Such a connection is no longer healthy: the lock is taken only then.
+        if !connection.isHealthy, let error = connection.preparedStatementsNotKept { onPreparedStatementsNotKept?(error) }
         // A borrower that left a transaction open (or failed inside one without rolling
         // back) must not hand it to the next: roll it back, or replace the connection.
         if connection.isHealthy && !connection.isOutsideTransaction {
