@@ -9,7 +9,7 @@ import XMPP
 /// reported from here too, and closes the connection's send gate, so that sending stops
 /// before anything read after it is answered. Answers to downstream messages (acks, nacks,
 /// stanza errors) go to `onAnswer` there too, when it takes them.
-struct CCSInterceptor: StanzaInterceptor {
+package struct CCSInterceptor: StanzaInterceptor {
     let ackMode: CCSAckMode
     /// Journal mode's journal.
     let journal: (any CCSJournal)?
@@ -22,12 +22,19 @@ struct CCSInterceptor: StanzaInterceptor {
     /// Called on the connection's thread after the stanzas of each read.
     let afterRead: @Sendable () -> Void
 
+    /// Immediate mode on no connection (nothing journaled, no durable ack routed): the work
+    /// a connection's thread does on each stanza, for the upstream benchmark's floor phase.
+    package static func immediateWithoutConnection() -> CCSInterceptor {
+        CCSInterceptor(ackMode: .immediate, journal: nil, route: CCSAckRoute(label: "floor"), onDraining: {},
+                       onAnswer: { _ in false }, afterRead: {})
+    }
+
     /// An answer that `onAnswer` took is not queued.
     private func answer(_ inbound: CCSInbound) -> Interception<CCSInbound> {
         Interception(inbound: onAnswer(inbound) ? nil : inbound)
     }
 
-    func intercept(_ stanza: XMLElement) -> Interception<CCSInbound> {
+    package func intercept(_ stanza: XMLElement) -> Interception<CCSInbound> {
         let receivedAt = Date()
         guard stanza.name == "message" else { return Interception(inbound: .ignored(stanza)) }
         if stanza.attribute("type") == "error" {
@@ -87,7 +94,7 @@ struct CCSInterceptor: StanzaInterceptor {
     /// `oversized` with its first bytes, and acked (as an unusable message is) when its
     /// `message_id` and `from` could be read, so that CCS neither redelivers it forever nor
     /// stops sending on the connection. The connection goes on.
-    func interceptOversized(_ stanza: OversizedStanza) -> Interception<CCSInbound> {
+    package func interceptOversized(_ stanza: OversizedStanza) -> Interception<CCSInbound> {
         let receivedAt = Date()
         guard stanza.name == "message", stanza.attribute("type") != "error" else {
             return Interception(inbound: .ignored(XMLElement(name: stanza.name, namespace: stanza.namespace,
@@ -105,7 +112,7 @@ struct CCSInterceptor: StanzaInterceptor {
 
     /// Journal mode: the messages of the read just parsed go to disk together (and then
     /// their acks out).
-    func didInterceptRead() {
+    package func didInterceptRead() {
         journal?.writeAppended()
         afterRead()
     }

@@ -1,9 +1,9 @@
 /// Rows in the text format of `COPY … FROM STDIN`: one line per row, values separated by
 /// tabs, `\N` for NULL, and backslash, tab, newline and carriage return escaped with a
 /// backslash (PostgreSQL's documented text format, default delimiter and null string).
-enum PostgresCopyText {
+package enum PostgresCopyText {
     /// Appends `row` as one line to `bytes`.
-    static func append(row: [PostgresValue], to bytes: inout [UInt8]) {
+    package static func append(row: [PostgresValue], to bytes: inout [UInt8]) {
         for (index, value) in row.enumerated() {
             if index > 0 { bytes.append(UInt8(ascii: "\t")) }
             guard var text = value.textEncoding else {

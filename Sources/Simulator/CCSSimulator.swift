@@ -23,7 +23,8 @@ public final class CCSSimulator: Sendable {
         let messageID: String
         /// Who the ack must be addressed to.
         let from: String
-        let stanza: String
+        /// The `<message>` stanza as the simulator writes it.
+        public let stanza: String
 
         init(messageID: String, from: String, stanza: String) {
             self.messageID = messageID

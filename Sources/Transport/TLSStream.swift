@@ -39,18 +39,22 @@ final class TLSStream {
         self.fd = fd
         self.ssl = ssl
         SSL_set_fd(ssl, fd)
+        Self.configure(ssl, as: role)
+        if case .client = role { isClient = true } else { isClient = false }
+    }
+
+    /// Makes `ssl` the client (SNI and host name check) or the server end of a connection.
+    static func configure(_ ssl: OpaquePointer, as role: TLSRole) {
         switch role {
         case .client(let serverName):
-            isClient = true
             SSL_set_connect_state(ssl)
-            if Self.isIPAddress(serverName) {
+            if isIPAddress(serverName) {
                 X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), serverName)
             } else {
                 _ = shim_SSL_set_tlsext_host_name(ssl, serverName)
                 SSL_set1_host(ssl, serverName)
             }
         case .server:
-            isClient = false
             SSL_set_accept_state(ssl)
         }
     }

@@ -5,6 +5,7 @@ import Postgres
 import Runtime
 import Simulator
 import Synchronization
+import Transport
 import Worker
 import XMPP
 
@@ -19,7 +20,7 @@ enum BenchCommand {
         var concurrency = 4
         var rate = 10_000
         var rateSeconds = 5
-        var phases: Set<UpstreamBench.Phase> = [.ceiling, .immediate, .journal, .durable, .latency]
+        var phases: Set<UpstreamBench.Phase> = [.floor, .ceiling, .immediate, .journal, .durable, .latency]
         /// `bench upstream --pooler-url`: a transaction pooler in front of the same server.
         var poolerURL = ProcessInfo.processInfo.environment["FCM_BENCH_POOLER_URL"]
         var runs: [DownstreamBench.Run] = "1@20,4@20,16@20,16@1".split(separator: ",").compactMap(DownstreamBench.Run.init)
@@ -59,12 +60,12 @@ enum BenchCommand {
         positive("--concurrency", default: "4", help: "handling lanes", \.concurrency),
         positive("--rate", default: "10000", help: "offered load of the latency run, msgs/s", \.rate),
         positive("--rate-seconds", default: "5", help: "length of the latency run", \.rateSeconds),
-        CommandOption("--phases", placeholder: "LIST", default: "ceiling,immediate,journal,durable,latency",
-                      help: "which parts to run (the ratio needs ceiling)") { settings, text throws(ConfigurationError) in
+        CommandOption("--phases", placeholder: "LIST", default: "floor,ceiling,immediate,journal,durable,latency",
+                      help: "which parts to run (the ratios need floor and ceiling)") { settings, text throws(ConfigurationError) in
             let names = text.split(separator: ",")
             let phases = Set(names.compactMap { UpstreamBench.Phase(rawValue: String($0)) })
             guard phases.count == Set(names).count, !phases.isEmpty else {
-                throw ConfigurationError("bench: --phases takes a list of ceiling, immediate, journal, durable, latency, pooled")
+                throw ConfigurationError("bench: --phases takes a list of floor, ceiling, immediate, journal, durable, latency, pooled")
             }
             settings.phases = phases
         },
@@ -203,10 +204,11 @@ struct UpstreamBench {
     /// A transaction pooler in front of the same server (the pooled phase).
     var poolerURL: String? = nil
 
-    /// The parts of the benchmark, in the order they run. `pooled` (not run by default)
-    /// pairs immediate-mode runs through a transaction pooler and straight to PostgreSQL.
+    /// The parts of the benchmark, in the order they run. `floor` is the receive path's
+    /// own parsers alone (`UpstreamReceiveFloor`); `pooled` (not run by default) pairs
+    /// immediate-mode runs through a transaction pooler and straight to PostgreSQL.
     enum Phase: String, Sendable {
-        case ceiling, immediate, journal, durable, latency, pooled
+        case floor, ceiling, immediate, journal, durable, latency, pooled
     }
 
     func run() async throws {
@@ -284,6 +286,9 @@ struct UpstreamBench {
                 if form == .insert { ceiling = rows }
             }
         }
+        /// The worker's CPU per message through its parsers alone, in µs.
+        var floorCPU: Double?
+        if phases.contains(.floor) { floorCPU = try await measureFloor() }
         let throughputPhases = [(Phase.immediate, WorkerConfiguration.AckMode.immediate), (.journal, .journal), (.durable, .durable)]
             .filter { phases.contains($0.0) }
         if phases.contains(.ceiling) && throughputPhases.isEmpty { try await measureCeiling() }
@@ -300,9 +305,15 @@ struct UpstreamBench {
             say("  ack latency (simulator-measured) \(result.ackLatency); receive-to-commit \(result.commitLatency)")
             if let journal = result.journal { say("  journal: \(journal)") }
             say("  " + CPUAccount.describe(from: before, to: after, messages: messages, cores: ProcessInfo.processInfo.activeProcessorCount))
-            if let perMessage = CPUAccount.Spent(from: before, to: after, units: messages).postgres, let copyRowCPU {
+            let spent = CPUAccount.Spent(from: before, to: after, units: messages)
+            if let perMessage = spent.postgres, let copyRowCPU {
                 say(String(format: "  PostgreSQL CPU per stored message %.1f µs = %.2f× its CPU per COPY-ceiling row (%.1f µs)",
                            perMessage, perMessage / copyRowCPU, copyRowCPU))
+            }
+            if let floorCPU {
+                let postgres = spent.postgres.map { String(format: ", %.2f× PostgreSQL's", spent.worker / $0) } ?? ""
+                say(String(format: "  worker CPU per stored message %.1f µs = %.2f× the floor (%.1f µs)",
+                           spent.worker, spent.worker / floorCPU, floorCPU) + postgres)
             }
         }
 
@@ -321,6 +332,49 @@ struct UpstreamBench {
     }
 
     // MARK: Phases
+
+    /// The floor phase: the same messages as the throughput runs, encrypted as the
+    /// simulator sends them, replayed through the worker's TLS, XML, CCS decoding, acks and
+    /// COPY row encoding on one thread (`UpstreamReceiveFloor`), three times; returns the
+    /// median CPU per message in µs.
+    private func measureFloor() async throws -> Double {
+        let authority = try CertificateAuthority()
+        let server = try TLSContext.server(identity: try authority.issueServerIdentity())
+        let client = try TLSContext.client(trust: .caPEM(authority.rootCertificatePEM))
+        let stanzas = (0..<messages).map { LoadScript.record($0).stanza }
+        let thread = DedicatedThread(name: "bench-floor")
+        defer { thread.shutdown() }
+        var samples: [(cpu: Double, wall: Double, outcome: UpstreamReceiveFloor.Outcome, bytes: Int)] = []
+        for _ in 0..<3 {
+            // Recorded and replayed on the thread that owns the recording's TLS end.
+            let sample = try await thread.run {
+                let recording = try UpstreamReceiveFloor.record(stanzas: stanzas, server: server, client: client, serverName: "localhost")
+                let (cpuStart, wallStart) = (Self.threadCPUSeconds(), ContinuousClock.now)
+                let outcome = try UpstreamReceiveFloor.replay(recording)
+                return (Self.threadCPUSeconds() - cpuStart, (ContinuousClock.now - wallStart).seconds, outcome, recording.bytes)
+            }
+            guard sample.2.messages == messages else {
+                throw SimulatorError("the floor decoded \(sample.2.messages) of \(messages) messages")
+            }
+            samples.append((sample.0, sample.1, sample.2, sample.3))
+        }
+        let perMessage = samples.map { $0.cpu / Double(messages) * 1_000_000 }
+        let median = perMessage.sorted()[1]
+        let first = samples[0]
+        say(String(format: "floor (one thread: TLS records replayed through the worker's TLS, XML, CCS JSON, acks and COPY rows; "
+                    + "%.1f MB in, %.1f MB of acks out, %.1f MB of COPY rows): %.2f µs CPU per message (median of %@), %.0f msgs/s",
+                   Double(first.bytes) / 1e6, Double(first.outcome.ackRecordBytes) / 1e6, Double(first.outcome.copyBytes) / 1e6,
+                   median, perMessage.map { String(format: "%.2f", $0) }.joined(separator: ", "),
+                   Double(messages) / samples.map(\.wall).sorted()[1]))
+        return median
+    }
+
+    /// This thread's CPU time so far, in seconds.
+    private static func threadCPUSeconds() -> Double {
+        var time = timespec()
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
+        return Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
+    }
 
     /// How the ceiling writes its rows: the worker's old store statement, or its COPY.
     enum CeilingForm: CustomStringConvertible {
