@@ -47,6 +47,24 @@ import Testing
         }
     }
 
+    /// `sqlLiteral` (the ids of a batch's check, spliced into the simple query of its COPY)
+    /// picks a dollar-quote tag its text does not hold, wherever the text holds the others.
+    @Test func anSQLLiteralArrivesExactlyWhateverTagsItsTextHolds() async throws {
+        let connection = try await connect()
+        defer { Task { await connection.close() } }
+        let texts = ["plain", "", "$fcm$", "a$fcm$b$fcm1$c", "$fcm1$$fcm$$fcm2", "$fcm", "fcm$", "$$", "héllo 😀 $fcm$",
+                     "'quote' and \\ backslash", "ends with $fcm"]
+        for text in texts {
+            let literal = PostgresValue.text(text).sqlLiteral
+            let stored = try await connection.query("SELECT \(literal)::text")
+            #expect(stored.first?.string(0) == text, "\(literal)")
+        }
+        #expect(PostgresValue.text("a$fcm$b$fcm1$c").sqlLiteral == "$fcm2$a$fcm$b$fcm1$c$fcm2$")
+        #expect(PostgresValue.null.sqlLiteral == "NULL")
+        let ids = PostgresValue.array([.text("x$fcm$"), .text("y")]).sqlLiteral
+        #expect(try await connection.query("SELECT (\(ids)::text[])[1]").first?.string(0) == "x$fcm$")
+    }
+
     @Test func aTransactionOfCopiesAndParameterizedStatementsKeepsItsOrder() async throws {
         let connection = try await connect()
         defer { Task { await connection.close() } }
