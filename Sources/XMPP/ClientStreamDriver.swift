@@ -48,6 +48,8 @@ final class ClientStreamDriver: StreamDriver {
     func stream(_ loop: StreamLoop, didRead bytes: UnsafeRawBufferPointer) {
         reader.read(bytes, on: loop) { event in perform(negotiation.handle(event), on: loop) }
         if established { readIntercepted() }
+        // The read's stanzas reach the consumer together: one resumption per read.
+        inbox.handOver()
     }
 
     func streamDidWake(_ loop: StreamLoop) {

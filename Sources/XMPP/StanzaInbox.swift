@@ -19,6 +19,8 @@ final class StanzaInbox: Sendable {
         var consumer = Waiters<[Item]?>()
         var finished = false
         var stopped = false
+        /// The `maximum` of the consumer's waiting `next` call.
+        var consumerMaximum = 1
     }
 
     let capacity: Int
@@ -41,16 +43,9 @@ final class StanzaInbox: Sendable {
     /// Adds an item for the consumer.
     @discardableResult
     func push(_ item: Item) -> PushResult {
-        let (waiter, result) = state.withLock { state -> (CheckedContinuation<[Item]?, Never>?, PushResult) in
-            if state.stopped { return (nil, PushResult(accepted: false, hasRoom: false)) }
-            if let waiter = state.consumer.removeFirst() {
-                return (waiter, PushResult(accepted: true, hasRoom: true))
-            }
-            state.items.append(item)
-            return (nil, PushResult(accepted: true, hasRoom: state.items.count < capacity))
-        }
-        waiter?.resume(returning: [item])
-        return result
+        guard push(intercepting: { item }) != nil else { return PushResult(accepted: false, hasRoom: false) }
+        handOver()
+        return PushResult(accepted: true, hasRoom: hasRoom)
     }
 
     /// Runs `intercept` and queues what it returns, at once with respect to `stop()`: after
@@ -60,18 +55,29 @@ final class StanzaInbox: Sendable {
     /// stanza journal mode had journaled, and so would ack, was refused by a `stop()` and
     /// never handled.) Returns nil when stopped, else the push's result; `intercept` runs
     /// under the inbox's lock: keep it short.
+    ///
+    /// The item waits for `handOver()`, which the reader calls once per read: a waiting
+    /// consumer is resumed once with all the stanzas of a read, not once per stanza (a
+    /// task resumed per message cost more than the message's own handling).
     func push(intercepting intercept: () -> Item?) -> PushResult? {
-        let (waiter, item, result) = state.withLock { state -> (CheckedContinuation<[Item]?, Never>?, Item?, PushResult?) in
-            if state.stopped { return (nil, nil, nil) }
-            guard let item = intercept() else { return (nil, nil, PushResult(accepted: true, hasRoom: state.items.count < capacity)) }
-            if let waiter = state.consumer.removeFirst() {
-                return (waiter, item, PushResult(accepted: true, hasRoom: true))
-            }
-            state.items.append(item)
-            return (nil, nil, PushResult(accepted: true, hasRoom: state.items.count < capacity))
+        state.withLock { state -> PushResult? in
+            if state.stopped { return nil }
+            if let item = intercept() { state.items.append(item) }
+            return PushResult(accepted: true, hasRoom: state.items.count < capacity)
         }
-        if let waiter, let item { waiter.resume(returning: [item]) }
-        return result
+    }
+
+    /// Resumes a waiting consumer with what is queued (up to its `maximum`).
+    func handOver() {
+        var wasFull = false
+        let (waiter, items) = state.withLock { state -> (CheckedContinuation<[Item]?, Never>?, [Item]) in
+            guard !state.items.isEmpty, let waiter = state.consumer.removeFirst() else { return (nil, []) }
+            wasFull = state.items.count >= capacity
+            return (waiter, state.items.popFirst(max(1, state.consumerMaximum)))
+        }
+        guard let waiter else { return }
+        waiter.resume(returning: items)
+        if wasFull { onSpace() }
     }
 
     /// True while the consumer has room for more.
@@ -81,6 +87,7 @@ final class StanzaInbox: Sendable {
     /// the sequence once the consumer has taken what is already queued: those may have
     /// been acked by an interceptor and must not be dropped.
     func stop() {
+        handOver()
         let waiters = state.withLock { state -> [CheckedContinuation<[Item]?, Never>] in
             state.finished = true
             state.stopped = true
@@ -97,6 +104,7 @@ final class StanzaInbox: Sendable {
 
     /// Ends the sequence after the items already queued.
     func finish() {
+        handOver()
         let waiters = state.withLock { state -> [CheckedContinuation<[Item]?, Never>] in
             state.finished = true
             return state.consumer.removeAll()
@@ -121,6 +129,7 @@ final class StanzaInbox: Sendable {
             let items = state.items.popFirst(max(1, maximum))
             if !items.isEmpty { return .some(items) }
             if state.finished { return .some(nil) }
+            state.consumerMaximum = maximum
             return nil
         }
         if wasFull { onSpace() }

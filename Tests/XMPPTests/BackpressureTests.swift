@@ -80,6 +80,36 @@ final class Locked<Value: Sendable>: Sendable {
         inbox.push(XMLElement("x"))
         #expect(await consumer.value == ["x"])
     }
+
+    /// The stanzas of one read reach a waiting consumer in one resumption, at `handOver()`
+    /// (the reader's end of a read), up to the consumer's maximum; the rest stay queued.
+    @Test func aWaitingConsumerIsResumedOncePerReadWithItsStanzas() async {
+        let inbox = StanzaInbox(capacity: 8) {}
+        let consumer = Task { await inbox.next(maximum: 3)?.compactMap { ($0 as? XMLElement)?.name } }
+        while !inbox.hasWaiter { await Task.yield() }
+        for name in ["a", "b", "c", "d"] { #expect(inbox.push { XMLElement(name) }?.accepted == true) }
+        #expect(inbox.hasWaiter, "nothing is handed over before the read ends")
+        inbox.handOver()
+        #expect(await consumer.value == ["a", "b", "c"])
+        #expect(await inbox.next(maximum: 3)?.compactMap { ($0 as? XMLElement)?.name } == ["d"])
+    }
+
+    /// A stream that ends right after a read still hands its stanzas to a waiting consumer
+    /// before the end (they may have been acked).
+    @Test func theEndOfTheStreamHandsOverWhatIsQueuedFirst() async {
+        for ending in ["finish", "stop"] {
+            let inbox = StanzaInbox(capacity: 8) {}
+            let consumer = Task { () -> [String?] in
+                var names: [String?] = []
+                while let batch = await inbox.next(maximum: 10) { names += batch.map { ($0 as? XMLElement)?.name } }
+                return names
+            }
+            while !inbox.hasWaiter { await Task.yield() }
+            _ = inbox.push { XMLElement("acked") }
+            if ending == "finish" { inbox.finish() } else { inbox.stop() }
+            #expect(await consumer.value == ["acked"], "\(ending)")
+        }
+    }
 }
 
 @Suite struct StanzaInboxCancellationTests {
