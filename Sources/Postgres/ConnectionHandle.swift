@@ -653,7 +653,7 @@ private final class EncodedStatement {
     deinit { for pointer in storage { free(pointer) } }
 
     static func refuseNul(in text: String, what: String, index: Int) throws(PostgresError) {
-        guard text.utf8.contains(0) else { return }
+        guard text.holdsNUL else { return }
         throw PostgresError(kind: .statement, message: "\(what) holds U+0000, which PostgreSQL's text cannot hold "
                                 + "(a C string would end there): not sent", statementIndex: index)
     }

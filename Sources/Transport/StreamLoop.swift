@@ -142,6 +142,14 @@ package final class StreamLoop: @unchecked Sendable {
 
     /// Queues `text` ahead of any backpressure (negotiation, pongs, acks of the stream itself).
     package func write(_ text: String) {
+        guard !ended, !text.isEmpty else { return }
+        // Straight into the chunk it would be coalesced with (an ack per upstream message
+        // comes this way): no array of its own first.
+        if let last = pending.indices.last, pending[last].recordSize == Self.recordSize, pending[last].bytes.count < 64 * 1024 {
+            pending[last].bytes.append(contentsOf: text.utf8)
+            pendingBytes += text.utf8.count
+            return
+        }
         appendPending(OutboundBuffer.Chunk(bytes: Array(text.utf8), recordSize: Self.recordSize))
     }
 

@@ -122,13 +122,15 @@ struct UpstreamDispatcher: Sendable {
     /// anything: U+0000 in any, or an id or token longer than an index entry may be.
     static func unstorableField(_ message: UpstreamMessage) -> String? {
         let limit = UpstreamWork.longestIndexedField
-        for (field, value) in [("message_id", message.messageID), ("from", message.from)] {
-            if value.utf8.contains(0) { return "its \(field) holds U+0000, which PostgreSQL text cannot hold" }
+        func problem(_ field: String, _ value: String) -> String? {
+            if value.holdsNUL { return "its \(field) holds U+0000, which PostgreSQL text cannot hold" }
             if value.utf8.count > limit {
                 return "its \(field) is \(value.utf8.count) bytes long, over the \(limit) an index entry is given"
             }
+            return nil
         }
-        if let category = message.category, category.utf8.contains(0) {
+        if let problem = problem("message_id", message.messageID) ?? problem("from", message.from) { return problem }
+        if let category = message.category, category.holdsNUL {
             return "its category holds U+0000, which PostgreSQL text cannot hold"
         }
         return nil

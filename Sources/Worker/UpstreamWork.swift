@@ -69,12 +69,12 @@ struct UpstreamWork: Sendable {
     /// Whether `text` can be kept as it is in an indexed column: not too long, no U+0000
     /// (PostgreSQL's text holds none, and libpq would cut it there).
     static func isStorableKey(_ text: String) -> Bool {
-        text.utf8.count <= longestIndexedField && !text.utf8.contains(0)
+        text.utf8.count <= longestIndexedField && !text.holdsNUL
     }
 
     /// `text` if PostgreSQL's text can hold it (no U+0000), else nil.
     static func storableText(_ text: String) -> String? {
-        text.utf8.contains(0) ? nil : text
+        text.holdsNUL ? nil : text
     }
 
     /// A message id as the de-duplication record and a dead letter can keep it: itself, or,

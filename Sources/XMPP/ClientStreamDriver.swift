@@ -16,10 +16,10 @@ final class ClientStreamDriver: StreamDriver {
     private var negotiationDeadline: ContinuousClock.Instant?
     private var established = false
 
-    /// The interceptor, its result type-erased for the inbox.
-    private let intercept: (XMLElement) -> (reply: String?, inbound: (any Sendable)?, closesSendGate: Bool)
+    /// The interceptor, its result type-erased (boxed) for the inbox.
+    private let intercept: (XMLElement) -> (reply: String?, inbound: StanzaInbox.Item?, closesSendGate: Bool)
     /// The interceptor's `interceptOversized`, type-erased the same way.
-    private let interceptOversized: (OversizedStanza) -> (reply: String?, inbound: (any Sendable)?, closesSendGate: Bool)
+    private let interceptOversized: (OversizedStanza) -> (reply: String?, inbound: StanzaInbox.Item?, closesSendGate: Bool)
     /// The interceptor's `didInterceptRead`.
     private let readIntercepted: () -> Void
 
@@ -27,11 +27,11 @@ final class ClientStreamDriver: StreamDriver {
         self.inbox = inbox
         self.intercept = { stanza in
             let interception = interceptor.intercept(stanza)
-            return (interception.reply, interception.inbound, interception.closesSendGate)
+            return (interception.reply, interception.inbound.map(InboundBox.init), interception.closesSendGate)
         }
         self.interceptOversized = { stanza in
             let interception = interceptor.interceptOversized(stanza)
-            return (interception.reply, interception.inbound, interception.closesSendGate)
+            return (interception.reply, interception.inbound.map(InboundBox.init), interception.closesSendGate)
         }
         self.readIntercepted = { interceptor.didInterceptRead() }
         self.reader = XMLStreamReader(maxStanzaBytes: configuration.maxStanzaBytes, maxDepth: configuration.maxDepth,
@@ -85,9 +85,9 @@ final class ClientStreamDriver: StreamDriver {
     /// receiving stopped, a stanza is not intercepted at all (not acked, not journaled), and
     /// one intercepted always reaches the consumer. Its reply (an ack) is written after.
     private func deliver(on loop: StreamLoop,
-                         _ intercept: () -> (reply: String?, inbound: (any Sendable)?, closesSendGate: Bool)) {
-        var intercepted: (reply: String?, inbound: (any Sendable)?, closesSendGate: Bool)?
-        let queued = inbox.push { () -> (any Sendable)? in
+                         _ intercept: () -> (reply: String?, inbound: StanzaInbox.Item?, closesSendGate: Bool)) {
+        var intercepted: (reply: String?, inbound: StanzaInbox.Item?, closesSendGate: Bool)?
+        let queued = inbox.push { () -> StanzaInbox.Item? in
             let interception = intercept()
             intercepted = interception
             return interception.inbound

@@ -2,9 +2,10 @@ import Runtime
 
 /// What a stream's thread made of its stanzas, handed to one consuming task, bounded.
 ///
-/// The items are type-erased here (`XMPPConnection` hands them out typed again): the
-/// stream's thread and this inbox then run code compiled for one type, instead of generic
-/// code that looks its types up at run time for every stanza.
+/// The items are type-erased here, as class references (`InboundBox`, which
+/// `XMPPConnection` opens again without a dynamic cast): the stream's thread and this inbox
+/// then run code compiled for one type, instead of generic code that looks its types up at
+/// run time for every stanza.
 ///
 /// The thread pushes without blocking and learns from the result whether to keep reading;
 /// when the inbox is full it stops reading the socket (TCP backpressure reaches the server)
@@ -12,7 +13,7 @@ import Runtime
 /// can complete several stanzas, so the inbox may hold up to one read's worth past its
 /// capacity, never more.
 final class StanzaInbox: Sendable {
-    typealias Item = any Sendable
+    typealias Item = any AnyObject & Sendable
 
     private struct State {
         var items = FIFO<Item>()
@@ -135,4 +136,13 @@ final class StanzaInbox: Sendable {
         if wasFull { onSpace() }
         return items
     }
+}
+
+/// An interceptor's result for one stanza, as the inbox holds it: one allocation, as the
+/// existential it replaces was for any payload larger than three words, and opened with
+/// `unsafeDowncast` rather than a checked cast (only one connection's driver, with one
+/// `Inbound` type, fills an inbox).
+final class InboundBox<Inbound: Sendable>: Sendable {
+    let value: Inbound
+    init(_ value: Inbound) { self.value = value }
 }

@@ -57,15 +57,20 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
     /// What the next received stanza became, or nil once the stream has ended (see
     /// `closed()`) or the task is cancelled while nothing is waiting.
     public func next() async -> Inbound? {
-        // Only this connection's interceptor fills the inbox: every item is an `Inbound`.
-        await inbox.next().map { $0 as! Inbound }
+        await inbox.next().map(Self.open)
     }
 
     /// Everything received and waiting (at most `maximum`, at least one), in arrival
     /// order; nil once the stream has ended and all was taken (or on cancellation while
     /// nothing is waiting).
     public func next(maximum: Int) async -> [Inbound]? {
-        await inbox.next(maximum: maximum)?.map { $0 as! Inbound }
+        await inbox.next(maximum: maximum)?.map(Self.open)
+    }
+
+    /// Only this connection's driver fills its inbox, with boxes of its interceptor's
+    /// `Inbound`: each item is one (`StanzaInbox`).
+    private static func open(_ item: StanzaInbox.Item) -> Inbound {
+        unsafeDowncast(item, to: InboundBox<Inbound>.self).value
     }
 
     /// Queues `stanza` for sending, waiting while the write buffer is full.
