@@ -115,6 +115,9 @@ public final class XMLStreamParser {
     }
 
     private let parser: XML_Parser
+    /// Names (split at expat's namespace separator) and attribute values the stream repeats.
+    private var names = RecentStrings<(namespace: String?, name: String)>()
+    private var attributeValues = RecentStrings<String>()
     /// Elements under construction; index 0 is the stanza, deeper ones its descendants.
     private var open: [XMLElement] = []
     private var text: [UInt8] = []
@@ -314,12 +317,13 @@ public final class XMLStreamParser {
 
     private func startElement(_ rawName: UnsafePointer<CChar>?, _ rawAttributes: UnsafeMutablePointer<UnsafePointer<CChar>?>?) {
         guard failure == nil, let rawName else { return }
-        let (namespace, name) = Self.split(rawName)
+        let (namespace, name) = names.value(for: rawName, make: Self.split)
         var attributes: [XMLElement.Attribute] = []
         if var cursor = rawAttributes {
             while let key = cursor.pointee, let value = cursor.advanced(by: 1).pointee {
-                let (attributeNamespace, attributeName) = Self.split(key)
-                attributes.append(.init(name: attributeName, namespace: attributeNamespace, value: String(cString: value)))
+                let (attributeNamespace, attributeName) = names.value(for: key, make: Self.split)
+                attributes.append(.init(name: attributeName, namespace: attributeNamespace,
+                                        value: attributeValues.value(for: value, make: String.init(cString:))))
                 cursor = cursor.advanced(by: 2)
             }
         }
