@@ -46,7 +46,13 @@ final class ClientStreamDriver: StreamDriver {
     }
 
     func stream(_ loop: StreamLoop, didRead bytes: UnsafeRawBufferPointer) {
-        reader.read(bytes, on: loop) { event in perform(negotiation.handle(event), on: loop) }
+        reader.read(bytes, on: loop) { event in
+            if let stanza = negotiation.applicationStanza(event) {
+                deliver(on: loop) { intercept(stanza) }
+            } else {
+                perform(negotiation.handle(event), on: loop)
+            }
+        }
         if established { readIntercepted() }
         // The read's stanzas reach the consumer together: one resumption per read.
         inbox.handOver()

@@ -80,6 +80,15 @@ public struct SessionNegotiation: Sendable {
         return "<iq type=\"get\" id=\"ping-\(nextID)\"><ping xmlns=\"urn:xmpp:ping\"/></iq>"
     }
 
+    /// The stanza of `event` when `handle(event)` would be `[.deliver(stanza)]` and change
+    /// nothing (an application stanza of an established session: once per message), so
+    /// that the reader can deliver it without making that array; nil for anything else.
+    public func applicationStanza(_ event: XMLStreamEvent) -> XMLElement? {
+        guard case .established = state, case .stanza(let element) = event, element.name != "iq",
+              !(element.name == "error" && element.namespace == XMPPNamespace.streams) else { return nil }
+        return element
+    }
+
     public mutating func handle(_ event: XMLStreamEvent) -> [Action] {
         switch event {
         case .streamOpened:

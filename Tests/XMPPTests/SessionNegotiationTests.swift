@@ -123,7 +123,18 @@ private let bindFeatures = "<stream:features><bind xmlns=\"urn:ietf:params:xml:n
             "<iq type=\"get\" id=\"s1\" from=\"gcm.googleapis.com\"><ping xmlns=\"urn:xmpp:ping\"/></iq>")))
                 == [.send("<iq type=\"result\" id=\"s1\" to=\"gcm.googleapis.com\"/>")])
         let message = try element("<message><gcm xmlns=\"google:mobile:data\">{}</gcm></message>")
+        #expect(negotiation.applicationStanza(.stanza(message)) == message)
         #expect(negotiation.handle(.stanza(message)) == [.deliver(message)])
+        // The reader's shortcut takes exactly the stanzas `handle` would deliver as they are.
+        let others: [XMLStreamEvent] = [
+            .stanza(try element("<iq type=\"get\" id=\"s2\"><ping xmlns=\"urn:xmpp:ping\"/></iq>")),
+            .stanza(try element("<iq type=\"result\" id=\"ping-1\"/>")),
+            .stanza(try element("<stream:error xmlns:stream=\"http://etherx.jabber.org/streams\"><conflict xmlns=\"urn:ietf:params:xml:ns:xmpp-streams\"/></stream:error>")),
+            .streamClosed,
+        ]
+        for event in others { #expect(negotiation.applicationStanza(event) == nil, "\(event)") }
+        #expect(SessionNegotiation(credentials: credentials).applicationStanza(.stanza(message)) == nil,
+                "before the session is established, nothing is delivered as it is")
         let ping = negotiation.makePing()
         #expect(ping.contains("urn:xmpp:ping"))
         #expect(negotiation.handle(.stanza(try element("<iq type=\"result\" id=\"ping-3\"/>"))) == [])
