@@ -48,8 +48,9 @@ package struct ConnectionWindow: Sendable {
 ///   records the row's state for the write-back: sent, acked, delivered, failed, retry,
 ///   expired; marks tokens.
 ///
-/// Each connection gets a send loop (`attach`); the connection's reader reports answers
-/// (`received`), receipts, draining and the end of the connection (`detach`).
+/// Each connection gets a send loop (`attach`), a child task of `run`; the connection's
+/// reader reports answers (`received`), receipts, draining and the end of the connection
+/// (`detach`).
 package final class XMPPTransport: DownstreamTransport, CCSLinks {
     /// Counters, logged at shutdown.
     package struct Statistics: Sendable, CustomStringConvertible {
@@ -97,11 +98,32 @@ package final class XMPPTransport: DownstreamTransport, CCSLinks {
     /// Rings its claim loop (also on each write-back commit, and on NOTIFY).
     private var doorbell: Doorbell { recorder.doorbell }
 
+    /// A connection attached and waiting for its send loop in `run`.
+    private struct AttachedLink: Sendable {
+        let link: Int
+        let connection: CCSConnection
+    }
+    private let attached: AsyncStream<AttachedLink>
+    private let attaching: AsyncStream<AttachedLink>.Continuation
+
     package init(recorder: OutboxRecorder, settings: DownstreamSettings, logger: Logger, metrics: any OutboxMetrics) {
         self.metrics = metrics
         self.settings = settings
         self.recorder = recorder
         self.logger = logger
+        (attached, attaching) = AsyncStream.makeStream(of: AttachedLink.self)
+    }
+
+    /// Runs each attached connection's send loop as a child task, until cancelled (the
+    /// outbox cancels it once `finish` is done). A loop ends by itself once its link is
+    /// drained or detached, or the transport finished; one still writing to a peer that
+    /// stopped reading ends with the cancellation, so a shutdown never waits on it.
+    package func run() async {
+        await withDiscardingTaskGroup { group in
+            for await link in attached {
+                group.addTask { await self.sendLoop(link: link.link, connection: link.connection) }
+            }
+        }
     }
 
     package var name: String { "xmpp" }
@@ -183,11 +205,7 @@ package final class XMPPTransport: DownstreamTransport, CCSLinks {
             return state.nextLink
         }
         doorbell.ring()
-        // The link's send loop ends by itself once the link is drained or detached, or the
-        // transport finished (`finish` wakes every waiting loop). It is not awaited at
-        // shutdown: a loop blocked writing to a peer that stopped reading would then hold the
-        // outbox stage until the streams stage, which comes after it, closed the connection.
-        Task { await sendLoop(link: link, connection: connection) }
+        attaching.yield(AttachedLink(link: link, connection: connection))
         return link
     }
 
@@ -384,14 +402,19 @@ package final class XMPPTransport: DownstreamTransport, CCSLinks {
     /// Waits until the link has free slots and messages are waiting; nil once the link
     /// is draining or closed, or the sender has finished.
     private func nextBatch(for link: Int) async -> Batch? {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Batch?, Never>) in
-            let immediate = state.withLock { state -> Batch?? in
-                if state.finished || !state.scheduler.accepts(link) { return .some(nil) }
-                if state.scheduler.canTake(for: link) { return .some(take(for: link, &state)) }
-                state.waiters[link] = continuation
-                return .none
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Batch?, Never>) in
+                let immediate = state.withLock { state -> Batch?? in
+                    // Checked under the lock: a cancellation after it finds the waiter.
+                    if Task.isCancelled || state.finished || !state.scheduler.accepts(link) { return .some(nil) }
+                    if state.scheduler.canTake(for: link) { return .some(take(for: link, &state)) }
+                    state.waiters[link] = continuation
+                    return .none
+                }
+                if let immediate { continuation.resume(returning: immediate) }
             }
-            if let immediate { continuation.resume(returning: immediate) }
+        } onCancel: {
+            state.withLock { $0.waiters.removeValue(forKey: link) }?.resume(returning: nil)
         }
     }
 

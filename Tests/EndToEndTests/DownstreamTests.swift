@@ -267,6 +267,41 @@ extension TestCCS {
         #expect(ccs.simulator.violations.isEmpty)
     }
 
+    /// A CCS connection that stopped carrying bytes (a stalled proxy: nothing it writes
+    /// arrives, no answer comes back) does not hold a shutdown: the link's send loop, a
+    /// child of the transport's task, ends with it, and what was in flight goes back to the
+    /// outbox.
+    @Test func aStalledConnectionDoesNotHoldTheShutdownAndItsRowsGoBack() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let proxy = try FaultProxy(targetPort: ccs.simulator.port)
+        defer { proxy.stop() }
+        var configuration = try ccs.downstreamWorker(database: database)
+        configuration.port = proxy.port
+        configuration.shutdownTimeout = .seconds(1)
+        let (task, _) = startWorker(configuration)
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        proxy.set(.stall(newConnectionsWork: false))
+        // 4 KB each, FCM's largest.
+        let data = String(repeating: "x", count: 3_900)
+        try await database.insertOutbox((0..<400).map { ("token-\($0)", #"{"data":{"k":"\#(data)"}}"#) })
+        let sendingDeadline = ContinuousClock.now + .seconds(20)
+        while try await database.count("downstream_messages_in_flight") < 100 && ContinuousClock.now < sendingDeadline {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        // In flight: claimed (rows are written with their answer, and none comes).
+        #expect(try await database.count("downstream_messages_in_flight") >= 100)
+        let stopping = ContinuousClock.now
+        task.cancel()
+        try await task.value
+        let took = ContinuousClock.now - stopping
+        #expect(took < .seconds(15), "the shutdown took \(took)")
+        #expect(try await database.count("downstream_messages_in_flight") == 0)
+        #expect(try await database.count("downstream_messages", where: "status IN ('pending', 'retry')") == 400)
+    }
+
     @Test func drainingUnderLoadLosesNothingAndAcksStayOnTheirConnection() async throws {
         // 100 per 50 ms: the 3,000 rows take 1.5 s, so sending goes on well past the drain.
         let log = DownstreamLog { _, _ in .ack(delay: .milliseconds(50)) }
