@@ -3,8 +3,8 @@ import PackageDescription
 
 /// The targets are layers; each imports only the ones below it:
 ///
-///     fcm-worker (the command line)
-///     Simulator          Handlers   WorkerTesting
+///     fcm-worker (the command line)            Benchmarks (what the bench measures
+///     Simulator          Handlers   WorkerTesting        outside a worker: FCM, Postgres)
 ///         │                 │            │
 ///         │              Worker ─────────┘   pipeline, outbox, configuration, lifecycle
 ///         │            ┌────┴────┐
@@ -57,11 +57,13 @@ let package = Package(
         .target(name: "Worker", dependencies: ["Runtime", "Transport", "XMPP", "FCM", "Postgres", "Outbox", "WorkerSchema"],
                 swiftSettings: swiftSettings),
         .target(name: "Handlers", dependencies: ["Worker", "FCM", "Postgres"], swiftSettings: swiftSettings),
+        // What `fcm-worker bench` measures outside a running worker (the receive path's floor).
+        .target(name: "Benchmarks", dependencies: ["Transport", "XMPP", "FCM", "Postgres"], swiftSettings: swiftSettings),
         .target(name: "Simulator", dependencies: ["Runtime", "Transport", "XMPP", "FCM", "COpenSSL"], swiftSettings: swiftSettings),
         .target(name: "WorkerTesting", dependencies: ["Worker", "Simulator", "FCM", "Postgres", "Runtime", "Transport"],
                 swiftSettings: swiftSettings),
         .executableTarget(name: "fcm-worker", dependencies: ["Worker", "Handlers", "Simulator", "Outbox", "FCM", "Postgres", "XMPP", "Transport",
-                                                             "Runtime"], swiftSettings: swiftSettings),
+                                                             "Runtime", "Benchmarks"], swiftSettings: swiftSettings),
         // The parsers' properties, fuzzed by scripts/fuzz and replayed by FuzzRegressionTests.
         .target(name: "FuzzChecks", dependencies: ["FCM", "Transport", "XMPP", "Worker"], swiftSettings: swiftSettings),
         .executableTarget(name: "fcm-worker-fuzz", dependencies: ["FuzzChecks", "CSystem"], swiftSettings: swiftSettings),
@@ -76,7 +78,7 @@ let package = Package(
         // built with the tests so that the docs always compile (the test among them runs too).
         .testTarget(name: "HandlerDocs", dependencies: ["Worker", "Handlers", "WorkerTesting"], path: "Tests/HandlerDocs",
                     swiftSettings: swiftSettings),
-        .testTarget(name: "EndToEndTests", dependencies: ["Worker", "Outbox", "Handlers", "Simulator", "WorkerTesting", "Runtime", "Transport", "XMPP",
+        .testTarget(name: "EndToEndTests", dependencies: ["Worker", "Outbox", "Handlers", "Simulator", "WorkerTesting", "Runtime", "Transport", "XMPP", "Benchmarks",
                                                           "FCM", "Postgres"]),
     ],
     swiftLanguageModes: [.v6]

@@ -1,3 +1,4 @@
+import Benchmarks
 import FCM
 import Foundation
 import Handlers

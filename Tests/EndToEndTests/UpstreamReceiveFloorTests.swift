@@ -3,7 +3,7 @@ import Foundation
 import Simulator
 import Testing
 import Transport
-@testable import Worker
+import Benchmarks
 
 /// The upstream benchmark's floor phase counts what it claims: every recorded stanza is
 /// decrypted, parsed and decoded, every upstream message acked (as CCS expects the ack) and
