@@ -88,13 +88,7 @@ final class StanzaInbox: Sendable {
     /// the sequence once the consumer has taken what is already queued: those may have
     /// been acked by an interceptor and must not be dropped.
     func stop() {
-        handOver()
-        let waiters = state.withLock { state -> [CheckedContinuation<[Item]?, Never>] in
-            state.finished = true
-            state.stopped = true
-            return state.consumer.removeAll()
-        }
-        for waiter in waiters { waiter.resume(returning: nil) }
+        end(refusingMore: true)
     }
 
     /// True after `stop()`.
@@ -105,12 +99,28 @@ final class StanzaInbox: Sendable {
 
     /// Ends the sequence after the items already queued.
     func finish() {
-        handOver()
-        let waiters = state.withLock { state -> [CheckedContinuation<[Item]?, Never>] in
+        end(refusingMore: false)
+    }
+
+    /// Ends the sequence, in one step under the lock: a waiting consumer gets what is
+    /// queued, not the end, when anything is (an item pushed between a hand-over and the
+    /// end, and so acked, would otherwise be left behind a consumer told the stream ended).
+    private func end(refusingMore: Bool) {
+        var wasFull = false
+        let (waiters, items) = state.withLock { state -> ([CheckedContinuation<[Item]?, Never>], [Item]) in
             state.finished = true
-            return state.consumer.removeAll()
+            if refusingMore { state.stopped = true }
+            if !state.items.isEmpty, let waiter = state.consumer.removeFirst() {
+                wasFull = state.items.count >= capacity
+                return ([waiter] + state.consumer.removeAll(), state.items.popFirst(max(1, state.consumerMaximum)))
+            }
+            return (state.consumer.removeAll(), [])
         }
-        for waiter in waiters { waiter.resume(returning: nil) }
+        for (index, waiter) in waiters.enumerated() {
+            // One consumer at a time: any other waiter is told the end.
+            waiter.resume(returning: index == 0 && !items.isEmpty ? items : nil)
+        }
+        if wasFull { onSpace() }
     }
 
     /// The next item, or nil once the stream has ended and everything was taken (or the
