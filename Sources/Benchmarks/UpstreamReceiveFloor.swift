@@ -46,6 +46,9 @@ package enum UpstreamReceiveFloor {
         package var copyBytes = 0
         /// The acks written, when kept (`keepingRows`).
         package var acks: [UInt8] = []
+
+        /// Nothing yet (a sum of replays starts here).
+        package init() {}
     }
 
     /// Encrypts `stanzas` as a CCS server sends them on a restarted stream: its stream
