@@ -49,6 +49,17 @@ package enum UpstreamReceiveFloor {
 
         /// Nothing yet (a sum of replays starts here).
         package init() {}
+
+        /// Adds `other`'s counts (its kept rows and acks too).
+        package mutating func add(_ other: Outcome) {
+            messages += other.messages
+            others += other.others
+            ackBytes += other.ackBytes
+            ackRecordBytes += other.ackRecordBytes
+            copyBytes += other.copyBytes
+            copyRows += other.copyRows
+            acks += other.acks
+        }
     }
 
     /// Encrypts `stanzas` as a CCS server sends them on a restarted stream: its stream

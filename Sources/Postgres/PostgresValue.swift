@@ -55,19 +55,7 @@ public enum PostgresValue: Sendable, Equatable {
     /// locale-aware search, which took about 5 % of the worker's task CPU per upstream
     /// message as it quoted each batch's ids (perf, `bench upstream --phases immediate`).
     private static func utf8(of text: String, contains tag: String) -> Bool {
-        var text = text, tag = tag
-        return text.withUTF8 { haystack in
-            tag.withUTF8 { needle in
-                guard let first = needle.first, haystack.count >= needle.count else { return false }
-                var start = 0
-                while start + needle.count <= haystack.count {
-                    guard let found = haystack[start...(haystack.count - needle.count)].firstIndex(of: first) else { return false }
-                    if memcmp(haystack.baseAddress! + found, needle.baseAddress!, needle.count) == 0 { return true }
-                    start = found + 1
-                }
-                return false
-            }
-        }
+        text.utf8.firstRange(of: tag.utf8) != nil
     }
 
     private static func arrayLiteral(_ values: [PostgresValue]) -> String {

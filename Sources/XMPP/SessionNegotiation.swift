@@ -90,6 +90,7 @@ public struct SessionNegotiation: Sendable {
     }
 
     public mutating func handle(_ event: XMLStreamEvent) -> [Action] {
+        if let stanza = applicationStanza(event) { return [.deliver(stanza)] }
         switch event {
         case .streamOpened:
             guard case .awaitingStreamHeader(let authenticated) = state else {

@@ -360,9 +360,7 @@ struct UpstreamBench {
                     let outcome = try UpstreamReceiveFloor.replay(recording)
                     total.cpu += Self.threadCPUSeconds() - cpuStart
                     total.wall += (ContinuousClock.now - wallStart).seconds
-                    total.outcome.messages += outcome.messages
-                    total.outcome.ackRecordBytes += outcome.ackRecordBytes
-                    total.outcome.copyBytes += outcome.copyBytes
+                    total.outcome.add(outcome)
                     total.bytes += recording.bytes
                 }
                 return total
