@@ -283,6 +283,11 @@ extension TestCCS {
         let (task, _) = startWorker(configuration)
         defer { task.cancel() }
         try await ccs.simulator.waitForBoundSessions(1)
+        // The simulator sees the bind before the worker reads its result: one row sent and
+        // answered first shows the worker's side of the session is up before the stall
+        // (stalled earlier, the worker never finishes binding and claims nothing).
+        try await database.insertOutbox([("token-first", #"{"data":{"k":"v"}}"#)])
+        try await database.waitForOutbox("status = 'acked'", count: 1)
         proxy.set(.stall(newConnectionsWork: false))
         // 4 KB each, FCM's largest.
         let data = String(repeating: "x", count: 3_900)
