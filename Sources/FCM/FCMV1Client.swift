@@ -104,7 +104,7 @@ public final class FCMV1Client: Sendable {
     public func submit(_ message: FCMV1Message, token: String, complete: @escaping @Sendable (Result<FCMV1Answer, Failure>) -> Void) {
         client.submit(method: "POST", path: path,
                       headers: ["authorization": "Bearer \(token)", "content-type": "application/json; charset=UTF-8"],
-                      body: Array(message.body.wireText.utf8)) { result in
+                      body: message.wireBody) { result in
             switch result {
             case .success(let response): complete(.success(FCMV1Answer(status: response.status, headers: response.headers, body: response.body)))
             case .failure(let error): complete(.failure(.transport(error)))
@@ -120,7 +120,7 @@ public final class FCMV1Client: Sendable {
     /// Sends one message and returns FCM's answer.
     /// - Throws: `Failure` when there was no answer.
     public func send(_ message: FCMV1Message) async throws(Failure) -> FCMV1Answer {
-        let body = Array(message.body.wireText.utf8)
+        let body = message.wireBody
         var refreshed = false
         while true {
             let token: String

@@ -35,6 +35,17 @@ public struct FCMV1Message: Sendable, Equatable {
         return .object(members)
     }
 
+    /// The request body as it goes on the wire (compact JSON, keys in no particular order).
+    public var wireBody: [UInt8] {
+        var output: [UInt8] = []
+        output.reserveCapacity(256)
+        output.append(contentsOf: #"{"message":"#.utf8)
+        JSONValue.object(message).writeUnsorted(to: &output)
+        if validateOnly { output.append(contentsOf: #","validate_only":true"#.utf8) }
+        output.append(UInt8(ascii: "}"))
+        return output
+    }
+
     /// The requests for an outbox row: one, or one per token of `registrationIDs` (those in
     /// `skipping` left out: tokens with a final outcome from an earlier attempt).
     /// - Throws: `DownstreamValidationError` naming the field that is invalid or that v1

@@ -71,37 +71,73 @@ public enum JSONValue: Sendable, Equatable, Codable, CustomStringConvertible {
 
     public var description: String { serialized }
 
-    /// Compact JSON text with keys in no particular order: for the wire, where sorting
-    /// every object's keys would cost for nothing.
-    public var wireText: String {
-        var output = ""
+    /// Compact JSON text as UTF-8, with keys in no particular order: for the wire, where
+    /// sorting every object's keys would cost for nothing.
+    public var wireBytes: [UInt8] {
+        var output: [UInt8] = []
+        output.reserveCapacity(256)
         writeUnsorted(to: &output)
         return output
     }
 
-    func writeUnsorted(to output: inout String) {
+    /// Appends the compact JSON text as UTF-8, keys in no particular order (straight into
+    /// bytes: no String is grown piece by piece).
+    public func writeUnsorted(to output: inout [UInt8]) {
         switch self {
+        case .string(let value):
+            JSONValue.appendQuoted(value, to: &output)
+        case .number(let value):
+            output.append(contentsOf: value.text.utf8)
+        case .bool(let value):
+            output.append(contentsOf: value ? "true".utf8 : "false".utf8)
+        case .null:
+            output.append(contentsOf: "null".utf8)
         case .array(let values):
-            output += "["
+            output.append(UInt8(ascii: "["))
             for (index, value) in values.enumerated() {
-                if index > 0 { output += "," }
+                if index > 0 { output.append(UInt8(ascii: ",")) }
                 value.writeUnsorted(to: &output)
             }
-            output += "]"
+            output.append(UInt8(ascii: "]"))
         case .object(let members):
-            output += "{"
+            output.append(UInt8(ascii: "{"))
             var first = true
             for (key, value) in members {
-                if !first { output += "," }
+                if !first { output.append(UInt8(ascii: ",")) }
                 first = false
                 JSONValue.appendQuoted(key, to: &output)
-                output += ":"
+                output.append(UInt8(ascii: ":"))
                 value.writeUnsorted(to: &output)
             }
-            output += "}"
-        default:
-            write(to: &output)
+            output.append(UInt8(ascii: "}"))
         }
+    }
+
+    /// Appends `text` as a JSON string literal in UTF-8: quotes, backslashes and control
+    /// characters escaped, everything else as is.
+    public static func appendQuoted(_ text: String, to output: inout [UInt8]) {
+        output.append(UInt8(ascii: "\""))
+        var scanned = text
+        scanned.withUTF8 { bytes in
+            var plainFrom = 0
+            for (index, byte) in bytes.enumerated() where byte < 0x20 || byte == 0x22 || byte == 0x5C {
+                output.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[plainFrom..<index]))
+                plainFrom = index + 1
+                output.append(UInt8(ascii: "\\"))
+                switch byte {
+                case 0x22: output.append(UInt8(ascii: "\""))
+                case 0x5C: output.append(UInt8(ascii: "\\"))
+                case 0x0A: output.append(UInt8(ascii: "n"))
+                case 0x0D: output.append(UInt8(ascii: "r"))
+                case 0x09: output.append(UInt8(ascii: "t"))
+                default:
+                    let hex = Array("0123456789abcdef".utf8)
+                    output.append(contentsOf: [UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0"), hex[Int(byte >> 4)], hex[Int(byte & 0xF)]])
+                }
+            }
+            output.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[plainFrom...]))
+        }
+        output.append(UInt8(ascii: "\""))
     }
 
     func write(to output: inout String) {

@@ -118,6 +118,9 @@ public final class FCMV1Simulator: Sendable {
         /// A GOAWAY after every this many requests on a connection (nil: never).
         public var goAwayEvery: Int?
         public var targetAnswer: @Sendable (String) -> TargetAnswer = FCMV1Simulator.answerByName
+        /// Keeps every accepted message for `deliveries` (tests read them). A long-running
+        /// simulator (`fcm-worker simulate`) turns it off: it would grow without end.
+        public var recordsDeliveries = true
         /// Called with each send's path, status and target (the `simulate` command logs them).
         public var onAnswer: (@Sendable (_ target: String, _ status: Int, _ protocolName: String) -> Void)?
 
@@ -171,7 +174,7 @@ public final class FCMV1Simulator: Sendable {
         state.withLock { $0.scripted += outcomes }
     }
 
-    /// Every message accepted so far, in order.
+    /// Every message accepted so far, in order (none when `recordsDeliveries` is off).
     public var deliveries: [Delivery] { state.withLock { $0.deliveries } }
     public var counters: Counters { state.withLock { $0.counters } }
 
@@ -392,7 +395,9 @@ public final class FCMV1Simulator: Sendable {
             state.nextMessageID += 1
             // As FCM writes them: 0:MICROSECONDS%SENDERHASH.
             let name = "projects/\(project)/messages/0:\(Int64(now.timeIntervalSince1970 * 1_000_000) + state.nextMessageID)%\(senderHash)"
-            state.deliveries.append(Delivery(name: name, message: .object(message), validateOnly: false, protocolName: request.protocolName))
+            if settings.recordsDeliveries {
+                state.deliveries.append(Delivery(name: name, message: .object(message), validateOnly: false, protocolName: request.protocolName))
+            }
             state.counters.delivered += 1
             return name
         }
@@ -401,7 +406,9 @@ public final class FCMV1Simulator: Sendable {
 
     /// What FCM refuses in a message with `INVALID_ARGUMENT`, with the field.
     static func problem(with message: [String: JSONValue]) -> (field: String, description: String)? {
-        for key in message.keys.sorted() where !FCMV1Message.messageMembers.contains(key) {
+        // The first in key order is named; sorted only when there is one.
+        if message.keys.contains(where: { !FCMV1Message.messageMembers.contains($0) }) {
+            let key = message.keys.sorted().first { !FCMV1Message.messageMembers.contains($0) }!
             return ("message", "Invalid JSON payload received. Unknown name \"\(key)\" at 'message': Cannot find field.")
         }
         let targets = FCMV1Message.targetMembers.filter { message[$0] != nil }
@@ -409,15 +416,19 @@ public final class FCMV1Simulator: Sendable {
         guard let value = message[targets[0]]?.stringValue, !value.isEmpty else {
             return ("message.\(targets[0])", "Invalid value at 'message.\(targets[0])' (TYPE_STRING)")
         }
-        if case .object(let data)? = message["data"] {
-            for (index, (key, item)) in data.sorted(by: { $0.key < $1.key }).enumerated() {
+        /// A data entry FCM refuses: a value that is not a string, or a reserved key.
+        func refused(_ key: String, _ item: JSONValue) -> Bool {
+            guard case .string = item else { return true }
+            let lower = key.lowercased()
+            return lower == "from" || lower.hasPrefix("google") || lower.hasPrefix("gcm") || lower == "message_type"
+        }
+        if case .object(let data)? = message["data"], data.contains(where: refused) {
+            // The first in key order is named, with its index.
+            for (index, (key, item)) in data.sorted(by: { $0.key < $1.key }).enumerated() where refused(key, item) {
                 guard case .string = item else { return ("message.data[\(index)].value", "Invalid value at 'message.data[\(index)].value' (TYPE_STRING)") }
-                let lower = key.lowercased()
-                if lower == "from" || lower.hasPrefix("google") || lower.hasPrefix("gcm") || lower == "message_type" {
-                    return ("message.data", "Invalid data payload key: \(key)")
-                }
+                return ("message.data", "Invalid data payload key: \(key)")
             }
-        } else if message["data"] != nil {
+        } else if let data = message["data"], data.objectValue == nil {
             return ("message.data", "Invalid value at 'message.data' (type.googleapis.com/google.firebase.fcm.v1.Message.DataEntry)")
         }
         if let ttl = message["android"]?["ttl"], !(ttl.stringValue.map(FCMV1Message.isDuration) ?? false) {
@@ -427,7 +438,7 @@ public final class FCMV1Simulator: Sendable {
         if let priority = message["android"]?["priority"], !["NORMAL", "HIGH"].contains(priority.stringValue?.uppercased() ?? "") {
             return ("message.android.priority", "Invalid value at 'message.android.priority' (type.googleapis.com/google.firebase.fcm.v1.AndroidMessagePriority)")
         }
-        let size = message["data"]?.serialized.utf8.count ?? 0
+        let size = message["data"]?.wireBytes.count ?? 0
         if size > 4096 + 64 { return ("message", "Message is too big") }
         return nil
     }

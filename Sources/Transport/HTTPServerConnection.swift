@@ -64,7 +64,9 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
     /// HTTP/1.1: a request is being answered (the next waits in the reader).
     private var http1Busy = false
     /// Answers due later: when, on which stream (0 for HTTP/1.1), what.
-    private var scheduled: [(due: ContinuousClock.Instant, streamID: Int32, response: HTTPServerResponse, then: HTTPServerAction.Afterwards)] = []
+    private var scheduled = Schedule()
+    /// HTTP/2 streams with an answer in `scheduled`.
+    private var streamsAwaitingAnswers: Set<Int32> = []
     /// After a GOAWAY: the last stream this side processes.
     private var goAwayLastStreamID: Int32?
     /// Streams opened and not yet answered.
@@ -117,8 +119,8 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
 
     package func streamDidWake(_ loop: StreamLoop) {
         let now = ContinuousClock.now
-        while let index = scheduled.firstIndex(where: { $0.due <= now }) {
-            let answer = scheduled.remove(at: index)
+        while let answer = scheduled.popFirst(dueBy: now) {
+            if session != nil { streamsAwaitingAnswers.remove(answer.streamID) }
             send(answer.response, on: answer.streamID, then: answer.then, loop: loop)
             if loop.isEnded { return }
         }
@@ -128,12 +130,13 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
     package var wantsToRead: Bool { true }
 
     package func nextDeadline(_ loop: StreamLoop) -> ContinuousClock.Instant? {
-        scheduled.lazy.map(\.due).min()
+        scheduled.firstDue
     }
 
     package func streamDidEnd(_ loop: StreamLoop, reason: any Error) {
         session = nil
         scheduled.removeAll()
+        streamsAwaitingAnswers.removeAll()
     }
 
     // MARK: - HTTP/2
@@ -154,7 +157,8 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
             carryOut(handler(request), streamID: streamID, loop: loop)
         case .streamClosed(let streamID, _):
             openStreams.remove(streamID)
-            scheduled.removeAll { $0.streamID == streamID }
+            // Closed before its answer was due (the client reset it): the answer is dropped.
+            if streamsAwaitingAnswers.remove(streamID) != nil { scheduled.remove(streamID: streamID) }
             closeIfDone(loop)
         case .goAway:
             break
@@ -172,7 +176,8 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
             if delay <= .zero {
                 send(response, on: streamID, then: then, loop: loop)
             } else {
-                scheduled.append((.now + delay, streamID, response, then))
+                if session != nil { streamsAwaitingAnswers.insert(streamID) }
+                scheduled.add((.now + delay, streamID, response, then))
             }
         case .resetStream:
             if let session {
@@ -244,5 +249,51 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
         let request = HTTPServerRequest(method: message.startLine.first ?? "", path: message.startLine.count > 1 ? message.startLine[1] : "",
                                         headers: message.headers, body: message.body, protocolName: "http/1.1")
         carryOut(handler(request), streamID: 0, loop: loop)
+    }
+}
+
+/// Answers due later, earliest first. A fixed latency makes them due in the order they are
+/// added, so each is appended (one of a shorter delay goes in its place) and taken from the
+/// front, without scanning the others.
+private struct Schedule {
+    typealias Answer = (due: ContinuousClock.Instant, streamID: Int32, response: HTTPServerResponse, then: HTTPServerAction.Afterwards)
+
+    private var answers: [Answer] = []
+    /// Answers before it were taken.
+    private var head = 0
+
+    var isEmpty: Bool { head == answers.count }
+
+    var firstDue: ContinuousClock.Instant? { isEmpty ? nil : answers[head].due }
+
+    mutating func add(_ answer: Answer) {
+        var index = answers.count
+        while index > head && answers[index - 1].due > answer.due { index -= 1 }
+        answers.insert(answer, at: index)
+    }
+
+    /// The earliest answer if it is due by `now`.
+    mutating func popFirst(dueBy now: ContinuousClock.Instant) -> Answer? {
+        guard head < answers.count, answers[head].due <= now else { return nil }
+        let answer = answers[head]
+        head += 1
+        if head == answers.count {
+            answers.removeAll(keepingCapacity: true)
+            head = 0
+        } else if head >= 256 && head * 2 >= answers.count {
+            answers.removeFirst(head)
+            head = 0
+        }
+        return answer
+    }
+
+    mutating func remove(streamID: Int32) {
+        answers = answers[head...].filter { $0.streamID != streamID }
+        head = 0
+    }
+
+    mutating func removeAll() {
+        answers.removeAll()
+        head = 0
     }
 }

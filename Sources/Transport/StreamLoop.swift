@@ -55,6 +55,9 @@ package final class StreamLoop: @unchecked Sendable {
     /// True while a wake byte is in the pipe (set by wakers, cleared by the loop before it
     /// looks at its queues, so no wakeup is lost).
     private let wakePending: WakePendingFlag
+    /// The loop's thread (`pthread_self()`), 0 until it runs: a wake from the loop's own
+    /// thread needs no byte in the pipe.
+    private let loopThread = Atomic<UInt>(0)
 
     // Thread-confined state below.
     private let origin: Origin
@@ -73,6 +76,9 @@ package final class StreamLoop: @unchecked Sendable {
     private var closing: (reason: any Error, deadline: ContinuousClock.Instant, notifySent: Bool)?
     private var ended = false
     private var socketHungUp = false
+    /// `wake()` was called on the loop's own thread (by the driver, or by what it called)
+    /// since the loop last called `streamDidWake`: the loop turns again without sleeping.
+    private var wokenFromLoop = false
     /// When bytes last arrived from the peer (whitespace keepalives included).
     package private(set) var lastReadAt: ContinuousClock.Instant = .now
     /// The application protocol ALPN chose in the handshake (loop thread, from
@@ -127,6 +133,12 @@ package final class StreamLoop: @unchecked Sendable {
 
     /// Makes the loop turn (and call `streamDidWake`) soon. Safe from any thread.
     package func wake() {
+        if loopThread.load(ordering: .relaxed) == UInt(pthread_self()) {
+            // On the loop's thread (a driver's callback queued work for its own loop): the
+            // loop turns again before it sleeps, without the pipe's syscalls.
+            wokenFromLoop = true
+            return
+        }
         guard wakePending.claim() else { return }
         var byte: UInt8 = 1
         _ = Glibc.write(wakeWriteFD, &byte, 1)
@@ -191,6 +203,7 @@ package final class StreamLoop: @unchecked Sendable {
     // MARK: - The loop
 
     private func main() {
+        loopThread.store(UInt(pthread_self()), ordering: .relaxed)
         if let niceness { ThreadPriority.setCurrentThread(niceness: niceness) }
         do {
             try open()
@@ -249,6 +262,7 @@ package final class StreamLoop: @unchecked Sendable {
                 case .graceful(let reason): close(reason: reason)
                 }
             }
+            wokenFromLoop = false
             driver.streamDidWake(self)
             if ended { return }
 
@@ -283,7 +297,7 @@ package final class StreamLoop: @unchecked Sendable {
             // ppoll(2) takes the wait to the nanosecond: poll's whole milliseconds would
             // make every timed event (a scripted answer delay, a ping) up to 1 ms late.
             let timeout: timespec?
-            if moreToRead {
+            if moreToRead || wokenFromLoop {
                 timeout = timespec(tv_sec: 0, tv_nsec: 0)
             } else if let deadline {
                 timeout = (deadline - .now).timespecWithinADay

@@ -171,6 +171,7 @@ enum SimulateCommand {
             v1Settings.latency = .milliseconds(settings.v1Latency)
             v1Settings.maximumConcurrentStreams = UInt32(settings.v1Streams)
             v1Settings.offersHTTP2 = !settings.v1HTTP1Only
+            v1Settings.recordsDeliveries = false
             if !quiet {
                 v1Settings.onAnswer = { target, status, protocolName in logger.info("v1 (\(protocolName)) to \(target) → \(status)") }
             }

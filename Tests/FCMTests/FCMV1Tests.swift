@@ -14,13 +14,16 @@ import Transport
     }
 
     @Test func aLegacyPayloadIsTranslatedFieldByField() throws {
-        let message = try request([
+        let translated = try request([
             "data": ["text": "hi", "count": 3, "on": true, "nested": ["a": 1]],
             "notification": ["title": "T", "body": "B", "sound": "ping", "badge": "2", "icon": "i", "android_channel_id": "ch",
                              "body_loc_args": #"["x","y"]"#],
             "priority": "high", "time_to_live": 600, "collapse_key": "news", "restricted_package_name": "com.example",
             "content_available": true, "mutable_content": true, "dry_run": true,
-        ]).body
+        ])
+        let message = translated.body
+        // What goes on the wire is that body.
+        #expect(try JSONValue.parse(String(decoding: translated.wireBody, as: UTF8.self)) == message)
         #expect(message["validate_only"] == true)
         let body = try #require(message["message"])
         #expect(body["token"] == "token-1")

@@ -22,6 +22,18 @@ import Testing
         }
     }
 
+    /// The wire's byte writer writes what the sorted text writer writes, but for the order
+    /// of keys: the same value read back, each string escaped the same way.
+    @Test func theWireBytesReadBackAsTheSameValue() throws {
+        let samples = ["{\"data\":{\"k\":\"v\",\"emoji\":\"😀\",\"quote\":\"\\\"\",\"slash\":\"a\\\\b\"},\"n\":[1,-0.5,true,false,null]}",
+                       "\"\\u0000\\u001f\\n\\r\\t tail\"", "[]", "{}", "\"\""]
+        for sample in samples {
+            let value = try JSONValue.parse(sample)
+            #expect(try JSONValue.parse(String(decoding: value.wireBytes, as: UTF8.self)) == value, "\(sample)")
+            if case .string = value { #expect(value.wireBytes == Array(value.serialized.utf8), "\(sample)") }
+        }
+    }
+
     @Test func refusesWhatIsNotJSON() {
         let bad = ["", "{", "{\"a\":}", "{\"a\" 1}", "[1,]", "{\"a\":1,}", "01", "1.", "-", "tru", "\"abc", "\"\\x\"",
                    "\"a\nb\"", "{\"a\":1} x", "'single'", "\"\\ud800\"", "NaN", String(repeating: "[", count: 100) + String(repeating: "]", count: 100)]
