@@ -11,6 +11,10 @@ public enum FCMV1Answer: Sendable, Equatable {
 
     /// Reads a response.
     public init(status: Int, headers: [String: String], body: String) {
+        if status == 200, let name = Self.onlyName(in: body) {
+            self = .sent(name: name)
+            return
+        }
         let json = try? JSONValue.parse(body)
         if status == 200 {
             if let name = json?["name"]?.stringValue, !name.isEmpty {
@@ -38,5 +42,44 @@ public enum FCMV1Answer: Sendable, Equatable {
                                    message: error?["message"]?.stringValue ?? String(body.prefix(200)),
                                    fieldViolations: violations,
                                    retryAfter: headers["retry-after"].flatMap { LegacyHTTPResponse.parseRetryAfter($0) }))
+    }
+
+    /// The name in a success as FCM writes it, `{"name": "projects/…"}` (any whitespace),
+    /// read without building a JSON tree; nil for anything else (an escape in the name, other
+    /// members), which the full parser then reads.
+    static func onlyName(in body: String) -> String? {
+        var text = body
+        return text.withUTF8 { bytes -> String? in
+            var index = 0
+            func skipSpace() { while index < bytes.count, [0x20, 0x09, 0x0A, 0x0D].contains(bytes[index]) { index += 1 } }
+            func expect(_ literal: StaticString) -> Bool {
+                let count = literal.utf8CodeUnitCount
+                guard index + count <= bytes.count,
+                      memcmp(bytes.baseAddress! + index, literal.utf8Start, count) == 0 else { return false }
+                index += count
+                return true
+            }
+            skipSpace()
+            guard expect("{") else { return nil }
+            skipSpace()
+            guard expect("\"name\"") else { return nil }
+            skipSpace()
+            guard expect(":") else { return nil }
+            skipSpace()
+            guard expect("\"") else { return nil }
+            let start = index
+            while index < bytes.count, bytes[index] != 0x22 {
+                // An escape or a control character: the full parser decides.
+                if bytes[index] == 0x5C || bytes[index] < 0x20 { return nil }
+                index += 1
+            }
+            guard index < bytes.count, index > start else { return nil }
+            let name = String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<index]), as: UTF8.self)
+            index += 1
+            skipSpace()
+            guard expect("}") else { return nil }
+            skipSpace()
+            return index == bytes.count ? name : nil
+        }
     }
 }

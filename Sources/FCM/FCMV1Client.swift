@@ -46,6 +46,7 @@ public final class FCMV1Client: Sendable {
     public let tokens: AccessTokenSource
     private let client: HTTP2Client
     private let path: String
+    private let requestHeaders = BlockingLock<(token: String, headers: [(name: String, value: String)])?>(nil)
 
     /// A client for `account`.
     /// - Throws: `Failure` when the TLS settings are unusable.
@@ -101,14 +102,23 @@ public final class FCMV1Client: Sendable {
     /// answer or the failure, on a connection's thread (it must not block). An access token
     /// FCM refuses comes back as the answer (`UNAUTHENTICATED`): the caller fetches another
     /// (`tokens.invalidate`, `tokens.token()`) and submits again.
-    public func submit(_ message: FCMV1Message, token: String, complete: @escaping @Sendable (Result<FCMV1Answer, Failure>) -> Void) {
-        client.submit(method: "POST", path: path,
-                      headers: ["authorization": "Bearer \(token)", "content-type": "application/json; charset=UTF-8"],
-                      body: message.wireBody) { result in
+    /// `body` is a request body as `FCMV1Message.wireBody` writes it.
+    public func submit(body: [UInt8], token: String, complete: @escaping @Sendable (Result<FCMV1Answer, Failure>) -> Void) {
+        client.submit(method: "POST", path: path, headers: headers(token: token), body: body) { result in
             switch result {
             case .success(let response): complete(.success(FCMV1Answer(status: response.status, headers: response.headers, body: response.body)))
             case .failure(let error): complete(.failure(.transport(error)))
             }
+        }
+    }
+
+    /// A request's headers with `token`: built once per access token, not per request.
+    private func headers(token: String) -> [(name: String, value: String)] {
+        requestHeaders.withLock { cached in
+            if let cached, cached.token == token { return cached.headers }
+            let headers = [("authorization", "Bearer \(token)"), ("content-type", "application/json; charset=UTF-8")]
+            cached = (token, headers)
+            return headers
         }
     }
 
@@ -133,9 +143,7 @@ public final class FCMV1Client: Sendable {
             }
             let response: HTTPSClient.Response
             do {
-                response = try await client.send(method: "POST", path: path,
-                                                 headers: ["authorization": "Bearer \(token)", "content-type": "application/json; charset=UTF-8"],
-                                                 body: body)
+                response = try await client.send(method: "POST", path: path, headers: headers(token: token), body: body)
             } catch let error as TransportError {
                 throw .transport(error)
             } catch {

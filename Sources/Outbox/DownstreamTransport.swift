@@ -53,16 +53,33 @@ package struct ClaimedMessage: Sendable {
     /// Its message, to the canonical token if its target was replaced (for the v1 transport,
     /// only its target and time to live).
     package let message: DownstreamMessage
-    /// Its payload, parsed.
+    /// Its payload, parsed (`.null` for the v1 transport, which keeps only its requests).
     package let payload: JSONValue
     /// Its requests to FCM's v1 API (the v1 transport's `prepare`), empty for the others.
-    package var v1Requests: [FCMV1Message] = []
+    package var v1Requests: [V1Request] = []
 
-    package init(row: OutboxStore.ClaimedRow, message: DownstreamMessage, payload: JSONValue, v1Requests: [FCMV1Message] = []) {
+    package init(row: OutboxStore.ClaimedRow, message: DownstreamMessage, payload: JSONValue, v1Requests: [V1Request] = []) {
         self.row = row
         self.message = message
         self.payload = payload
         self.v1Requests = v1Requests
+    }
+}
+
+/// One request of a row to FCM's v1 API, its body written when the row was claimed (the
+/// message's JSON tree is freed there, not on the connection's thread that sends it).
+package struct V1Request: Sendable {
+    /// What the row's results are kept under (`FCMV1Message.target`).
+    package let target: String
+    /// True when the target is a device's token or FID.
+    package let targetIsDevice: Bool
+    /// `FCMV1Message.wireBody`.
+    package let body: [UInt8]
+
+    package init(_ message: FCMV1Message) {
+        target = message.target
+        targetIsDevice = message.targetIsDevice
+        body = message.wireBody
     }
 }
 

@@ -32,7 +32,7 @@ package final class V1Transport: DownstreamTransport {
     private let state = BlockingLock(State())
     private let failureWarnings = WarningThrottle()
     /// Requests whose access token FCM refused, for `run` to submit again with a new one.
-    private let refreshes = BlockingLock([(request: FCMV1Message, row: RowProgress, token: String)]())
+    private let refreshes = BlockingLock([(request: V1Request, row: RowProgress, token: String)]())
     private let refreshDoorbell = Doorbell()
     /// The longest `Retry-After` honoured.
     package static let maximumRetryAfter: Duration = .seconds(300)
@@ -96,13 +96,13 @@ package final class V1Transport: DownstreamTransport {
     package func prepare(_ row: OutboxStore.ClaimedRow, maximumAge: Duration, now: Date) -> Result<ClaimedMessage, OutboxStore.ClaimedRow.Refusal> {
         if let refusal = row.markedTokenRefusal { return .failure(refusal) }
         let payload: JSONValue
-        let requests: [FCMV1Message]
+        let requests: [V1Request]
         do {
             payload = try JSONValue.parse(row.payload)
             let earlier = Self.tokenResults(row.tokenResults)
             let final = row.registrationIDs == nil ? [] : Set(earlier.filter { $0.value["retry"] != .bool(true) }.keys)
             requests = try FCMV1Message.requests(target: row.sendTarget, condition: row.condition, registrationIDs: row.registrationIDs,
-                                                 payload: payload, skipping: final, now: now)
+                                                 payload: payload, skipping: final, now: now).map(V1Request.init)
         } catch {
             return .failure(.init(status: .failed, errorCode: "INVALID_MESSAGE", description: "cannot be sent over v1: \(error)"))
         }
@@ -110,7 +110,7 @@ package final class V1Transport: DownstreamTransport {
         if let refusal = row.expiryRefusal(timeToLive: timeToLive, maximumAge: maximumAge, now: now) { return .failure(refusal) }
         var message = DownstreamMessage(to: row.sendTarget ?? row.condition ?? "", messageID: "v1")
         message.timeToLive = timeToLive
-        return .success(ClaimedMessage(row: row, message: message, payload: payload, v1Requests: requests))
+        return .success(ClaimedMessage(row: row, message: message, payload: .null, v1Requests: requests))
     }
 
     /// A payload's time to live in seconds: the legacy `time_to_live`, or a v1 message's
@@ -214,7 +214,7 @@ package final class V1Transport: DownstreamTransport {
     package func run() async {
         while !Task.isCancelled {
             await refreshDoorbell.wait(timeout: .seconds(1))
-            let waiting = refreshes.withLock { list -> [(request: FCMV1Message, row: RowProgress, token: String)] in
+            let waiting = refreshes.withLock { list -> [(request: V1Request, row: RowProgress, token: String)] in
                 defer { list.removeAll() }
                 return list
             }
@@ -269,14 +269,14 @@ package final class V1Transport: DownstreamTransport {
 
     // MARK: - Sending
 
-    private func submit(_ request: FCMV1Message, for row: RowProgress, token: String, refreshed: Bool) {
-        client.submit(request, token: token) { [self] result in
+    private func submit(_ request: V1Request, for row: RowProgress, token: String, refreshed: Bool) {
+        client.submit(body: request.body, token: token) { [self] result in
             answered(request, result, for: row, token: token, refreshed: refreshed)
         }
     }
 
     /// One request's answer (on a connection's thread).
-    private func answered(_ request: FCMV1Message, _ result: Result<FCMV1Answer, FCMV1Client.Failure>, for row: RowProgress,
+    private func answered(_ request: V1Request, _ result: Result<FCMV1Answer, FCMV1Client.Failure>, for row: RowProgress,
                           token: String, refreshed: Bool) {
         let answer: FCMV1Answer
         switch result {

@@ -44,9 +44,15 @@ public final class HTTP2Client: Sendable {
     private struct Pending: Sendable {
         let id: UInt64
         let request: HTTP2Session.Message
-        let original: (method: String, path: String, headers: [String: String], body: [UInt8])
         var refusals: Int
         let complete: Completion
+
+        /// The request as HTTP/1.1 takes it (the server refused h2).
+        var http1: (method: String, path: String, headers: [String: String]) {
+            var headers: [String: String] = [:]
+            for (name, value) in request.headers where !name.hasPrefix(":") && name != "content-length" { headers[name] = value }
+            return (request.header(":method") ?? "POST", request.header(":path") ?? "/", headers)
+        }
     }
 
     private struct State {
@@ -110,6 +116,13 @@ public final class HTTP2Client: Sendable {
     /// - Throws: `TransportError`: for connection and TLS failures, `.outcomeUnknown` when the
     ///   request may have been processed, `.cancelled`.
     public func send(method: String, path: String, headers: [String: String], body: [UInt8]) async throws -> HTTPSClient.Response {
+        try await send(method: method, path: path, headers: headers.map { ($0.key, $0.value) }, body: body)
+    }
+
+    /// Sends one request and returns the response; `headers` in the order given.
+    /// - Throws: `TransportError`: for connection and TLS failures, `.outcomeUnknown` when the
+    ///   request may have been processed, `.cancelled`.
+    public func send(method: String, path: String, headers: [(name: String, value: String)], body: [UInt8]) async throws -> HTTPSClient.Response {
         if Task.isCancelled { throw TransportError.cancelled }
         let id = exchangeIDs.add(1, ordering: .relaxed).newValue
         let result = await withTaskCancellationHandler {
@@ -124,12 +137,12 @@ public final class HTTP2Client: Sendable {
 
     /// Sends one request without waiting: `complete` runs once with its outcome, on a
     /// connection's thread (it must not block).
-    public func submit(method: String, path: String, headers: [String: String], body: [UInt8], complete: @escaping Completion) {
+    public func submit(method: String, path: String, headers: [(name: String, value: String)], body: [UInt8], complete: @escaping Completion) {
         dispatch(pending(id: exchangeIDs.add(1, ordering: .relaxed).newValue, method: method, path: path, headers: headers, body: body,
                          complete: complete))
     }
 
-    private func pending(id: UInt64, method: String, path: String, headers: [String: String], body: [UInt8],
+    private func pending(id: UInt64, method: String, path: String, headers: [(name: String, value: String)], body: [UInt8],
                          complete: @escaping Completion) -> Pending {
         var request = HTTP2Session.Message(headers: [(":method", method), (":scheme", "https"), (":authority", authority), (":path", path)],
                                            body: body)
@@ -143,7 +156,7 @@ public final class HTTP2Client: Sendable {
             }
         }
         request.headers.append(("content-length", String(body.count)))
-        return Pending(id: id, request: request, original: (method, path, headers, body), refusals: 0, complete: complete)
+        return Pending(id: id, request: request, refusals: 0, complete: complete)
     }
 
     /// Hands a request to a connection with room (opened if needed), or queues it.
@@ -165,22 +178,25 @@ public final class HTTP2Client: Sendable {
     /// The least loaded live connection with room, or a new one if the limit allows; under
     /// the lock, so that two callers never open one each past the limit.
     private func connectionWithRoom(_ state: inout State) -> HTTP2ClientConnection? {
-        state.connections.removeAll { $0.isEnded }
         var best: HTTP2ClientConnection?
         var bestLoad = Int.max
         var live = 0
-        for connection in state.connections where !connection.isRetiring {
+        var anyEnded = false
+        for connection in state.connections {
+            let condition = connection.condition
+            if condition.ended { anyEnded = true }
+            guard !condition.retiring else { continue }
             live += 1
-            let load = connection.load
-            if load < bestLoad && connection.hasRoom {
+            if condition.load < bestLoad && condition.hasRoom {
                 best = connection
-                bestLoad = load
+                bestLoad = condition.load
             }
         }
+        if anyEnded { state.connections.removeAll { $0.isEnded } }
         if let best { return best }
         guard live < maximumConnections else { return nil }
         let connection = HTTP2ClientConnection(host: host, port: port, context: context, connectTimeout: connectTimeout,
-                                               maximumStreams: maximumStreamsPerConnection) { [weak self] in self?.connectionChanged() }
+                                               maximumStreams: maximumStreamsPerConnection) { [weak self] in self?.connectionChanged($0) }
         state.connections.append(connection)
         return connection
     }
@@ -221,9 +237,9 @@ public final class HTTP2Client: Sendable {
         // HTTP/1.1 is the rare path: a task per request there.
         Task {
             do {
-                let original = pending.original
-                pending.complete(.success(try await fallback.send(method: original.method, path: original.path, headers: original.headers,
-                                                                  body: original.body)))
+                let request = pending.http1
+                pending.complete(.success(try await fallback.send(method: request.method, path: request.path, headers: request.headers,
+                                                                  body: pending.request.body)))
             } catch let error as TransportError {
                 pending.complete(.failure(error))
             } catch {
@@ -248,8 +264,9 @@ public final class HTTP2Client: Sendable {
     }
 
     /// A connection made room, retired or ended: waiting requests move to connections with
-    /// room (a new one opened if the limit allows).
-    private func connectionChanged() {
+    /// room (a new one opened if the limit allows), first to `changed` while it has room (its
+    /// own thread calls this: the request is taken up there without waking another thread).
+    private func connectionChanged(_ changed: HTTP2ClientConnection? = nil) {
         while true {
             enum Next { case connection(Pending, HTTP2ClientConnection), fallback(Pending, HTTPSClient), none }
             let next = state.withLock { state -> Next in
@@ -258,7 +275,8 @@ public final class HTTP2Client: Sendable {
                     _ = state.waiting.popFirst()
                     return .fallback(pending, fallback)
                 }
-                guard let connection = connectionWithRoom(&state) else { return .none }
+                let preferred = changed.flatMap { $0.condition.hasRoom ? $0 : nil }
+                guard let connection = preferred ?? connectionWithRoom(&state) else { return .none }
                 _ = state.waiting.popFirst()
                 return .connection(pending, connection)
             }

@@ -57,8 +57,8 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
     private let shared: BlockingLock<Shared>
     private let maximumStreams: Int
     private let authority: String
-    /// Called (on the loop's thread) when the connection can take more, or ended.
-    private let onChange: @Sendable () -> Void
+    /// Called (on the loop's thread) with this connection when it can take more, or ended.
+    private let onChange: @Sendable (HTTP2ClientConnection) -> Void
 
     /// An exchange whose request went out on a stream (the request itself is not kept).
     private struct OpenStream {
@@ -77,7 +77,7 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
     private var closeRequested = false
 
     init(host: String, port: Int, context: TLSContext, connectTimeout: Duration, maximumStreams: Int,
-         onChange: @escaping @Sendable () -> Void) {
+         onChange: @escaping @Sendable (HTTP2ClientConnection) -> Void) {
         self.maximumStreams = maximumStreams
         self.authority = port == 443 ? host : "\(host):\(port)"
         self.onChange = onChange
@@ -99,6 +99,11 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
 
     /// True once it takes no new exchange (after a GOAWAY, a refused h2, or its end).
     var isRetiring: Bool { shared.withLock { !$0.acceptsExchanges } }
+
+    /// `isEnded`, `isRetiring`, `load` and `hasRoom` at one moment, under one lock.
+    var condition: (ended: Bool, retiring: Bool, load: Int, hasRoom: Bool) {
+        shared.withLock { ($0.ended, !$0.acceptsExchanges, $0.load, $0.acceptsExchanges && $0.load < $0.streamLimit) }
+    }
 
     var isEnded: Bool { shared.withLock { $0.ended } }
 
@@ -218,7 +223,7 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
         }
         streams.removeAll()
         session = nil
-        onChange()
+        onChange(self)
     }
 
     // MARK: - The session's work
@@ -285,7 +290,7 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
                 return shared.queued
             }
             for exchange in queued { exchange.complete(.notProcessed(.connectionLost("the connection is closing"))) }
-            if !queued.isEmpty { onChange() }
+            if !queued.isEmpty { onChange(self) }
             if streams.isEmpty && !closeRequested {
                 closeRequested = true
                 session.goAway()
@@ -300,7 +305,7 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
 
     private func release(_ count: Int) {
         shared.withLock { $0.load -= count }
-        onChange()
+        onChange(self)
     }
 
     private func handle(_ event: HTTP2Session.Event, loop: StreamLoop) {
@@ -324,7 +329,7 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
         case .goAway(let lastStreamID, _):
             goAwayLastStreamID = lastStreamID
             shared.withLock { $0.acceptsExchanges = false }
-            onChange()
+            onChange(self)
         }
     }
 }

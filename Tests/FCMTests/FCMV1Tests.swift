@@ -78,6 +78,25 @@ import Transport
         #expect(refusal(["data": ["from": "x"]]) == "data.from")
     }
 
+    /// A success is read the same whether it takes the short path (FCM's usual
+    /// `{"name": …}`) or the full parser (escapes, other members, odd spacing).
+    @Test func aSuccessNamesItsMessageHoweverItIsWritten() {
+        let name = "projects/p/messages/0:1500415314455276%31bd1c9631bd1c96"
+        let bodies = ["{\n  \"name\": \"\(name)\"\n}\n", #"{"name":"\#(name)"}"#, " \t{ \"name\" :\r\n\"\(name)\" } ",
+                      #"{"name":"\#(name.replacingOccurrences(of: "/", with: "\\/"))"}"#, #"{"name":"\#(name)","extra":1}"#,
+                      #"{"extra":[],"name":"\#(name)"}"#]
+        for body in bodies {
+            #expect(FCMV1Answer(status: 200, headers: [:], body: body) == .sent(name: name), "\(body)")
+        }
+        for body in [#"{"name":""}"#, #"{"name":"a"} x"#, "", #"{"name":"unterminated}"#] {
+            guard case .refused(let error) = FCMV1Answer(status: 200, headers: [:], body: body) else {
+                Issue.record("\(body) was read as a success")
+                continue
+            }
+            #expect(error.status == "UNKNOWN", "\(body)")
+        }
+    }
+
     @Test func answersAreReadAsGoogleWritesThemAndMappedToActions() {
         func answer(_ status: Int, _ body: String, retryAfter: String? = nil) -> FCMV1Answer {
             FCMV1Answer(status: status, headers: retryAfter.map { ["retry-after": $0] } ?? [:], body: body)
