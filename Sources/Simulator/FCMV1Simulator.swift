@@ -401,7 +401,7 @@ public final class FCMV1Simulator: Sendable {
             state.counters.delivered += 1
             return name
         }
-        return (Self.json(200, ["name": .string(name)]), target)
+        return (Self.success(name: name), target)
     }
 
     /// What FCM refuses in a message with `INVALID_ARGUMENT`, with the field.
@@ -435,7 +435,9 @@ public final class FCMV1Simulator: Sendable {
             return ("message.android.ttl", "Invalid value at 'message.android.ttl' (type.googleapis.com/google.protobuf.Duration), Field 'ttl', Illegal duration format; duration must end with 's'")
         }
         // FCM reads enum names in either case: the Admin SDKs send "high" and "normal".
-        if let priority = message["android"]?["priority"], !["NORMAL", "HIGH"].contains(priority.stringValue?.uppercased() ?? "") {
+        if let priority = message["android"]?["priority"],
+           !["high", "normal", "HIGH", "NORMAL"].contains(priority.stringValue ?? ""),
+           !["NORMAL", "HIGH"].contains(priority.stringValue?.uppercased() ?? "") {
             return ("message.android.priority", "Invalid value at 'message.android.priority' (type.googleapis.com/google.firebase.fcm.v1.AndroidMessagePriority)")
         }
         let size = message["data"]?.wireBytes.count ?? 0
@@ -473,6 +475,14 @@ public final class FCMV1Simulator: Sendable {
             ["@type": "type.googleapis.com/google.rpc.BadRequest",
              "fieldViolations": [["field": .string(field), "description": .string(message)]]],
         ])
+    }
+
+    /// A success as FCM writes it: pretty-printed, as Google's APIs answer.
+    static func success(name: String) -> HTTPServerResponse {
+        var body = Array("{\n  \"name\": ".utf8)
+        JSONValue.appendQuoted(name, to: &body)
+        body.append(contentsOf: "\n}\n".utf8)
+        return HTTPServerResponse(status: 200, headers: [("content-type", "application/json; charset=UTF-8")], body: body)
     }
 
     static func json(_ status: Int, _ members: [String: JSONValue]) -> HTTPServerResponse {

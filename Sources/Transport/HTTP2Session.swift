@@ -201,6 +201,7 @@ package final class HTTP2Session {
                         _ body: (UnsafePointer<nghttp2_nv>, Int, UnsafePointer<nghttp2_data_provider>?) -> Int32) -> Int32 {
         // Every name and value in one buffer (nghttp2 copies them during the call).
         var bytes: [UInt8] = []
+        bytes.reserveCapacity(headers.reduce(1) { $0 + $1.name.utf8.count + $1.value.utf8.count })
         var spans: [(name: Range<Int>, value: Range<Int>)] = []
         spans.reserveCapacity(headers.count)
         for (name, value) in headers {
