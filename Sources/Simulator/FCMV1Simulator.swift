@@ -239,9 +239,12 @@ public final class FCMV1Simulator: Sendable {
             return respond(Self.googleError(404, "NOT_FOUND", "The requested URL \(request.path) was not found on this server."))
         }
         let project = String(request.path.dropFirst(prefix.count).dropLast(suffix.count))
-        let scripted = state.withLock { state -> Scripted? in
+        let authorization = request.headers["authorization"] ?? ""
+        let bearer = authorization.hasPrefix("Bearer ") ? String(authorization.dropFirst("Bearer ".count)) : nil
+        // One lock a request for the script and the token (four threads serve at once).
+        let (scripted, tokenExpiry) = state.withLock { state -> (Scripted?, Date?) in
             state.counters.sendRequests += 1
-            return state.scripted.isEmpty ? nil : state.scripted.removeFirst()
+            return (state.scripted.isEmpty ? nil : state.scripted.removeFirst(), bearer.flatMap { state.tokens[$0] })
         }
         let goAwayNow = scripted == .goAway || settings.goAwayEvery.map { numberOnConnection % $0 == 0 } == true
         if case .status(let status, let retryAfter)? = scripted {
@@ -249,7 +252,7 @@ public final class FCMV1Simulator: Sendable {
             if let retryAfter { response.headers.append(("retry-after", retryAfter)) }
             return respond(response)
         }
-        let (response, target) = send(request, project: project)
+        let (response, target) = send(request, project: project, tokenExpiry: tokenExpiry)
         settings.onAnswer?(target, response.status, request.protocolName)
         switch scripted {
         case .resetAfterDelivering?: return .resetStream
@@ -336,12 +339,11 @@ public final class FCMV1Simulator: Sendable {
 
     // MARK: - Sending
 
-    /// The answer to a send request, and its target (for the log).
-    private func send(_ request: HTTPServerRequest, project: String) -> (HTTPServerResponse, String) {
-        let authorization = request.headers["authorization"] ?? ""
+    /// The answer to a send request, and its target (for the log). `tokenExpiry`: when the
+    /// request's bearer token expires (nil: it is not one this endpoint issued).
+    private func send(_ request: HTTPServerRequest, project: String, tokenExpiry: Date?) -> (HTTPServerResponse, String) {
         let now = Date()
-        guard authorization.hasPrefix("Bearer "),
-              let expiry = state.withLock({ $0.tokens[String(authorization.dropFirst("Bearer ".count))] }), expiry > now else {
+        guard let expiry = tokenExpiry, expiry > now else {
             return (Self.googleError(401, "UNAUTHENTICATED",
                                      "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other valid authentication credential."), "")
         }

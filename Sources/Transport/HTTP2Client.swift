@@ -144,18 +144,22 @@ public final class HTTP2Client: Sendable {
 
     private func pending(id: UInt64, method: String, path: String, headers: [(name: String, value: String)], body: [UInt8],
                          complete: @escaping Completion) -> Pending {
-        var request = HTTP2Session.Message(headers: [(":method", method), (":scheme", "https"), (":authority", authority), (":path", path)],
-                                           body: body)
-        request.headers.reserveCapacity(headers.count + 5)
+        var requestHeaders: [(name: String, value: String)] = []
+        requestHeaders.reserveCapacity(headers.count + 5)
+        requestHeaders.append((":method", method))
+        requestHeaders.append((":scheme", "https"))
+        requestHeaders.append((":authority", authority))
+        requestHeaders.append((":path", path))
         for (name, value) in headers {
             let lowered = name.utf8.contains(where: { (65...90).contains($0) }) ? name.lowercased() : name
             // Connection-specific headers have no place in HTTP/2.
             switch lowered {
             case "host", "connection", "content-length", "transfer-encoding", "keep-alive": continue
-            default: request.headers.append((lowered, value))
+            default: requestHeaders.append((lowered, value))
             }
         }
-        request.headers.append(("content-length", String(body.count)))
+        requestHeaders.append(("content-length", String(body.count)))
+        let request = HTTP2Session.Message(headers: requestHeaders, body: body)
         return Pending(id: id, request: request, refusals: 0, complete: complete)
     }
 

@@ -264,14 +264,14 @@ package final class HTTP2Session {
     }
 
     private func data(streamID: Int32, _ bytes: UnsafeRawBufferPointer) -> Int32 {
-        guard var stream = incoming[streamID] else { return 0 }
-        guard stream.body.count + bytes.count <= maximumBody else {
+        guard let count = incoming[streamID]?.body.count else { return 0 }
+        guard count + bytes.count <= maximumBody else {
             incoming[streamID] = nil
             reset(streamID, errorCode: ErrorCode.internalError)
             return 0
         }
-        stream.body.append(contentsOf: bytes)
-        incoming[streamID] = stream
+        // In place: a copy of the stream taken out and put back would copy its body too.
+        incoming[streamID]?.body.append(contentsOf: bytes)
         return 0
     }
 

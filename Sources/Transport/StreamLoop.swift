@@ -79,6 +79,8 @@ package final class StreamLoop: @unchecked Sendable {
     /// `wake()` was called on the loop's own thread (by the driver, or by what it called)
     /// since the loop last called `streamDidWake`: the loop turns again without sleeping.
     private var wokenFromLoop = false
+    /// The last poll found the wake pipe readable (or none has run yet).
+    private var wakePipeReadable = true
     /// When bytes last arrived from the peer (whitespace keepalives included).
     package private(set) var lastReadAt: ContinuousClock.Instant = .now
     /// The application protocol ALPN chose in the handshake (loop thread, from
@@ -252,7 +254,12 @@ package final class StreamLoop: @unchecked Sendable {
     private func run() {
         var readBuffer = [UInt8](repeating: 0, count: Self.recordSize)
         while !ended {
-            drainWakePipe()
+            // The pipe is read only when a waker wrote to it or the last poll saw a byte
+            // there: most turns (a read came) then cost no syscall for it.
+            if wakePipeReadable || wakePending.isClaimed {
+                wakePipeReadable = false
+                drainWakePipe()
+            }
             if let request = closeRequest.withLock({ request -> CloseRequest? in
                 defer { request = nil }
                 return request
@@ -322,6 +329,7 @@ package final class StreamLoop: @unchecked Sendable {
                 end(TransportError.connectionLost("poll failed: \(String(cString: strerror(errno)))"))
                 return
             }
+            if descriptors[1].revents != 0 { wakePipeReadable = true }
             let revents = descriptors[0].revents
             if result > 0 && revents & Int16(POLLNVAL) != 0 {
                 end(TransportError.connectionLost("socket became invalid"))
@@ -435,6 +443,9 @@ final class WakePendingFlag: Sendable {
 
     /// True if the caller must write the wake byte (nobody else has since the last reset).
     func claim() -> Bool { !pending.exchange(true, ordering: .acquiringAndReleasing) }
+
+    /// True when a waker claimed it since the last reset (its byte is in the pipe or on its way).
+    var isClaimed: Bool { pending.load(ordering: .acquiring) }
 
     /// Called by the loop before it drains the pipe and looks at its queues.
     func reset() { pending.store(false, ordering: .sequentiallyConsistent) }
