@@ -74,13 +74,17 @@ public final class FCMHTTPSimulator: Sendable {
     private let context: TLSContext
     private let listenFD: Int32
     private let state = BlockingLock(State())
+    private let recordsRequests: Bool
 
     /// `onAnswer` is called with each request and the status it was answered with (the
-    /// `simulate` command logs them).
+    /// `simulate` command logs them). `recordsRequests`: every request is kept for `requests`
+    /// (tests read them); a long-running simulator (`fcm-worker simulate`) keeps none, as
+    /// they would grow without end.
     public init(senderID: String, serverKey: String, identity: TLSIdentity, host: String = "127.0.0.1",
                 tokenAnswer: @escaping @Sendable (String) -> TokenAnswer = { _ in .success() },
-                onAnswer: (@Sendable (Request, Int) -> Void)? = nil) throws {
+                recordsRequests: Bool = true, onAnswer: (@Sendable (Request, Int) -> Void)? = nil) throws {
         ProcessSignals.ignoreSIGPIPE()
+        self.recordsRequests = recordsRequests
         self.senderID = senderID
         self.serverKey = serverKey
         self.tokenAnswer = tokenAnswer
@@ -103,7 +107,7 @@ public final class FCMHTTPSimulator: Sendable {
         state.withLock { $0.scripted += outcomes }
     }
 
-    /// Every request so far.
+    /// Every request so far (none when it does not record them).
     public var requests: [Request] { state.withLock { $0.requests } }
 
     /// How many kept-alive connections were closed after an answer (`.answerThenClose`); the
@@ -179,7 +183,7 @@ public final class FCMHTTPSimulator: Sendable {
     private func answer(_ request: HTTPMessage) -> (HTTPMessage?, Scripted?) {
         let path = request.startLine.count > 1 ? request.startLine[1] : ""
         let scripted = state.withLock { state -> Scripted? in
-            state.requests.append(Request(path: path, headers: request.headers, body: request.bodyText))
+            if recordsRequests { state.requests.append(Request(path: path, headers: request.headers, body: request.bodyText)) }
             return state.scripted.isEmpty ? nil : state.scripted.removeFirst()
         }
         switch scripted {

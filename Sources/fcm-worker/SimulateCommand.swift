@@ -163,7 +163,7 @@ enum SimulateCommand {
                 }
             }
             httpSimulator = try FCMHTTPSimulator(senderID: senderID, serverKey: serverKey, identity: identity, host: host,
-                                                 tokenAnswer: Self.httpTokenAnswer, onAnswer: { request, status in
+                                                 tokenAnswer: Self.httpTokenAnswer, recordsRequests: false, onAnswer: { request, status in
                                                      logger.info("HTTP \(request.path): \(Self.summary(of: request)) → \(status)")
                                                  })
             var v1Settings = FCMV1Simulator.Settings()
