@@ -6,6 +6,12 @@ import Foundation
 /// sleeps at once. With more busy threads than cores (the simulator's sessions and the
 /// worker on a 2-core machine), spinning only burns the CPU the lock holder needs.
 ///
+/// It is the project's one lock type. The exceptions, each for a stated reason: `Mutex`
+/// inline in objects made per message (`UpstreamMessage`'s parsed cells, the v1 transport's
+/// row progress), where a lock object each cost allocations on the hot path and the lock is
+/// rarely contended; `DeadlineThread`'s pthread mutex and condition, whose timed wait runs
+/// on the monotonic clock; `DedicatedThread`'s `NSCondition`, a job queue's wait.
+///
 /// The type is `public` and its members `package`: Swift 6.3 neither inlines nor specializes
 /// the `@inlinable` members of a `package` type in other modules, which then called them
 /// unspecialized, looking generic metadata up at run time at every call.
