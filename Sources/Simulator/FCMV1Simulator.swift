@@ -437,9 +437,14 @@ public final class FCMV1Simulator: Sendable {
             return ("message.android.ttl", "Invalid value at 'message.android.ttl' (type.googleapis.com/google.protobuf.Duration), Field 'ttl', Illegal duration format; duration must end with 's'")
         }
         // FCM reads enum names in either case: the Admin SDKs send "high" and "normal".
-        if let priority = message["android"]?["priority"],
-           !["high", "normal", "HIGH", "NORMAL"].contains(priority.stringValue ?? ""),
-           !["NORMAL", "HIGH"].contains(priority.stringValue?.uppercased() ?? "") {
+        func isPriority(_ text: String?) -> Bool {
+            switch text {
+            case "high"?, "normal"?, "HIGH"?, "NORMAL"?: true
+            case let text?: ["NORMAL", "HIGH"].contains(text.uppercased())
+            case nil: false
+            }
+        }
+        if let priority = message["android"]?["priority"], !isPriority(priority.stringValue) {
             return ("message.android.priority", "Invalid value at 'message.android.priority' (type.googleapis.com/google.firebase.fcm.v1.AndroidMessagePriority)")
         }
         let size = message["data"]?.wireBytes.count ?? 0
