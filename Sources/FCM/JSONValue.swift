@@ -167,32 +167,20 @@ public enum JSONValue: Sendable, Equatable, Codable, CustomStringConvertible {
 
     /// Appends `text` as a JSON string literal.
     public static func appendQuoted(_ text: String, to output: inout String) {
-        output += "\""
         var scanned = text
         let plain = scanned.withUTF8 { bytes in
             for byte in bytes where byte < 0x20 || byte == 0x22 || byte == 0x5C { return false }
             return true
         }
         if plain {
+            output += "\""
             output += text
             output += "\""
             return
         }
-        for scalar in text.unicodeScalars {
-            switch scalar {
-            case "\"": output += "\\\""
-            case "\\": output += "\\\\"
-            case "\n": output += "\\n"
-            case "\r": output += "\\r"
-            case "\t": output += "\\t"
-            default:
-                if scalar.value < 0x20 {
-                    output += String(format: "\\u%04x", scalar.value)
-                } else {
-                    output.unicodeScalars.append(scalar)
-                }
-            }
-        }
-        output += "\""
+        // Escapes are rare: written by the byte version, so that both escape alike.
+        var escaped: [UInt8] = []
+        appendQuoted(text, to: &escaped)
+        output += String(decoding: escaped, as: UTF8.self)
     }
 }

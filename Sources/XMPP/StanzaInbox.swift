@@ -70,15 +70,17 @@ final class StanzaInbox: Sendable {
 
     /// Resumes a waiting consumer with what is queued (up to its `maximum`).
     func handOver() {
-        var wasFull = false
-        let (waiter, items) = state.withLock { state -> (CheckedContinuation<[Item]?, Never>?, [Item]) in
-            guard !state.items.isEmpty, let waiter = state.consumer.removeFirst() else { return (nil, []) }
-            wasFull = state.items.count >= capacity
-            return (waiter, state.items.popFirst(max(1, state.consumerMaximum)))
-        }
-        guard let waiter else { return }
-        waiter.resume(returning: items)
-        if wasFull { onSpace() }
+        guard let handed = state.withLock({ takeForConsumer(&$0) }) else { return }
+        handed.waiter.resume(returning: handed.items)
+        if handed.wasFull { onSpace() }
+    }
+
+    /// Under the lock: the waiting consumer and what it is handed (up to its `maximum`),
+    /// and whether the inbox was full before; nil when nothing is queued or nobody waits.
+    private func takeForConsumer(_ state: inout State) -> (waiter: CheckedContinuation<[Item]?, Never>, items: [Item], wasFull: Bool)? {
+        guard !state.items.isEmpty, let waiter = state.consumer.removeFirst() else { return nil }
+        let wasFull = state.items.count >= capacity
+        return (waiter, state.items.popFirst(max(1, state.consumerMaximum)), wasFull)
     }
 
     /// True while the consumer has room for more.
@@ -106,21 +108,15 @@ final class StanzaInbox: Sendable {
     /// queued, not the end, when anything is (an item pushed between a hand-over and the
     /// end, and so acked, would otherwise be left behind a consumer told the stream ended).
     private func end(refusingMore: Bool) {
-        var wasFull = false
-        let (waiters, items) = state.withLock { state -> ([CheckedContinuation<[Item]?, Never>], [Item]) in
+        let (handed, others) = state.withLock { state in
             state.finished = true
             if refusingMore { state.stopped = true }
-            if !state.items.isEmpty, let waiter = state.consumer.removeFirst() {
-                wasFull = state.items.count >= capacity
-                return ([waiter] + state.consumer.removeAll(), state.items.popFirst(max(1, state.consumerMaximum)))
-            }
-            return (state.consumer.removeAll(), [])
+            return (takeForConsumer(&state), state.consumer.removeAll())
         }
-        for (index, waiter) in waiters.enumerated() {
-            // One consumer at a time: any other waiter is told the end.
-            waiter.resume(returning: index == 0 && !items.isEmpty ? items : nil)
-        }
-        if wasFull { onSpace() }
+        handed?.waiter.resume(returning: handed?.items)
+        // One consumer at a time: any other waiter is told the end.
+        for waiter in others { waiter.resume(returning: nil) }
+        if handed?.wasFull == true { onSpace() }
     }
 
     /// The next item, or nil once the stream has ended and everything was taken (or the
