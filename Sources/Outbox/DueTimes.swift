@@ -26,6 +26,12 @@ package struct DueTimes {
         entries.insert((instant, written), at: low)
     }
 
+    /// Whether an instant has passed by `now` (whatever its write): a sweep is wanted once
+    /// that write commits.
+    package func hasPassed(by now: ContinuousClock.Instant) -> Bool {
+        entries.first.map { $0.at <= now } ?? false
+    }
+
     /// Forgets the instants that have passed by `now` and whose write is committed
     /// (`written` or lower): whether there were any, and the next instant still kept.
     package mutating func popPassed(before now: ContinuousClock.Instant, written committed: UInt64) -> (passed: Bool, next: ContinuousClock.Instant?) {

@@ -45,10 +45,11 @@ package final class Outbox: Sendable {
         }
         let xmppStore = store("xmpp"), httpStore = store("http")
         let xmppDoorbell = Doorbell(), httpDoorbell = Doorbell()
-        // A written XMPP retry may be due already: let its claim loop look. (The HTTP loop
-        // finds its retries with its sweep: waking it on every write would cost PostgreSQL
-        // a claim query per batch of answers.)
-        let writeBack = OutboxWriteBack(store: xmppStore, logger: logger, onCommit: { xmppDoorbell.ring() })
+        // Each commit goes to the claim loops (set below), which wake if it is news for them.
+        let committedTo = BlockingLock<[OutboxClaimLoop]>([])
+        let writeBack = OutboxWriteBack(store: xmppStore, logger: logger, onCommit: {
+            for loop in committedTo.withLock({ $0 }) { loop.writeBackCommitted() }
+        })
         self.writeBack = writeBack
         self.ledgerStore = xmppStore
         self.settings = settings
@@ -69,6 +70,7 @@ package final class Outbox: Sendable {
                                          logger: logger.labeled("v1")))
         }
         self.loops = loops
+        committedTo.withLock { $0 = loops }
         let doorbells = loops.map(\.recorder.doorbell)
         self.listener = listenTarget.map {
             OutboxListener(target: $0, connectTimeout: pool.connectTimeout, doorbells: doorbells, logger: logger, onListening: onListening)

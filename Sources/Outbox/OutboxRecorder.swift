@@ -33,6 +33,11 @@ package final class OutboxRecorder: Sendable {
         dueTimes.withLock { $0.insert(instant, written: written) }
     }
 
+    /// Whether a recorded retry is due by `now` (its loop sweeps once its write commits).
+    package func hasRetryDue(by now: ContinuousClock.Instant) -> Bool {
+        dueTimes.withLock { $0.hasPassed(by: now) }
+    }
+
     /// Forgets the due times that have passed and whose writes committed: whether there
     /// were any, and the next one still kept.
     package func popDue(before now: ContinuousClock.Instant) -> (passed: Bool, next: ContinuousClock.Instant?) {
