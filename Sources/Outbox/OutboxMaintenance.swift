@@ -18,7 +18,7 @@ package enum OutboxMaintenance {
         let set = """
             UPDATE downstream_messages
             SET status = 'pending', available_at = now(), attempts = 0, claimed_by = NULL, error_code = NULL,
-                error_description = NULL, token_results = NULL
+                error_description = NULL, token_results = NULL, message_name = NULL
             """
         let count: Int
         if let since {

@@ -14,29 +14,26 @@ extension OutboxSettlement {
     }
 
     /// The settlement of one v1 attempt at a row: `outcome` holds this attempt's result per
-    /// target (each token of a fan-out, else the row's one target), `earlier` the row's
-    /// `token_results` so far. Each target's entry is written to `token_results`:
+    /// target (each token of a fan-out, else the row's one target), `earlier` a fan-out's
+    /// `token_results` so far. A row with one target gets FCM's name for the message in
+    /// `message_name`, or its error in `error_code` and `error_description`. A fan-out
+    /// (`fanOut`: the row's `registration_ids`) gets each token's entry in `token_results`:
     /// `{"name": …}` when FCM took it, `{"error": CODE}` when it refused it, with
     /// `"retry": true` when it is sent again. The row is acked once every target has a final
     /// outcome and one succeeded, failed when none did, and retried (only the targets marked
     /// `retry`) while some got `UNAVAILABLE`, `INTERNAL`, `QUOTA_EXCEEDED` or no answer, no
     /// sooner than the longest `Retry-After` (capped at `maximumRetryAfter`). Tokens FCM
     /// reports gone, of another sender or malformed are marked.
-    package static func v1(_ outcome: [(target: String, isDevice: Bool, outcome: V1Outcome)], earlier: [String: JSONValue],
+    package static func v1(_ outcome: [(target: String, isDevice: Bool, outcome: V1Outcome)], fanOut: Bool, earlier: [String: JSONValue],
                            rowID: Int64, attempt: Int, age: Duration, timeToLive: Int?, policy: DownstreamRetryPolicy,
                            maximumRetryAfter: Duration, sentAt: Date, now: Date,
                            using generator: inout some RandomNumberGenerator) -> OutboxSettlement {
-        if earlier.isEmpty, outcome.count == 1, case .sent(let name) = outcome[0].outcome {
-            // The usual answer: one target, delivered at the first attempt.
-            var results = "{"
-            JSONValue.appendQuoted(outcome[0].target, to: &results)
-            results += ":{\"name\":"
-            JSONValue.appendQuoted(name, to: &results)
-            results += "}}"
+        if !fanOut, outcome.count == 1, case .sent(let name) = outcome[0].outcome {
+            // The usual answer: one target, delivered.
             return OutboxSettlement(update: OutboxUpdate(rowID: rowID, status: .acked, attempts: attempt, sentOn: "v1", sentAt: sentAt,
-                                                         ackedAt: now, tokenResults: results))
+                                                         ackedAt: now, messageName: name))
         }
-        var results = earlier
+        var results = fanOut ? earlier : [:]
         var marks: [TokenMark] = []
         var retryable = false
         var notBefore: Duration = .zero
@@ -76,7 +73,7 @@ extension OutboxSettlement {
         }
         var update = OutboxUpdate(rowID: rowID, status: .failed, attempts: attempt, sentOn: "v1", sentAt: sentAt,
                                   errorCode: firstError?.code, errorDescription: firstError?.description,
-                                  tokenResults: JSONValue.object(results).serialized)
+                                  tokenResults: fanOut ? JSONValue.object(results).serialized : nil)
         if retryable {
             switch policy.decide(attempt: attempt, age: age, timeToLive: timeToLive, using: &generator) {
             case .retry(let delay):
@@ -89,12 +86,7 @@ extension OutboxSettlement {
         } else if succeeded {
             update.status = .acked
             update.ackedAt = now
-            if outcome.count == 1 && results.count == 1 {
-                // One target, delivered: the row keeps no error.
-                update.errorCode = nil
-                update.errorDescription = nil
-            }
-        } else if outcome.count > 1 || results.count > 1 {
+        } else if fanOut && results.count > 1 {
             update.errorDescription = "every target failed: \(firstError?.description ?? "")"
         }
         return OutboxSettlement(update: update, tokens: marks)

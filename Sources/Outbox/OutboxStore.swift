@@ -142,7 +142,8 @@ package struct OutboxStore: Sendable {
         ledger.written(updates, under: plan)
     }
 
-    /// Whether `update` is a plain ack of a claimed row (with its `token_results` or not):
+    /// Whether `update` is a plain ack of a claimed row (with its `token_results` or
+    /// `message_name` or not):
     /// what `plainAcks` writes.
     package static func isPlainAck(_ update: OutboxUpdate, claim: Int64?) -> Bool {
         update.status == .acked && claim != nil && update.attempts != nil && update.sentOn != nil && update.sentAt != nil
@@ -160,9 +161,10 @@ package struct OutboxStore: Sendable {
                 status = 'acked', claimed_by = $7, attempts = greatest(d.attempts, u.attempts), sent_on = u.sent_on,
                 sent_at = to_timestamp(u.sent_us::float8 / 1000000), acked_at = to_timestamp(u.acked_us::float8 / 1000000),
                 available_at = NULL, error_code = NULL, error_description = NULL,
-                token_results = coalesce(u.token_results::jsonb, d.token_results)
-            FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $8::text[])
-                AS u(id, attempts, sent_on, sent_us, acked_us, claim, token_results)
+                token_results = coalesce(u.token_results::jsonb, d.token_results),
+                message_name = coalesce(u.message_name, d.message_name)
+            FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $8::text[], $9::text[])
+                AS u(id, attempts, sent_on, sent_us, acked_us, claim, token_results, message_name)
             WHERE d.id = u.id AND u.claim IN (SELECT id FROM live)
             """, [
                 .array(updates.map { .int($0.rowID) }), .array(updates.map { .int(Int64($0.attempts ?? 0)) }),
@@ -171,6 +173,7 @@ package struct OutboxStore: Sendable {
                 .array(updates.map { .int(Self.microseconds($0.ackedAt)) }),
                 .array(claims.map { .int($0) }), .text(workerID),
                 .array(updates.map { $0.tokenResults.map { .text($0) } ?? .null }),
+                .array(updates.map { $0.messageName.map { .text($0) } ?? .null }),
             ])
     }
 
@@ -206,14 +209,15 @@ package struct OutboxStore: Sendable {
                                          ELSE coalesce(u.error_description, d.error_description) END,
                 canonical_token = coalesce(u.canonical_token, d.canonical_token),
                 token_results = coalesce(u.token_results::jsonb, d.token_results),
+                message_name = coalesce(u.message_name, d.message_name),
                 available_at = CASE WHEN u.status = 'delivered' THEN NULL
                                     -- Still in flight: its claim keeps it from other claims.
                                     WHEN u.status = 'sent' THEN d.available_at
                                     ELSE to_timestamp(u.available_at) END
             FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::float8[], $6::float8[],
-                        $7::float8[], $8::text[], $9::text[], $10::text[], $11::float8[], $13::text[], $14::bigint[])
+                        $7::float8[], $8::text[], $9::text[], $10::text[], $11::float8[], $13::text[], $14::bigint[], $15::text[])
                 AS u(id, status, attempts, sent_on, sent_at, acked_at, delivered_at, error_code, error_description,
-                     canonical_token, available_at, token_results, claim)
+                     canonical_token, available_at, token_results, claim, message_name)
             WHERE d.id = u.id AND (u.claim IN (SELECT id FROM live)
                                    -- A receipt without a claim counts for a row that was sent: after the
                                    -- outbox was emptied and its ids reused, one for an old message would
@@ -228,6 +232,7 @@ package struct OutboxStore: Sendable {
                 column(\.errorDescription) { .text($0) }, column(\.canonicalToken) { .text($0) },
                 column(\.availableAt) { .double($0.timeIntervalSince1970) }, .text(workerID),
                 column(\.tokenResults) { .text($0) }, .array(claims.map { $0.map { .int($0) } ?? .null }),
+                column(\.messageName) { .text($0) },
             ])
     }
 

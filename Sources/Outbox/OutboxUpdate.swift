@@ -28,14 +28,16 @@ package struct OutboxUpdate: Sendable, Equatable {
     package var errorCode: String?
     package var errorDescription: String?
     package var canonicalToken: String?
-    /// Each token's outcome so far (HTTP), as JSON text.
+    /// Each token's outcome so far (legacy HTTP, and a v1 fan-out), as JSON text.
     package var tokenResults: String?
+    /// The name FCM's v1 API gave the message (a row with one target).
+    package var messageName: String?
     /// When the row may be claimed again; nil once it is final.
     package var availableAt: Date?
 
     package init(rowID: Int64, status: Status, attempts: Int? = nil, sentOn: String? = nil, sentAt: Date? = nil,
          ackedAt: Date? = nil, deliveredAt: Date? = nil, errorCode: String? = nil, errorDescription: String? = nil,
-         canonicalToken: String? = nil, tokenResults: String? = nil, availableAt: Date? = nil) {
+         canonicalToken: String? = nil, tokenResults: String? = nil, messageName: String? = nil, availableAt: Date? = nil) {
         self.rowID = rowID
         self.status = status
         self.attempts = attempts
@@ -47,6 +49,7 @@ package struct OutboxUpdate: Sendable, Equatable {
         self.errorDescription = errorDescription
         self.canonicalToken = canonicalToken
         self.tokenResults = tokenResults
+        self.messageName = messageName
         self.availableAt = availableAt
     }
 
@@ -84,5 +87,6 @@ package struct OutboxUpdate: Sendable, Equatable {
         if let value = later.errorDescription { errorDescription = value }
         if let value = later.canonicalToken { canonicalToken = value }
         if let value = later.tokenResults { tokenResults = value }
+        if let value = later.messageName { messageName = value }
     }
 }

@@ -15,9 +15,9 @@ import Transport
 /// loop: the client's streams plus the read-ahead of the XMPP transport per connection.
 ///
 /// Each answer is settled (`OutboxSettlement.v1`) and written through the same write-back as
-/// the other transports: the message's name (or each target's error) to `token_results`,
-/// tokens FCM reports gone or of another sender marked, retries with the downstream backoff
-/// no sooner than `Retry-After`. An access token FCM refuses is replaced and the request
+/// the other transports: the message's name to `message_name` (a fan-out's, per token, to
+/// `token_results`), tokens FCM reports gone or of another sender marked, retries with the
+/// downstream backoff no sooner than `Retry-After`. An access token FCM refuses is replaced and the request
 /// submitted once more (`run` does that). `QUOTA_EXCEEDED` holds the whole project back (no
 /// request goes out, no row is claimed) until its `Retry-After` or a second. A refused grant
 /// or a 403 without an FCM code (the account may not send for the project) holds v1 sending
@@ -102,8 +102,8 @@ package final class V1Transport: DownstreamTransport {
         let requests: [V1Request]
         do {
             payload = try JSONValue.parse(row.payload)
-            let earlier = Self.tokenResults(row.tokenResults)
-            let final = row.registrationIDs == nil ? [] : Set(earlier.filter { $0.value["retry"] != .bool(true) }.keys)
+            let final = row.registrationIDs == nil ? []
+                : Set(Self.tokenResults(row.tokenResults).filter { $0.value["retry"] != .bool(true) }.keys)
             requests = try FCMV1Message.requests(target: row.sendTarget, condition: row.condition, registrationIDs: row.registrationIDs,
                                                  payload: payload, skipping: final, now: now).map(V1Request.init)
         } catch {
@@ -335,7 +335,9 @@ package final class V1Transport: DownstreamTransport {
             recorder.record([OutboxUpdate(rowID: claimed.row.id, status: .retry, availableAt: resumes)])
         } else {
             var generator = SystemRandomGenerator()
-            let settlement = OutboxSettlement.v1(outcomes, earlier: claimed.row.tokenResults == nil ? [:] : Self.tokenResults(claimed.row.tokenResults),
+            let fanOut = claimed.row.registrationIDs != nil
+            let settlement = OutboxSettlement.v1(outcomes, fanOut: fanOut,
+                                                 earlier: fanOut && claimed.row.tokenResults != nil ? Self.tokenResults(claimed.row.tokenResults) : [:],
                                                  rowID: claimed.row.id, attempt: claimed.row.attempts + 1,
                                                  age: .seconds(row.sentAt.timeIntervalSince(claimed.row.createdAt)),
                                                  timeToLive: claimed.message.timeToLive, policy: settings.retry,

@@ -40,6 +40,42 @@ private struct SplitMix: RandomNumberGenerator {
         #expect(OutboxSettlement.handBack(rowID: 6, sentBefore: false, now: now).status == .pending)
     }
 
+    @Test func aV1RowWithOneTargetKeepsFCMsNameInItsOwnColumnAndAFanOutKeepsEachTokensAnswer() throws {
+        var random = SplitMix()
+        let policy = DownstreamRetryPolicy()
+        func settle(_ outcome: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)], fanOut: Bool,
+                    earlier: [String: JSONValue] = [:], attempt: Int = 1) -> OutboxSettlement {
+            OutboxSettlement.v1(outcome, fanOut: fanOut, earlier: earlier, rowID: 7, attempt: attempt, age: .seconds(1), timeToLive: nil,
+                                policy: policy, maximumRetryAfter: .seconds(300), sentAt: now, now: now, using: &random)
+        }
+        let name = "projects/p/messages/0:1%ab"
+        // One target, taken: acked, the name in message_name, nothing in token_results.
+        let taken = settle([("device-1", true, .sent(name: name))], fanOut: false)
+        #expect(taken.update == OutboxUpdate(rowID: 7, status: .acked, attempts: 1, sentOn: "v1", sentAt: now, ackedAt: now, messageName: name))
+        // One target, refused: failed with FCM's code, the token marked, token_results still empty.
+        let gone = OutboxFCMV1Errors.unregistered
+        let refused = settle([("device-1", true, .refused(gone))], fanOut: false)
+        #expect(refused.update?.status == .failed && refused.update?.errorCode == "UNREGISTERED" && refused.update?.tokenResults == nil)
+        #expect(refused.update?.messageName == nil && refused.tokens.first?.state == .unregistered)
+        // One target, unavailable and then taken: retried, then acked with the name and no error.
+        let retried = settle([("device-1", true, .refused(OutboxFCMV1Errors.unavailable))], fanOut: false)
+        #expect(retried.update?.status == .retry && retried.update?.tokenResults == nil)
+        let merged = try #require(retried.update).merged(with: try #require(settle([("device-1", true, .sent(name: name))], fanOut: false, attempt: 2).update))
+        #expect(merged.status == .acked && merged.messageName == name)
+        // A fan-out: each token's answer in token_results, none in message_name.
+        let fanOut = settle([("a", true, .sent(name: name)), ("b", true, .refused(OutboxFCMV1Errors.unavailable))], fanOut: true)
+        #expect(fanOut.update?.status == .retry && fanOut.update?.messageName == nil)
+        let results = try #require(fanOut.update?.tokenResults.flatMap { try? JSONValue.parse($0) })
+        #expect(results["a"]?["name"] == .string(name) && results["b"]?["retry"] == .bool(true))
+        // Its second attempt sends b alone and merges into what a got: acked.
+        let second = settle([("b", true, .sent(name: name + "2"))], fanOut: true, earlier: try #require(results.objectValue), attempt: 2)
+        let final = try #require(second.update?.tokenResults.flatMap { try? JSONValue.parse($0) })
+        #expect(second.update?.status == .acked && final["a"]?["name"] == .string(name) && final["b"]?["name"] == .string(name + "2"))
+        // A fan-out of one token is still a fan-out.
+        let single = settle([("a", true, .sent(name: name))], fanOut: true)
+        #expect(single.update?.status == .acked && single.update?.messageName == nil && single.update?.tokenResults != nil)
+    }
+
     @Test func anHTTPAttemptSettlesTheRowFromEveryTokensOutcomeSoFar() throws {
         var random = SplitMix()
         let policy = DownstreamRetryPolicy()
@@ -64,4 +100,12 @@ private struct SplitMix: RandomNumberGenerator {
                                          timeToLive: 60, policy: policy, now: now, using: &random)
         #expect(late.update?.status == .expired)
     }
+}
+
+/// FCM v1 errors as FCM answers them.
+private enum OutboxFCMV1Errors {
+    static let unregistered = FCMV1Error(httpStatus: 404, status: "NOT_FOUND", errorCode: "UNREGISTERED",
+                                         message: "Requested entity was not found.", retryAfter: nil)
+    static let unavailable = FCMV1Error(httpStatus: 503, status: "UNAVAILABLE", errorCode: "UNAVAILABLE",
+                                        message: "The service is currently unavailable.", retryAfter: nil)
 }
