@@ -91,51 +91,67 @@ package final class Outbox: Sendable {
         package let shutdown: ShutdownSignal
         package var name: String { "outbox" }
 
-        package func run() async {
-            // Not child tasks: they go on while the service winds down (its task is cancelled
-            // as the graceful signal). This function owns them and waits for every one below.
-            let writing = Task { await outbox.writeBack.run() }
-            let renewing = Task { await outbox.renewLeases() }
-            let claiming = outbox.loops.map { loop in Task { await loop.run() } }
-            let transporting = outbox.loops.map { loop in Task { await loop.transport.run() } }
+        package func run(until stop: ShutdownSignal) async {
+            // Every part is a child task; each has a signal of its own that stops it at once
+            // (it is cancelled), raised in the order the wind-down below needs.
+            let stopRenewing = ShutdownSignal(), stopWriting = ShutdownSignal()
+            let stopClaiming = outbox.loops.map { _ in ShutdownSignal() }, stopTransports = outbox.loops.map { _ in ShutdownSignal() }
+            let claimLoopsEnded = outbox.loops.map { _ in OneShot<Void>() }
             await withTaskGroup(of: Void.self) { group in
-                if let listener = outbox.listener { group.addTask { await listener.run() } }
-                await waitUntilCancelled()
+                group.addTask { await cancellingOnRequest(stopWriting) { await outbox.writeBack.run() } }
+                group.addTask { await cancellingOnRequest(stopRenewing) { await outbox.renewLeases() } }
+                for (index, loop) in outbox.loops.enumerated() {
+                    group.addTask {
+                        await cancellingOnRequest(stopClaiming[index]) { await loop.run() }
+                        claimLoopsEnded[index].complete(.success(()))
+                    }
+                    group.addTask { await cancellingOnRequest(stopTransports[index]) { await loop.transport.run() } }
+                }
+                if let listener = outbox.listener {
+                    group.addTask { await cancellingOnRequest(stop) { await listener.run() } }
+                }
+                await stop.wait()
+                await windDown(stopClaiming: stopClaiming, claimLoopsEnded: claimLoopsEnded, stopTransports: stopTransports,
+                               stopRenewing: stopRenewing, stopWriting: stopWriting)
+                // Cancelled (stop now): every part is cancelled with this task.
+                await group.waitForAll()
             }
-            await shielded { [outbox, shutdownTimeout, shutdown] in
-                let deadline = shutdown.deadline(after: min(shutdownTimeout, Outbox.answerWait))
-                for loop in outbox.loops { loop.stopClaiming() }
-                // Each transport's answers, and what its loop has under way, get until the
-                // deadline; then what is still under way is abandoned (handed back).
-                await withTaskGroup(of: Void.self) { group in
-                    for ((loop, task), transportTask) in zip(zip(outbox.loops, claiming), transporting) {
-                        group.addTask {
-                            let stop = Task {
+        }
+
+        /// Stops claiming; each transport's answers, and what its loop has under way, get
+        /// until the deadline, then what is still under way is abandoned (handed back); then
+        /// the write-back writes everything and ends.
+        private func windDown(stopClaiming: [ShutdownSignal], claimLoopsEnded: [OneShot<Void>], stopTransports: [ShutdownSignal],
+                              stopRenewing: ShutdownSignal, stopWriting: ShutdownSignal) async {
+            let deadline = shutdown.deadline(after: min(shutdownTimeout, Outbox.answerWait))
+            for loop in outbox.loops { loop.stopClaiming() }
+            await withTaskGroup(of: Void.self) { group in
+                for (index, loop) in outbox.loops.enumerated() {
+                    group.addTask { [shutdown] in
+                        await withTaskGroup(of: Void.self) { timer in
+                            // The claim loop is stopped at the deadline if it has not ended by then.
+                            timer.addTask {
                                 await shutdown.sleepUnlessUrgent(until: deadline)
-                                if !Task.isCancelled { task.cancel() }
+                                if !Task.isCancelled { stopClaiming[index].request() }
                             }
                             await loop.transport.finish(until: deadline, shutdown: shutdown)
-                            await task.value
-                            stop.cancel()
-                            await stop.value
-                            // What its senders still hold is handed back.
-                            transportTask.cancel()
-                            await transportTask.value
+                            _ = try? await claimLoopsEnded[index].value()
+                            timer.cancelAll()
                         }
+                        // What its senders still hold is handed back.
+                        stopTransports[index].request()
                     }
                 }
-                renewing.cancel()
-                await renewing.value
-                outbox.writeBack.stop()
-                let flushDeadline = shutdown.deadline(after: shutdownTimeout + .seconds(1))
-                let flushWindow = shutdown.isUrgent ? .milliseconds(200) : max(flushDeadline - .now, .milliseconds(200))
-                if !(await outbox.writeBack.flushed(within: flushWindow)) {
-                    outbox.logger.error("could not write the state of outbox rows "
-                                        + "\(outbox.writeBack.unwrittenRows.prefix(20).map(String.init).joined(separator: ",")) "
-                                        + "before shutdown; their claims lapse after \(outbox.settings.lease.formattedSeconds) and they are sent again")
-                    writing.cancel()
-                }
-                await writing.value
+            }
+            stopRenewing.request()
+            outbox.writeBack.stop()
+            let flushDeadline = shutdown.deadline(after: shutdownTimeout + .seconds(1))
+            let flushWindow = shutdown.isUrgent ? .milliseconds(200) : max(flushDeadline - .now, .milliseconds(200))
+            if !(await outbox.writeBack.flushed(within: flushWindow)) {
+                outbox.logger.error("could not write the state of outbox rows "
+                                    + "\(outbox.writeBack.unwrittenRows.prefix(20).map(String.init).joined(separator: ",")) "
+                                    + "before shutdown; their claims lapse after \(outbox.settings.lease.formattedSeconds) and they are sent again")
+                stopWriting.request()
             }
         }
     }

@@ -1,10 +1,3 @@
-/// Suspends until the calling task is cancelled (a service with nothing to do until its
-/// stage stops).
-package func waitUntilCancelled() async {
-    let never = ShutdownSignal()
-    await never.wait()
-}
-
 /// Sleeps for `duration`; returns false when cancelled first (at once if it already is).
 /// Timed by `DeadlineThread`, like every timed wait, not by a sleeping `Task`.
 @discardableResult
@@ -13,9 +6,31 @@ package func sleepUnlessCancelled(for duration: Duration) async -> Bool {
     return await sleeper.suspend(in: \.self, cancelled: false, deadline: .now + duration, timedOut: true) { _ in nil }
 }
 
-/// Runs `body` to its end even when the calling task is cancelled, and returns its result:
-/// for a wind-down that a shutdown starts by cancelling and that must not be cut short
-/// (answers still arriving, acks still to flush). `body` must bound its own waits.
-package func shielded<T: Sendable>(_ body: @escaping @Sendable () async -> T) async -> T {
-    await Task { await body() }.value
+/// Runs `body` as a child task and returns its result; once `stop` is requested (or the
+/// calling task is cancelled), `body` is cancelled, and its result is still awaited. The
+/// structured form of keeping a task to cancel it later: a service whose graceful end is to
+/// stop at once, or a part of one that must stop when its deadline passes.
+package func cancellingOnRequest<T: Sendable>(_ stop: ShutdownSignal, _ body: @escaping @Sendable () async -> T) async -> T {
+    await withTaskGroup(of: T?.self) { group in
+        group.addTask { await body() }
+        // Returns nil once `stop` is requested, or when cancelled because `body` returned.
+        group.addTask {
+            await stop.wait()
+            return nil
+        }
+        var result: T?
+        while let next = await group.next() {
+            group.cancelAll()
+            if let value = next { result = value }
+        }
+        return result!
+    }
+}
+
+/// `cancellingOnRequest` for a throwing `body`: its error is rethrown.
+package func cancellingOnRequest<T: Sendable>(_ stop: ShutdownSignal, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
+    let result: Result<T, any Error> = await cancellingOnRequest(stop) {
+        do { return .success(try await body()) } catch { return .failure(error) }
+    }
+    return try result.get()
 }

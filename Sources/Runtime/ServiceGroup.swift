@@ -1,26 +1,28 @@
 
 /// Runs services together until shutdown, then stops them in a declared order.
 ///
-/// The stages are listed in stopping order: on shutdown the first stage's services are
-/// cancelled and awaited, then the second stage's, and so on. A later stage keeps running
+/// The stages are listed in stopping order: on shutdown the first stage's services are told
+/// to stop (their `stop` signal, not cancellation) and awaited, then the second stage's, and
+/// so on. Every service runs as a child task of the group's `run()`: cancelling that stops
+/// every service at once. A later stage keeps running
 /// while an earlier one winds down, which is the point: the worker's outbox stops
 /// claiming while its CCS connections are still read (their answers arrive), reading
 /// stops while the pipeline still commits, and the streams close last (after the acks of
 /// what committed). A service that throws requests shutdown for everyone; the first such
 /// error is rethrown once every stage has stopped.
-public struct ServiceGroup: Sendable {
+package struct ServiceGroup: Sendable {
     /// Services that stop together.
-    public struct Stage: Sendable {
-        public let name: String
-        public let services: [any Service]
+    package struct Stage: Sendable {
+        package let name: String
+        package let services: [any Service]
 
-        public init(_ name: String, _ services: [any Service]) {
+        package init(_ name: String, _ services: [any Service]) {
             self.name = name
             self.services = services
         }
     }
 
-    public let stages: [Stage]
+    package let stages: [Stage]
     private let shutdown: ShutdownSignal
     private let logger: Logger
 
@@ -48,11 +50,12 @@ public struct ServiceGroup: Sendable {
             await shutdown.wait()
             return
         }
+        let stop = ShutdownSignal()
         await withTaskGroup(of: Void.self) { group in
             for service in stage.services {
                 group.addTask { [shutdown, logger] in
                     do {
-                        try await service.run()
+                        try await service.run(until: stop)
                     } catch is CancellationError {
                     } catch {
                         logger.error("\(service.name) stopped: \(error)")
@@ -65,7 +68,7 @@ public struct ServiceGroup: Sendable {
             // stage waits for the others.
             await run(stages.dropLast(), failure: failure)
             logger.debug("stopping \(stage.name)")
-            group.cancelAll()
+            stop.request()
             await group.waitForAll()
         }
     }

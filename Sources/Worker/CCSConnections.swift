@@ -37,25 +37,28 @@ final class CCSConnections: Sendable {
         self.sender = sender
     }
 
-    /// Connects and reads every slot until cancelled; then stops receiving and hands what
-    /// was already received (and acked) to the pipeline before it returns.
+    /// Connects and reads every slot until its stage stops (the slots are then cancelled);
+    /// then stops receiving and hands what was already received (and acked) to the pipeline
+    /// before it returns.
     /// - Throws: the configuration error that stopped a slot (refused credentials or
     ///   certificate, unknown domain).
     var reading: some Service { Reading(connections: self) }
 
-    /// Keeps the open connections until cancelled, then closes them: what is queued on
-    /// them (acks) is sent, then `</stream:stream>` and a TLS close_notify.
+    /// Keeps the open connections until its stage stops, then closes them: what is queued
+    /// on them (acks) is sent, then `</stream:stream>` and a TLS close_notify.
     var streams: some Service { Streams(connections: self) }
 
     private struct Reading: Service {
         let connections: CCSConnections
         var name: String { "ccs reading" }
-        func run() async throws {
-            try await withThrowingTaskGroup(of: Void.self) { group in
-                for index in 1...connections.configuration.connections {
-                    group.addTask { try await Slot(index: index, connections: connections).run() }
+        func run(until stop: ShutdownSignal) async throws {
+            try await cancellingOnRequest(stop) { [connections] in
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    for index in 1...connections.configuration.connections {
+                        group.addTask { try await Slot(index: index, connections: connections).run() }
+                    }
+                    try await group.waitForAll()
                 }
-                try await group.waitForAll()
             }
         }
     }
@@ -63,18 +66,16 @@ final class CCSConnections: Sendable {
     private struct Streams: Service {
         let connections: CCSConnections
         var name: String { "ccs streams" }
-        func run() async {
-            await waitUntilCancelled()
+        func run(until stop: ShutdownSignal) async {
+            await stop.wait()
             let all = connections.open.withLock { open in
                 defer { open.removeAll() }
                 return Array(open.values)
             }
-            // Closing waits (at most a second each) for the socket: not cut short by the
-            // cancellation that asked for it, so that queued acks leave before the process ends.
-            await shielded {
-                await withTaskGroup(of: Void.self) { group in
-                    for connection in all { group.addTask { await connection.close() } }
-                }
+            // Closing waits (at most a second each) for the socket, so that queued acks leave
+            // before the process ends.
+            await withTaskGroup(of: Void.self) { group in
+                for connection in all { group.addTask { await connection.close() } }
             }
         }
     }

@@ -139,10 +139,10 @@ struct DeadLetterReplay: Sendable {
                                         observer: { event in
                                             if case .committed(_, _, let letters) = event { deadAgain.withLock { $0.formUnion(letters) } }
                                         }, metrics: WorkerMetrics())
-        let lanes = Task { await pipeline.run() }
+        async let lanes = pipeline.run()
         await pipeline.submit(work.map(\.work))
         pipeline.close()
-        let leftovers = await lanes.value
+        let leftovers = await lanes
         guard leftovers.isEmpty else { throw ConfigurationError("replay interrupted: \(leftovers.count) message(s) not committed; run it again") }
         let failed = deadAgain.withLock { $0 }
         for (letter, _) in work {

@@ -53,11 +53,17 @@ public struct FCMWorker: Sendable {
         shutdown.request()
     }
 
-    /// Runs until cancelled (or `requestShutdown()`), then shuts down gracefully.
+    /// Runs until `requestShutdown()` or until cancelled, then shuts down gracefully: for a
+    /// caller, cancelling `run()` is the same as `requestShutdown()` (a second cancellation
+    /// cannot come, so `requestShutdown()` again makes it urgent).
+    ///
+    /// Inside, the graceful shutdown is a signal of its own and cancellation means "stop
+    /// now": every service is a child task of the service group, told to stop by its stage's
+    /// signal. The one task not a child is the one this creates: turning the caller's
+    /// cancellation into the graceful signal needs a task that the cancellation does not
+    /// reach. It is always awaited here, so it never outlives `run()`.
     public func run() async throws {
         ProcessSignals.ignoreSIGPIPE()
-        // The work runs in a task of its own so that cancelling `run()` starts the staged
-        // shutdown instead of cancelling every part at once.
         let work = Task { try await runUntilShutdown() }
         try await withTaskCancellationHandler {
             try await work.value
@@ -275,11 +281,11 @@ public struct FCMWorker: Sendable {
         logger.info("replaying \(entries.count) spooled or journaled message(s) from \(spool.path)\(files.count > 1 ? " and its journal" : "")")
         let pipeline = UpstreamPipeline(pool: pool, handlers: handlers, settings: configuration.pipeline,
                                         logger: logger.labeled("spool"), observer: observer, metrics: metrics)
-        let lanes = Task { await pipeline.run() }
-        shutdown.onRequest { lanes.cancel() }
+        // A shutdown requested meanwhile stops the replay at once: what did not commit stays.
+        async let lanes = cancellingOnRequest(shutdown) { await pipeline.run() }
         await pipeline.submit(entries.map(Self.work))
         pipeline.close()
-        let leftovers = await lanes.value
+        let leftovers = await lanes
         guard leftovers.isEmpty else {
             logger.warning("replay interrupted: \(spool.path) and its journal are kept for the next start")
             return

@@ -31,7 +31,7 @@ struct ObservabilityService: Service {
     /// with every probe), so the probes between read `SELECT 1`.
     static let backlogInterval: Duration = .seconds(10)
 
-    func run() async throws {
+    func run(until stop: ShutdownSignal) async throws {
         let heartbeat = Heartbeat()
         let metrics = self.metrics, shutdown = self.shutdown
         let server = try address.map { address throws(ConfigurationError) in
@@ -50,25 +50,28 @@ struct ObservabilityService: Service {
             observer?(.serving(metricsPort: server.port))
         }
         let notifier = SystemdNotifier()
-        await withTaskGroup(of: Void.self) { group in
-            group.addTask { await probe() }
-            group.addTask {
-                var ready = false
-                var lastWatchdog = ContinuousClock.now
-                while !Task.isCancelled {
-                    heartbeat.last.store(Self.uptimeMilliseconds(), ordering: .relaxed)
-                    if !ready && Self.readiness(metrics, shutdown: shutdown).ok {
-                        ready = true
-                        notifier.notify("READY=1\nSTATUS=connected to CCS, database reachable")
+        // Served and probed until its stage stops.
+        await cancellingOnRequest(stop) { [self] in
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask { await probe() }
+                group.addTask {
+                    var ready = false
+                    var lastWatchdog = ContinuousClock.now
+                    while !Task.isCancelled {
+                        heartbeat.last.store(Self.uptimeMilliseconds(), ordering: .relaxed)
+                        if !ready && Self.readiness(metrics, shutdown: shutdown).ok {
+                            ready = true
+                            notifier.notify("READY=1\nSTATUS=connected to CCS, database reachable")
+                        }
+                        if let interval = notifier.watchdogInterval, ContinuousClock.now - lastWatchdog >= interval {
+                            notifier.notify("WATCHDOG=1")
+                            lastWatchdog = .now
+                        }
+                        guard await sleepUnlessCancelled(for: .milliseconds(500)) else { break }
                     }
-                    if let interval = notifier.watchdogInterval, ContinuousClock.now - lastWatchdog >= interval {
-                        notifier.notify("WATCHDOG=1")
-                        lastWatchdog = .now
-                    }
-                    guard await sleepUnlessCancelled(for: .milliseconds(500)) else { break }
                 }
+                await group.waitForAll()
             }
-            await group.waitForAll()
         }
         notifier.notify("STOPPING=1")
         server?.stop()

@@ -29,7 +29,8 @@ import Glibc
 ///   resumes by itself. A shutdown gives up the retries: those messages were never acked,
 ///   and CCS redelivers them. They are handled if they reached the pipeline, exactly once.
 ///
-/// The journal runs as a service: cancelled, it writes and acks what is queued and ends.
+/// The journal runs as a service: stopped (or cancelled), it writes and acks what is queued
+/// and ends.
 /// Its writer is a thread of its own, so that neither the flush nor the acks wait behind
 /// handler work on the cooperative pool.
 final class UpstreamJournal: Service, CCSJournal {
@@ -49,7 +50,7 @@ final class UpstreamJournal: Service, CCSJournal {
         var outstanding: [Int: Int] = [:]
         /// Segments no longer written to, deleted once nothing in them is outstanding.
         var closed = Set<Int>()
-        /// Set when the service is cancelled: write what is queued, then end.
+        /// Set when the service stops: write what is queued, then end.
         var stopping = false
         /// The writer found nothing to do and waits to be woken.
         var idle = false
@@ -178,14 +179,15 @@ final class UpstreamJournal: Service, CCSJournal {
     /// Messages queued or written but not committed yet.
     var outstanding: Int { state.withLock { $0.outstanding.values.reduce(0, +) } }
 
-    /// Runs the writer on the journal's own thread until cancelled; then it writes and
-    /// acks what is queued, and this returns.
-    func run() async {
+    /// Runs the writer on the journal's own thread until its stage stops (or the task is
+    /// cancelled: the thread cannot be interrupted either way); then it writes and acks what
+    /// is queued, and this returns.
+    func run(until stop: ShutdownSignal) async {
+        stop.onRequest { [self] in stopWriting() }
         await withTaskCancellationHandler {
             _ = try? await disk.run { [self] in writeUntilStopped() }
         } onCancel: {
-            state.withLock { $0.stopping = true }
-            wake()
+            stopWriting()
         }
         disk.shutdown()
         let left = outstanding
@@ -193,6 +195,11 @@ final class UpstreamJournal: Service, CCSJournal {
             logger.warning("\(left) journaled message(s) did not commit before the shutdown ended: they stay in the journal "
                            + "beside \(spoolPath), and the next start replays them (keep that disk)")
         }
+    }
+
+    private func stopWriting() {
+        state.withLock { $0.stopping = true }
+        wake()
     }
 
     private func wake() {

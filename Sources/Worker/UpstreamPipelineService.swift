@@ -1,7 +1,7 @@
 import Foundation
 import Runtime
 
-/// The upstream pipeline as a service of the worker: it commits until cancelled, then
+/// The upstream pipeline as a service of the worker: it commits until its stage stops, then
 /// lets what is queued commit until `shutdownTimeout` after the shutdown was requested
 /// (at once when the shutdown becomes urgent), abandons the rest (a transaction under way included) and writes what was
 /// acked but not committed to the spool, which the next start replays. Work whose ack
@@ -19,18 +19,29 @@ struct UpstreamPipelineService: Service {
 
     var name: String { "pipeline" }
 
-    func run() async {
-        // Not a child task: it goes on committing after this service is cancelled.
-        let lanes = Task { await pipeline.run() }
-        await waitUntilCancelled()
-        logger.info("shutting down: \(pipeline.backlog) message(s) still queued")
-        pipeline.close()
-        let deadline = Task { [shutdown, shutdownTimeout] in
-            await shutdown.sleepUnlessUrgent(until: shutdown.deadline(after: shutdownTimeout))
-            if !Task.isCancelled { lanes.cancel() }
+    func run(until stop: ShutdownSignal) async {
+        // The lanes are stopped at once (cancelled) when the shutdown's deadline passes.
+        let stopLanes = ShutdownSignal()
+        let leftovers = await withTaskGroup(of: [UpstreamWork]?.self) { group in
+            group.addTask { [pipeline] in await cancellingOnRequest(stopLanes) { await pipeline.run() } }
+            group.addTask { [shutdown, shutdownTimeout, logger, pipeline] in
+                await stop.wait()
+                logger.info("shutting down: \(pipeline.backlog) message(s) still queued")
+                pipeline.close()
+                await shutdown.sleepUnlessUrgent(until: shutdown.deadline(after: shutdownTimeout))
+                if !Task.isCancelled { stopLanes.request() }
+                return nil
+            }
+            // The lanes' end (what they could not commit) ends the deadline's wait too.
+            var leftovers: [UpstreamWork] = []
+            while let next = await group.next() {
+                if let next {
+                    leftovers = next
+                    group.cancelAll()
+                }
+            }
+            return leftovers
         }
-        let leftovers = await lanes.value
-        deadline.cancel()
         guard !leftovers.isEmpty else { return }
         let acked = leftovers.filter(\.isAcked)
         let journaled = leftovers.count { $0.journalSegment != nil }

@@ -175,7 +175,6 @@ public enum WorkerMain {
         ProcessSignals.ignoreSIGHUP()
         for warning in configuration.warnings { worker.logger.warning(warning) }
         worker.logger.info("handlers: \(handlers.names.joined(separator: ", "))")
-        let task = Task { try await worker.run() }
         let signals = Atomic(0)
         // The first signal starts the graceful shutdown; a second one skips the waiting.
         let trap = SignalTrap { signal in
@@ -188,7 +187,14 @@ public enum WorkerMain {
             worker.requestShutdown()
         }
         defer { withExtendedLifetime(trap) {} }
-        switch await task.result {
+        let outcome: Result<Void, any Error>
+        do {
+            try await worker.run()
+            outcome = .success(())
+        } catch {
+            outcome = .failure(error)
+        }
+        switch outcome {
         case .success:
             return 0
         case .failure(let error as XMPPError) where error.isConfigurationError:

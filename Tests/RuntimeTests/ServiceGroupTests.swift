@@ -2,22 +2,22 @@
 import Synchronization
 import Testing
 
-/// Records when it started and stopped, and takes `windDown` to stop once cancelled.
+/// Records when it started and stopped, and takes `windDown` to stop once told to (a
+/// cancellation cuts the wind-down short).
 private struct RecordingService: Service {
     let name: String
     let journal: Journal
     var windDown: Duration = .zero
     var failure: (any Error)? = nil
 
-    func run() async throws {
+    func run(until stop: ShutdownSignal) async throws {
         journal.append("\(name) started")
         if let failure { throw failure }
-        while !Task.isCancelled { try? await Task.sleep(for: .seconds(60)) }
-        journal.append("\(name) cancelled")
-        // Winding down must not be cut short by the cancellation that asked for it.
+        await stop.wait()
+        journal.append("\(name) \(Task.isCancelled ? "cancelled" : "told to stop")")
         let until = ContinuousClock.now + windDown
-        while ContinuousClock.now < until { _ = await Task.detached { () }.value }
-        journal.append("\(name) stopped")
+        while ContinuousClock.now < until && !Task.isCancelled { await Task.yield() }
+        journal.append("\(name) stopped\(Task.isCancelled ? " at once" : "")")
     }
 }
 
@@ -43,16 +43,49 @@ private struct Planned: Error {}
         ], shutdown: shutdown, logger: quiet())
         let running = Task { try await group.run() }
         while journal.all.filter({ $0.hasSuffix("started") }).count < 4 { await Task.yield() }
-        #expect(!journal.all.contains { $0.hasSuffix("cancelled") })
+        #expect(!journal.all.contains { $0.hasSuffix("told to stop") })
         shutdown.request()
         try await running.value
         let order = journal.all.filter { !$0.hasSuffix("started") }
         func position(_ entry: String) -> Int { order.firstIndex(of: entry) ?? -1 }
-        // Each stage is cancelled only after every service of the stage before it stopped.
-        #expect(position("c cancelled") > position("a stopped"))
-        #expect(position("c cancelled") > position("b stopped"))
-        #expect(position("d cancelled") > position("c stopped"))
-        #expect(order.count == 8)
+        // Each stage is told to stop only after every service of the stage before it
+        // stopped, and none is cancelled: a graceful stop is not a cancellation.
+        #expect(position("c told to stop") > position("a stopped"))
+        #expect(position("c told to stop") > position("b stopped"))
+        #expect(position("d told to stop") > position("c stopped"))
+        #expect(order.count == 8 && !order.contains { $0.hasSuffix("cancelled") || $0.hasSuffix("at once") }, "\(order)")
+    }
+
+    @Test func cancellingTheGroupStopsEveryServiceAtOnce() async throws {
+        let journal = Journal()
+        let shutdown = ShutdownSignal()
+        let group = ServiceGroup(stages: [
+            .init("first", [RecordingService(name: "a", journal: journal, windDown: .seconds(600))]),
+            .init("second", [RecordingService(name: "b", journal: journal, windDown: .seconds(600))]),
+        ], shutdown: shutdown, logger: quiet())
+        let running = Task { try await group.run() }
+        while journal.all.filter({ $0.hasSuffix("started") }).count < 2 { await Task.yield() }
+        running.cancel()
+        try await running.value
+        // Both end, neither waiting for its ten-minute wind-down.
+        #expect(Set(journal.all.filter { $0.hasPrefix("a stopped") || $0.hasPrefix("b stopped") }) == ["a stopped at once", "b stopped at once"])
+    }
+
+    @Test func aPartRunUnderASignalIsCancelledWhenItIsRequestedAndItsResultKept() async {
+        let stop = ShutdownSignal()
+        let started = ShutdownSignal()
+        let part = Task {
+            await cancellingOnRequest(stop) { () async -> String in
+                started.request()
+                let finished = await sleepUnlessCancelled(for: .seconds(600))
+                return finished ? "slept" : "cancelled"
+            }
+        }
+        await started.wait()
+        stop.request()
+        #expect(await part.value == "cancelled")
+        // A part that ends by itself returns its result; the signal is not needed.
+        #expect(await cancellingOnRequest(ShutdownSignal()) { 42 } == 42)
     }
 
     @Test func aServiceThatThrowsStopsTheGroupAndItsErrorComesOut() async {

@@ -45,7 +45,7 @@ import Testing
         let spool = try temporarySpoolPath()
         let metrics = WorkerMetrics()
         let journal = journal(spool, metrics: metrics)
-        let running = Task { await journal.run() }
+        let running = Task { await journal.run(until: ShutdownSignal()) }
         let first = journal.append(records(0..<3))
         let second = journal.append(records(3..<5))
         #expect(first == second)
@@ -80,7 +80,7 @@ import Testing
         let spool = try temporarySpoolPath()
         let metrics = WorkerMetrics()
         let journal = journal(spool, metrics: metrics)
-        let running = Task { await journal.run() }
+        let running = Task { await journal.run(until: ShutdownSignal()) }
         defer { running.cancel() }
         let route = CCSAckRoute(label: "ccs#test")
         func read(_ indexes: Range<Int>) -> Set<Int> {
@@ -108,7 +108,7 @@ import Testing
     @Test func aFullSegmentIsClosedAndDeletedOnlyWhenItsOwnMessagesCommitted() async throws {
         let spool = try temporarySpoolPath()
         let journal = journal(spool, segmentBytes: 1)
-        let running = Task { await journal.run() }
+        let running = Task { await journal.run(until: ShutdownSignal()) }
         defer { running.cancel() }
         let first = journal.append(records(0..<2))
         try await eventually("the first segment written") { (try? ids(in: journal.path(of: first)).count) == 2 }
@@ -131,7 +131,7 @@ import Testing
         let spool = try temporarySpoolPath()
         let journal = journal(spool)
         let segment = journal.append(records(0..<100))
-        let running = Task { await journal.run() }
+        let running = Task { await journal.run(until: ShutdownSignal()) }
         running.cancel()
         await running.value
         #expect(try ids(in: journal.path(of: segment)).count == 100)
