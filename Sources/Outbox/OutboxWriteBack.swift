@@ -51,10 +51,13 @@ package final class OutboxWriteBack: Sendable {
     /// PostgreSQL's CPU per message 6–30 % less at 1@20 and 4@20 in paired runs.
     package let gatherTime: Duration
     package let gatherRows: Int
+    /// What the holds and the gathering are timed by.
+    private let clock: any DeadlineClock
 
     package init(store: OutboxStore, logger: Logger, sentHold: Duration = .seconds(1), gatherTime: Duration = .milliseconds(20),
-         gatherRows: Int = 500, onCommit: @escaping @Sendable () -> Void = {}) {
+         gatherRows: Int = 500, clock: any DeadlineClock = DeadlineThread.shared, onCommit: @escaping @Sendable () -> Void = {}) {
         self.gatherTime = gatherTime
+        self.clock = clock
         self.gatherRows = gatherRows
         self.store = store
         self.logger = logger
@@ -76,11 +79,13 @@ package final class OutboxWriteBack: Sendable {
     @discardableResult
     package func record(_ updates: [OutboxUpdate], tokens: [TokenMark] = []) -> UInt64 {
         guard !updates.isEmpty || !tokens.isEmpty else { return 0 }
-        let now = ContinuousClock.now
+        let now = clock.now
         let (worker, gatherer, number) = state.withLock { state -> (CheckedContinuation<Void, Never>?, CheckedContinuation<Void, Never>?, UInt64) in
             state.recorded += 1
-            // News that only rows were sent waits for its hold anyway: no need to wake the writer.
+            // News that only rows were sent waits for its hold anyway: no need to wake the
+            // writer, unless nothing was held before (it may sleep until anything comes).
             var writable = !tokens.isEmpty
+            let wasHolding = !state.heldSince.isEmpty
             for update in updates {
                 let status: OutboxUpdate.Status
                 if let index = state.updates.index(forKey: update.rowID) {
@@ -93,7 +98,10 @@ package final class OutboxWriteBack: Sendable {
                     status = update.status
                 }
                 if status == .sent {
-                    if state.heldSince[update.rowID] == nil { state.heldSince[update.rowID] = now }
+                    if state.heldSince[update.rowID] == nil {
+                        state.heldSince[update.rowID] = now
+                        if !wasHolding { writable = true }
+                    }
                 } else {
                     state.heldSince.removeValue(forKey: update.rowID)
                     writable = true
@@ -117,7 +125,7 @@ package final class OutboxWriteBack: Sendable {
             guard let wake = nextWake() else { return }
             if let wake {
                 // Only sends waiting for their answers: wait for news or the first hold to end.
-                await state.suspend(in: \.worker, cancelled: (), deadline: wake, timedOut: ()) { state in
+                await state.suspend(in: \.worker, cancelled: (), deadline: wake, timedOut: (), clock: clock) { state in
                     state.stopped || state.order.contains { state.heldSince[$0] == nil } || !state.tokenOrder.isEmpty ? () : nil
                 }
                 continue
@@ -128,9 +136,9 @@ package final class OutboxWriteBack: Sendable {
             // 2 ms, as under load a batch is what those bring; then one wait, ended early by
             // `record` once `gatherRows` are there (polling every 2 ms cost ten timer wakeups
             // a batch: the worker's CPU per message at 1@20 fell about 10 %).
-            let gatherUntil = ContinuousClock.now + gatherTime
-            await sleepUnlessCancelled(for: .milliseconds(2))
-            await state.suspend(in: \.gatherer, cancelled: (), deadline: gatherUntil, timedOut: ()) { state in
+            let gatherUntil = clock.now + gatherTime
+            await sleepUnlessCancelled(for: .milliseconds(2), clock: clock)
+            await state.suspend(in: \.gatherer, cancelled: (), deadline: gatherUntil, timedOut: (), clock: clock) { state in
                 state.stopped || state.order.count >= gatherRows ? () : nil
             }
             let (updates, tokens) = takeBatch()
@@ -145,7 +153,7 @@ package final class OutboxWriteBack: Sendable {
                 guard !Task.isCancelled else { return }
                 let delay = outage.next()
                 logger.warning("could not write \(updates.count) outbox update(s) (kept, retrying in \(delay.formattedSeconds)): \(error)")
-                await sleepUnlessCancelled(for: delay)
+                await sleepUnlessCancelled(for: delay, clock: clock)
             }
         }
     }
@@ -157,7 +165,7 @@ package final class OutboxWriteBack: Sendable {
         state.withLock { state -> ContinuousClock.Instant?? in
             if state.stopped && state.isFlushed { return nil }
             if state.stopped || !state.tokenOrder.isEmpty { return .some(nil) }
-            let now = ContinuousClock.now
+            let now = clock.now
             var earliest: ContinuousClock.Instant?
             for id in state.order {
                 guard let since = state.heldSince[id] else { return .some(nil) }
@@ -171,7 +179,7 @@ package final class OutboxWriteBack: Sendable {
     /// Takes what is to be written now: everything but the `sent` updates still within
     /// their hold (all of it once stopped). Marks a write in progress if it took anything.
     private func takeBatch() -> ([OutboxUpdate], [TokenMark]) {
-        let now = ContinuousClock.now
+        let now = clock.now
         return state.withLock { state in
             var batch: [OutboxUpdate] = []
             var kept: [Int64] = []
@@ -206,7 +214,7 @@ package final class OutboxWriteBack: Sendable {
 
     /// Waits until nothing recorded is unwritten, up to `timeout`; false if some is.
     package func flushed(within timeout: Duration) async -> Bool {
-        await state.suspend(in: \.flushWaiters, cancelled: false, deadline: .now + timeout, timedOut: false) { state in
+        await state.suspend(in: \.flushWaiters, cancelled: false, deadline: clock.now + timeout, timedOut: false, clock: clock) { state in
             state.isFlushed ? true : nil
         }
     }

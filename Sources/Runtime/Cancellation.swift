@@ -1,9 +1,10 @@
-/// Sleeps for `duration`; returns false when cancelled first (at once if it already is).
-/// Timed by `DeadlineThread`, like every timed wait, not by a sleeping `Task`.
+/// Sleeps for `duration` on `clock`; returns false when cancelled first (at once if it
+/// already is). Timed by the clock (`DeadlineThread` unless a test moves time by hand), like
+/// every timed wait, not by a sleeping `Task`.
 @discardableResult
-package func sleepUnlessCancelled(for duration: Duration) async -> Bool {
+package func sleepUnlessCancelled(for duration: Duration, clock: any DeadlineClock = DeadlineThread.shared) async -> Bool {
     let sleeper = BlockingLock(Waiters<Bool>())
-    return await sleeper.suspend(in: \.self, cancelled: false, deadline: .now + duration, timedOut: true) { _ in nil }
+    return await sleeper.suspend(in: \.self, cancelled: false, deadline: clock.now + duration, timedOut: true, clock: clock) { _ in nil }
 }
 
 /// Runs `body` as a child task and returns its result; once `stop` is requested (or the

@@ -3,8 +3,9 @@ import Foundation
 import Glibc
 #endif
 
-/// One thread that runs short actions at their deadlines: the timer behind every timed wait
-/// (`BlockingLock.suspend`, `sleepUnlessCancelled`).
+/// One thread that runs short actions at their deadlines: the `DeadlineClock` behind every
+/// timed wait (`BlockingLock.suspend`, `sleepUnlessCancelled`) outside tests that move time by
+/// hand (`ManualClock`).
 ///
 /// A `Task` sleeping for each timed wait cost a task, two turns of the cooperative pool and a
 /// Dispatch timer for every wait, and most waits end early (an answer arrives, a batch fills)
@@ -19,14 +20,12 @@ import Glibc
 ///
 /// The type is `public` and its members `package` (`@usableFromInline`), so that the
 /// inlinable `BlockingLock.suspend` can use it.
-public final class DeadlineThread: @unchecked Sendable {
+public final class DeadlineThread: DeadlineClock, @unchecked Sendable {
     /// The process's deadline thread, started on first use; it lives as long as the process.
     @usableFromInline package static let shared = DeadlineThread(name: "fcm-deadlines")
 
     /// Names a scheduled action, to cancel it.
-    public struct Ticket: Sendable {
-        fileprivate let id: UInt64
-    }
+    public typealias Ticket = DeadlineTicket
 
     private struct Entry {
         let deadline: ContinuousClock.Instant
@@ -77,10 +76,13 @@ public final class DeadlineThread: @unchecked Sendable {
         mutex.deallocate()
     }
 
+    /// The system's monotonic clock.
+    public var now: ContinuousClock.Instant { ContinuousClock.now }
+
     /// Runs `action` on the deadline thread once `deadline` has passed (at once if it has),
     /// unless `cancel` comes first.
-    @discardableResult @usableFromInline
-    package func schedule(at deadline: ContinuousClock.Instant, _ action: @escaping @Sendable () -> Void) -> Ticket {
+    @discardableResult
+    public func schedule(at deadline: ContinuousClock.Instant, _ action: @escaping @Sendable () -> Void) -> Ticket {
         pthread_mutex_lock(mutex)
         lastID &+= 1
         let id = lastID
@@ -102,8 +104,8 @@ public final class DeadlineThread: @unchecked Sendable {
     /// Keeps the ticket's action from running; returns true when this call stopped it, false
     /// when it had already been cancelled or the thread had already taken it to run (it then
     /// runs, or has run).
-    @discardableResult @usableFromInline
-    package func cancel(_ ticket: Ticket) -> Bool {
+    @discardableResult
+    public func cancel(_ ticket: Ticket) -> Bool {
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }
         guard actions.removeValue(forKey: ticket.id) != nil else { return false }

@@ -54,31 +54,34 @@ public struct Waiters<Value: Sendable> {
 extension BlockingLock {
     /// Suspends the calling task until another task resumes it through the `Waiters` that
     /// `waiters` selects in the guarded state, until `deadline` passes (it then gets
-    /// `timedOut`), or until the task is cancelled (it then gets `cancelled`).
+    /// `timedOut`), or until the task is cancelled (it then gets `cancelled`). The deadline
+    /// is on `clock` (nil: the system's, `DeadlineThread.shared`; a test may move time by hand).
     ///
     /// `ready` runs under the lock first: a non-nil result is returned at once without
     /// waiting.
     @inlinable
     package func suspend<Value: Sendable>(
         in waiters: any WritableKeyPath<State, Waiters<Value>> & Sendable, cancelled: Value,
-        deadline: ContinuousClock.Instant? = nil, timedOut: Value? = nil,
+        deadline: ContinuousClock.Instant? = nil, timedOut: Value? = nil, clock: (any DeadlineClock)? = nil,
         unless ready: (inout State) -> Value?
     ) async -> Value {
         let id = waitIDs.add(1, ordering: .relaxed).newValue
-        // The deadline thread ends the wait; a wait that ends first takes its entry back.
-        let timer = deadline.map { deadline in
-            DeadlineThread.shared.schedule(at: deadline) { [self] in
+        // The clock ends the wait; a wait that ends first takes its entry back. (Looked up
+        // only for a timed wait: most waits are not.)
+        let timer = deadline.map { deadline -> (clock: any DeadlineClock, ticket: DeadlineTicket) in
+            let clock = clock ?? DeadlineThread.shared
+            return (clock, clock.schedule(at: deadline) { [self] in
                 withLock { $0[keyPath: waiters].remove(id) }?.resume(returning: timedOut ?? cancelled)
-            }
+            })
         }
-        defer { if let timer { DeadlineThread.shared.cancel(timer) } }
+        defer { if let timer { timer.clock.cancel(timer.ticket) } }
         return await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<Value, Never>) in
                 let now = withLock { state -> Value? in
                     if let value = ready(&state) { return value }
                     // Checked under the lock: a cancellation after it finds the waiter below.
                     if Task.isCancelled { return cancelled }
-                    if let deadline, ContinuousClock.now >= deadline { return timedOut ?? cancelled }
+                    if let deadline, let timer, timer.clock.now >= deadline { return timedOut ?? cancelled }
                     state[keyPath: waiters].append(id, continuation)
                     return nil
                 }
