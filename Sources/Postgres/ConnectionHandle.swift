@@ -24,8 +24,8 @@ final class ConnectionHandle: @unchecked Sendable {
     /// statements (a transaction pooler), once seen. Read from any thread.
     let preparedStatementsNotKept = BlockingLock<PostgresError?>(nil)
     private let lostPreparedStatements = AtomicFlag(false)
-    private let wakeRead: Int32
-    private let wakeWrite: Int32
+    /// Ends a wait for the server early (`interrupt()`).
+    private let wakePipe: WakePipe
     /// Redacts the password of this connection from messages.
     private let target: PostgresConnectionString
     /// SQL text → the server-side prepared statement made for it on this connection.
@@ -52,15 +52,7 @@ final class ConnectionHandle: @unchecked Sendable {
     init(target: PostgresConnectionString, preparedLimit: Int) throws(PostgresError) {
         self.target = target
         self.preparedLimit = preparedLimit
-        var fds: [Int32] = [0, 0]
-        guard pipe(&fds) == 0 else {
-            throw PostgresError(kind: .connection, message: "pipe() failed: \(String(cString: strerror(errno)))")
-        }
-        for fd in fds {
-            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
-            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-        }
-        (wakeRead, wakeWrite) = (fds[0], fds[1])
+        do { wakePipe = try WakePipe() } catch { throw PostgresError(kind: .connection, message: "\(error)") }
     }
 
     /// Connects before `deadline` (blocking this thread; `interrupt()` ends it early).
@@ -98,8 +90,6 @@ final class ConnectionHandle: @unchecked Sendable {
 
     deinit {
         finish()
-        close(wakeRead)
-        close(wakeWrite)
     }
 
     var isHealthy: Bool { healthy.value && !interrupted.value && !lostPreparedStatements.value }
@@ -109,8 +99,7 @@ final class ConnectionHandle: @unchecked Sendable {
     /// broken from then on. Safe from any thread.
     func interrupt() {
         interrupted.value = true
-        var byte: UInt8 = 1
-        _ = write(wakeWrite, &byte, 1)
+        wakePipe.wake()
     }
 
     // MARK: - Calls (this connection's thread only)
@@ -430,14 +419,10 @@ final class ConnectionHandle: @unchecked Sendable {
                 }
                 timeout = remaining.pollMilliseconds
             }
-            var descriptors = [pollfd(fd: PQsocket(connection), events: events, revents: 0),
-                               pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0)]
+            var descriptors = [pollfd(fd: PQsocket(connection), events: events, revents: 0), wakePipe.pollDescriptor]
             let result = poll(&descriptors, 2, timeout)
             if result < 0 && errno != EINTR { throw connectionError("poll failed: \(String(cString: strerror(errno)))") }
-            if descriptors[1].revents != 0 {
-                var scratch = (UInt64(0), UInt64(0))
-                while withUnsafeMutableBytes(of: &scratch, { read(wakeRead, $0.baseAddress, $0.count) }) > 0 {}
-            }
+            if descriptors[1].revents != 0 { wakePipe.drain() }
             if descriptors[0].revents != 0 { return descriptors[0].revents }
         }
     }
@@ -473,8 +458,7 @@ final class ConnectionHandle: @unchecked Sendable {
                 guard remaining > .zero else {
                     throw PostgresError(kind: .connection, message: "connecting timed out (\(target.redact(target["host"] ?? "local socket")))")
                 }
-                var descriptors = [pollfd(fd: PQsocket(connection), events: events, revents: 0),
-                                   pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0)]
+                var descriptors = [pollfd(fd: PQsocket(connection), events: events, revents: 0), wakePipe.pollDescriptor]
                 if poll(&descriptors, 2, remaining.pollMilliseconds) < 0 && errno != EINTR {
                     throw PostgresError(kind: .connection, message: "poll failed: \(String(cString: strerror(errno)))")
                 }

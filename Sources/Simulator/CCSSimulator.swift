@@ -113,7 +113,10 @@ public final class CCSSimulator: Sendable {
     private let waiterCount = Atomic<Int>(0)
     private let tls: TLSContext
     private let listenFD: Int32
-    private let wakePipe: (read: Int32, write: Int32)
+    /// Wakes the accept loop to stop.
+    private let wakePipe: WakePipe
+    /// Signalled by the accept loop once it has closed the listening socket.
+    private let listenerClosed = DispatchSemaphore(value: 0)
 
     /// Binds the listening socket (so `port` is known) and starts accepting.
     public init(configuration: SimulatorConfiguration) throws {
@@ -123,28 +126,22 @@ public final class CCSSimulator: Sendable {
         let (fd, port) = try Self.listen(host: configuration.host, port: configuration.port)
         self.listenFD = fd
         self.port = port
-        var fds: [Int32] = [0, 0]
-        guard pipe(&fds) == 0 else { throw SimulatorError("pipe() failed") }
-        self.wakePipe = (fds[0], fds[1])
+        do { self.wakePipe = try WakePipe() } catch { throw SimulatorError("\(error)") }
         let thread = Thread { [self] in acceptLoop() }
         thread.name = "ccs-simulator accept"
         thread.start()
     }
 
-    deinit {
-        close(wakePipe.read)
-        close(wakePipe.write)
-    }
-
-    /// Stops accepting and drops every connection.
+    /// Stops accepting and drops every connection. Once it returns the port is free: a
+    /// simulator started on it next (a CCS that came back) can listen there.
     public func stop() {
-        let handles = state.withLock { state -> [SessionHandle] in
-            state.stopped = true
-            return Array(state.sessions.values)
+        let (first, handles) = state.withLock { state -> (Bool, [SessionHandle]) in
+            defer { state.stopped = true }
+            return (!state.stopped, Array(state.sessions.values))
         }
-        var byte: UInt8 = 1
-        _ = Glibc.write(wakePipe.write, &byte, 1)
+        wakePipe.wake()
         for handle in handles { handle.loop.requestClose(.abort(XMPPError.closedLocally)) }
+        if first { _ = listenerClosed.wait(timeout: .now() + 5) }
     }
 
     // MARK: - Scripting
@@ -479,10 +476,13 @@ public final class CCSSimulator: Sendable {
     }
 
     private func acceptLoop() {
-        defer { close(listenFD) }
+        defer {
+            close(listenFD)
+            listenerClosed.signal()
+        }
         while !state.withLock({ $0.stopped }) {
             var descriptors = [pollfd(fd: listenFD, events: Int16(POLLIN), revents: 0),
-                               pollfd(fd: wakePipe.read, events: Int16(POLLIN), revents: 0)]
+                               wakePipe.pollDescriptor]
             guard poll(&descriptors, 2, -1) >= 0 || errno == EINTR else { return }
             while true {
                 let fd = accept(listenFD, nil, nil)

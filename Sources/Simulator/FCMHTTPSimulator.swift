@@ -73,6 +73,10 @@ public final class FCMHTTPSimulator: Sendable {
     private let onAnswer: (@Sendable (Request, Int) -> Void)?
     private let context: TLSContext
     private let listenFD: Int32
+    /// Wakes the accept loop to stop.
+    private let wakePipe: WakePipe
+    /// Signalled by the accept loop once it has closed the listening socket.
+    private let listenerClosed = DispatchSemaphore(value: 0)
     private let state = BlockingLock(State())
     private let recordsRequests: Bool
 
@@ -90,16 +94,22 @@ public final class FCMHTTPSimulator: Sendable {
         self.tokenAnswer = tokenAnswer
         self.onAnswer = onAnswer
         self.context = try TLSContext.server(identity: identity)
+        do { self.wakePipe = try WakePipe() } catch { throw SimulatorError("\(error)") }
         (listenFD, port) = try CCSSimulator.listen(host: host, port: 0)
         let thread = Thread { [self] in acceptLoop() }
         thread.name = "fcm-http-simulator accept"
         thread.start()
     }
 
-    /// Stops accepting (open connections end with their current request).
+    /// Stops accepting (open connections end with their current request); once it returns
+    /// the port is free.
     public func stop() {
-        state.withLock { $0.stopped = true }
-        shutdown(listenFD, Int32(SHUT_RDWR))
+        let first = state.withLock { state -> Bool in
+            defer { state.stopped = true }
+            return !state.stopped
+        }
+        wakePipe.wake()
+        if first { _ = listenerClosed.wait(timeout: .now() + 5) }
     }
 
     /// Queues outcomes for the next requests, in order.
@@ -120,15 +130,20 @@ public final class FCMHTTPSimulator: Sendable {
     // MARK: - Serving
 
     private func acceptLoop() {
-        defer { close(listenFD) }
+        defer {
+            close(listenFD)
+            listenerClosed.signal()
+        }
         while !state.withLock({ $0.stopped }) {
-            var descriptor = pollfd(fd: listenFD, events: Int16(POLLIN), revents: 0)
-            guard poll(&descriptor, 1, 200) >= 0 || errno == EINTR else { return }
-            let fd = accept(listenFD, nil, nil)
-            guard fd >= 0 else { continue }
-            let thread = Thread { [self] in serve(fd) }
-            thread.name = "fcm-http-simulator connection"
-            thread.start()
+            var descriptors = [pollfd(fd: listenFD, events: Int16(POLLIN), revents: 0), wakePipe.pollDescriptor]
+            guard poll(&descriptors, 2, -1) >= 0 || errno == EINTR else { return }
+            while true {
+                let fd = accept(listenFD, nil, nil)
+                if fd < 0 { break }
+                let thread = Thread { [self] in serve(fd) }
+                thread.name = "fcm-http-simulator connection"
+                thread.start()
+            }
         }
     }
 

@@ -49,12 +49,10 @@ package final class StreamLoop: @unchecked Sendable {
 
     package let outbound: OutboundBuffer
     let name: String
-    private let wakeReadFD: Int32
-    private let wakeWriteFD: Int32
+    /// Wakes the loop from other threads (its flag is cleared by the loop before it looks
+    /// at its queues, so no wakeup is lost).
+    private let wakePipe: WakePipe
     private let closeRequest = BlockingLock<CloseRequest?>(nil)
-    /// True while a wake byte is in the pipe (set by wakers, cleared by the loop before it
-    /// looks at its queues, so no wakeup is lost).
-    private let wakePending: WakePendingFlag
     /// The loop's thread (`pthread_self()`), 0 until it runs: a wake from the loop's own
     /// thread needs no byte in the pipe.
     private let loopThread = Atomic<UInt>(0)
@@ -93,15 +91,9 @@ package final class StreamLoop: @unchecked Sendable {
          handshakeTimeout: Duration, closingTail: String = "",
          outboundCapacity: Int, niceness: Int32? = nil, driver: any StreamDriver) {
         ProcessSignals.ignoreSIGPIPE()
-        var fds: [Int32] = [0, 0]
-        guard pipe(&fds) == 0 else { fatalError("pipe() failed: \(String(cString: strerror(errno)))") }
-        for fd in fds {
-            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
-            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-        }
-        let writeFD = fds[1]
-        self.wakeReadFD = fds[0]
-        self.wakeWriteFD = writeFD
+        let wakePipe: WakePipe
+        do { wakePipe = try WakePipe() } catch { fatalError("\(name): \(error)") }
+        self.wakePipe = wakePipe
         self.name = name
         self.origin = origin
         self.tlsContext = tlsContext
@@ -110,19 +102,7 @@ package final class StreamLoop: @unchecked Sendable {
         self.closingTail = closingTail
         self.niceness = niceness
         self.driver = driver
-        let wakePending = WakePendingFlag()
-        self.wakePending = wakePending
-        self.outbound = OutboundBuffer(capacity: outboundCapacity) {
-            // One byte in the pipe is enough to wake the loop: skip the syscall while one is there.
-            guard wakePending.claim() else { return }
-            var byte: UInt8 = 1
-            _ = Glibc.write(writeFD, &byte, 1)
-        }
-    }
-
-    deinit {
-        Glibc.close(wakeReadFD)
-        Glibc.close(wakeWriteFD)
+        self.outbound = OutboundBuffer(capacity: outboundCapacity) { wakePipe.wake() }
     }
 
     /// Starts the thread. The loop keeps itself alive until the stream ends.
@@ -141,9 +121,7 @@ package final class StreamLoop: @unchecked Sendable {
             wokenFromLoop = true
             return
         }
-        guard wakePending.claim() else { return }
-        var byte: UInt8 = 1
-        _ = Glibc.write(wakeWriteFD, &byte, 1)
+        wakePipe.wake()
     }
 
     /// Asks the stream to end. Safe from any thread; the first request wins.
@@ -256,9 +234,9 @@ package final class StreamLoop: @unchecked Sendable {
         while !ended {
             // The pipe is read only when a waker wrote to it or the last poll saw a byte
             // there: most turns (a read came) then cost no syscall for it.
-            if wakePipeReadable || wakePending.isClaimed {
+            if wakePipeReadable || wakePipe.isPending {
                 wakePipeReadable = false
-                drainWakePipe()
+                wakePipe.drain()
             }
             if let request = closeRequest.withLock({ request -> CloseRequest? in
                 defer { request = nil }
@@ -317,7 +295,7 @@ package final class StreamLoop: @unchecked Sendable {
             let watchSocket = !(socketHungUp && events & Int16(POLLIN) == 0 && writeWaitsFor == 0)
             var descriptors = [
                 pollfd(fd: watchSocket ? tls!.fd : -1, events: events, revents: 0),
-                pollfd(fd: wakeReadFD, events: Int16(POLLIN), revents: 0),
+                wakePipe.pollDescriptor,
             ]
             let result: Int32
             if var timeout {
@@ -416,15 +394,6 @@ package final class StreamLoop: @unchecked Sendable {
         }
     }
 
-    /// Empties the wake pipe, then allows the next wake to write again. In this order a
-    /// wake that races with the drain either leaves its byte for the next poll or finds the
-    /// flag still set, and its work was queued before it tried, so this turn sees it.
-    private func drainWakePipe() {
-        var scratch = (UInt64(0), UInt64(0), UInt64(0), UInt64(0))
-        while withUnsafeMutableBytes(of: &scratch, { Glibc.read(wakeReadFD, $0.baseAddress, $0.count) }) > 0 {}
-        wakePending.reset()
-    }
-
     private func end(_ reason: any Error) {
         guard !ended else { return }
         ended = true
@@ -435,18 +404,4 @@ package final class StreamLoop: @unchecked Sendable {
         _ = outbound.takeAll()
         driver.streamDidEnd(self, reason: reason)
     }
-}
-
-/// Whether a wake byte is already in a loop's pipe.
-final class WakePendingFlag: Sendable {
-    private let pending = Atomic(false)
-
-    /// True if the caller must write the wake byte (nobody else has since the last reset).
-    func claim() -> Bool { !pending.exchange(true, ordering: .acquiringAndReleasing) }
-
-    /// True when a waker claimed it since the last reset (its byte is in the pipe or on its way).
-    var isClaimed: Bool { pending.load(ordering: .acquiring) }
-
-    /// Called by the loop before it drains the pipe and looks at its queues.
-    func reset() { pending.store(false, ordering: .sequentiallyConsistent) }
 }

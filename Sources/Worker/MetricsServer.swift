@@ -46,7 +46,8 @@ final class MetricsServer: Sendable {
     /// Connections kept at once; the oldest goes when a new one would pass it.
     let maximumConnections: Int
     private let fd: Int32
-    private let wake: (read: Int32, write: Int32)
+    /// Wakes the serving thread to stop.
+    private let wake: WakePipe
     private let routes: Routes
     private let stopped = Atomic(false)
     /// The longest request head read.
@@ -62,22 +63,14 @@ final class MetricsServer: Sendable {
         }
         if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
         guard let port = Int(portText) else { throw ConfigurationError("invalid metrics address \(address): expected host:port") }
-        var fds: [Int32] = [0, 0]
-        guard pipe(&fds) == 0 else { throw ConfigurationError("cannot serve metrics: pipe() failed") }
-        for end in fds {
-            _ = fcntl(end, F_SETFD, FD_CLOEXEC)
-            _ = fcntl(end, F_SETFL, fcntl(end, F_GETFL) | O_NONBLOCK)
-        }
+        do { self.wake = try WakePipe() } catch { throw ConfigurationError("cannot serve metrics: \(error)") }
         do {
             let listener = try TCPListener.open(host: host.isEmpty ? "0.0.0.0" : host, port: port, nonBlocking: true, backlog: 64)
             self.fd = listener.fd
             self.port = listener.port
         } catch {
-            close(fds[0])
-            close(fds[1])
             throw ConfigurationError("cannot serve metrics: \(error)")
         }
-        self.wake = (fds[0], fds[1])
         self.routes = routes
         self.requestDeadline = requestDeadline
         self.maximumConnections = max(1, maximumConnections)
@@ -89,8 +82,7 @@ final class MetricsServer: Sendable {
     /// Stops serving: the thread closes every connection and ends.
     func stop() {
         guard !stopped.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        var byte: UInt8 = 1
-        _ = write(wake.write, &byte, 1)
+        wake.wake()
     }
 
     private func serveLoop() {
@@ -98,8 +90,6 @@ final class MetricsServer: Sendable {
         defer {
             for client in clients { close(client.fd) }
             close(fd)
-            close(wake.read)
-            close(wake.write)
         }
         while !stopped.load(ordering: .acquiring) {
             let now = ContinuousClock.now
@@ -109,12 +99,12 @@ final class MetricsServer: Sendable {
                 close(client.fd)
                 return true
             }
-            var polled = [pollfd(fd: wake.read, events: Int16(POLLIN), revents: 0), pollfd(fd: fd, events: Int16(POLLIN), revents: 0)]
+            var polled = [wake.pollDescriptor, pollfd(fd: fd, events: Int16(POLLIN), revents: 0)]
             for client in clients {
                 polled.append(pollfd(fd: client.fd, events: Int16(client.answered ? POLLOUT : POLLIN), revents: 0))
             }
             let wait = clients.map(\.deadline).min().map { max(.zero, $0 - now) } ?? .seconds(60)
-            let timeout = Int32(min(60_000, max(1, wait.components.seconds * 1000 + wait.components.attoseconds / 1_000_000_000_000_000 + 1)))
+            let timeout = max(1, wait.pollMilliseconds)
             let ready = poll(&polled, nfds_t(polled.count), timeout)
             if ready < 0 {
                 if errno == EINTR { continue }
