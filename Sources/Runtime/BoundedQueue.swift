@@ -1,7 +1,14 @@
 /// A bounded multi-producer, single-consumer queue for async code.
 ///
 /// `push` suspends while the queue holds `capacity` items (backpressure: nothing is ever
-/// dropped to make room); the consumer takes items in batches. Every wait ends on
+/// dropped to make room); the consumer takes items in batches.
+///
+/// The bounded queue between tasks. Two others cross a thread boundary, where one side
+/// cannot suspend, and are bounded by what that side can do instead: `OutboundBuffer`
+/// (tasks to a stream's thread: bytes, bounded in bytes, the thread woken through its
+/// `WakePipe`) and `StanzaInbox` (a stream's thread to a task: the thread never waits; a
+/// full inbox makes it stop reading the socket, so TCP carries the backpressure, and its
+/// items are type-erased for the thread's sake). Every wait ends on
 /// cancellation: a producer cancelled while it waits for room hands its items over anyway
 /// (the queue then holds more than `capacity` for a moment) rather than lose them, and a
 /// consumer cancelled while it waits gets nothing.
