@@ -57,7 +57,7 @@ private struct SplitMix: RandomNumberGenerator {
         let refused = settle([("device-1", true, .refused(gone))], fanOut: false)
         #expect(refused.update?.status == .failed && refused.update?.errorCode == "UNREGISTERED" && refused.update?.tokenResults == nil)
         #expect(refused.update?.messageName == nil && refused.tokens.first?.state == .unregistered)
-        // One target, unavailable and then taken: retried, then acked with the name and no error.
+        // One target, unavailable and then taken: retried, then acked with the name.
         let retried = settle([("device-1", true, .refused(OutboxFCMV1Errors.unavailable))], fanOut: false)
         #expect(retried.update?.status == .retry && retried.update?.tokenResults == nil)
         let merged = try #require(retried.update).merged(with: try #require(settle([("device-1", true, .sent(name: name))], fanOut: false, attempt: 2).update))
