@@ -8,6 +8,8 @@ struct UpstreamDispatcher: Sendable {
     let handlers: UpstreamHandlers
     let logger: Logger
     let metrics: WorkerMetrics
+    /// What the handlers' timeouts are timed by (a test may move it by hand).
+    var clock: any DeadlineClock = DeadlineThread.shared
     /// One warning per category and minute for messages no route matches.
     let unroutedWarnings = WarningThrottle()
 
@@ -213,7 +215,7 @@ struct UpstreamDispatcher: Sendable {
     /// return either way (it shares the caller's transaction).
     ///
     /// `body` runs in a task of its own (unstructured, so the caller's cancellation is
-    /// forwarded to it by hand) that the deadline thread has cancelled when the limit
+    /// forwarded to it by hand) that the clock (the deadline thread) has cancelled when the limit
     /// passes. A task group with a second task sleeping for the limit did the same; with
     /// the store handler under a timeout it cost the worker about 3 % of its CPU per upstream
     /// message, this about half of that (`bench upstream --phases immediate`, four triples).
@@ -225,7 +227,7 @@ struct UpstreamDispatcher: Sendable {
             let handler = Task { try await work.value() }
             // Cancelled from a task of its own: cancellation runs the handler's cancellation
             // handlers, and no code of a handler runs on the deadline thread.
-            let deadline = DeadlineThread.shared.schedule(at: .now + limit) { Task { handler.cancel() } }
+            let deadline = clock.schedule(at: clock.now + limit) { Task { handler.cancel() } }
             let outcome = await withTaskCancellationHandler {
                 await handler.result
             } onCancel: {
@@ -233,7 +235,7 @@ struct UpstreamDispatcher: Sendable {
             }
             // The deadline passed first (its action ran): the handler was cancelled, and has
             // given up since (it holds the transaction).
-            guard DeadlineThread.shared.cancel(deadline) else { throw Timeout(route: route.name, limit: limit) }
+            guard clock.cancel(deadline) else { throw Timeout(route: route.name, limit: limit) }
             try outcome.get()
         }
     }
