@@ -17,12 +17,12 @@ import Transport
 /// Each answer is settled (`OutboxSettlement.v1`) and written through the same write-back as
 /// the other transports: the message's name to `message_name` (a fan-out's, per token, to
 /// `token_results`), tokens FCM reports gone or of another sender marked, retries with the
-/// downstream backoff no sooner than `Retry-After`. An access token FCM refuses is replaced and the request
-/// submitted once more (`run` does that). `QUOTA_EXCEEDED` holds the whole project back (no
-/// request goes out, no row is claimed) until its `Retry-After` or a second. A refused grant
-/// or a 403 without an FCM code (the account may not send for the project) holds v1 sending
-/// for a minute, its rows waiting, said as an error; then the key file is read again (if it
-/// was replaced) and sending tried again. A request whose outcome is unknown (a reset
+/// downstream backoff no sooner than `Retry-After`. An access token FCM refuses is replaced
+/// and the request submitted once more (`run` does that). `QUOTA_EXCEEDED` holds the whole
+/// project back (no request goes out, no row is claimed) until its `Retry-After` or a
+/// second. A refused grant or a 403 without an FCM code (the account may not send for the
+/// project) holds v1 sending for a minute, its rows waiting, said as an error; then the key
+/// file is read again (if it was replaced) and sending tried again. A request whose outcome is unknown (a reset
 /// stream, a broken connection) is sent again: a duplicate is possible only then, never
 /// after an answer was read.
 package final class V1Transport: DownstreamTransport {
@@ -337,7 +337,7 @@ package final class V1Transport: DownstreamTransport {
             var generator = SystemRandomGenerator()
             let fanOut = claimed.row.registrationIDs != nil
             let settlement = OutboxSettlement.v1(outcomes, fanOut: fanOut,
-                                                 earlier: fanOut && claimed.row.tokenResults != nil ? Self.tokenResults(claimed.row.tokenResults) : [:],
+                                                 earlier: fanOut ? Self.tokenResults(claimed.row.tokenResults) : [:],
                                                  rowID: claimed.row.id, attempt: claimed.row.attempts + 1,
                                                  age: .seconds(row.sentAt.timeIntervalSince(claimed.row.createdAt)),
                                                  timeToLive: claimed.message.timeToLive, policy: settings.retry,

@@ -112,36 +112,27 @@ public final class CCSSimulator: Sendable {
     /// Waiters registered (read without the big lock on the hot path).
     private let waiterCount = Atomic<Int>(0)
     private let tls: TLSContext
-    private let listenFD: Int32
-    /// Wakes the accept loop to stop.
-    private let wakePipe: WakePipe
-    /// Signalled by the accept loop once it has closed the listening socket.
-    private let listenerClosed = DispatchSemaphore(value: 0)
+    private let acceptLoop: AcceptLoop
 
     /// Binds the listening socket (so `port` is known) and starts accepting.
     public init(configuration: SimulatorConfiguration) throws {
         ProcessSignals.ignoreSIGPIPE()
         self.configuration = configuration
         self.tls = try TLSContext.server(identity: configuration.identity)
-        let (fd, port) = try Self.listen(host: configuration.host, port: configuration.port)
-        self.listenFD = fd
-        self.port = port
-        do { self.wakePipe = try WakePipe() } catch { throw SimulatorError("\(error)") }
-        let thread = Thread { [self] in acceptLoop() }
-        thread.name = "ccs-simulator accept"
-        thread.start()
+        acceptLoop = try AcceptLoop(host: configuration.host, port: configuration.port)
+        self.port = acceptLoop.port
+        acceptLoop.start(name: "ccs-simulator accept") { [self] fd in startSession(fd) }
     }
 
     /// Stops accepting and drops every connection. Once it returns the port is free: a
     /// simulator started on it next (a CCS that came back) can listen there.
     public func stop() {
-        let (first, handles) = state.withLock { state -> (Bool, [SessionHandle]) in
-            defer { state.stopped = true }
-            return (!state.stopped, Array(state.sessions.values))
+        let handles = state.withLock { state -> [SessionHandle] in
+            state.stopped = true
+            return Array(state.sessions.values)
         }
-        wakePipe.wake()
         for handle in handles { handle.loop.requestClose(.abort(XMPPError.closedLocally)) }
-        if first { _ = listenerClosed.wait(timeout: .now() + 5) }
+        acceptLoop.stop()
     }
 
     // MARK: - Scripting
@@ -463,34 +454,7 @@ public final class CCSSimulator: Sendable {
         for handle in wake { handle.loop.wake() }
     }
 
-    // MARK: - Listening
-
-    /// A non-blocking listening socket on `host:port` (0: a free port) and the port it got.
-    static func listen(host: String, port: Int) throws -> (Int32, Int) {
-        do {
-            let listener = try TCPListener.open(host: host, port: port, nonBlocking: true)
-            return (listener.fd, listener.port)
-        } catch {
-            throw SimulatorError("\(error)")
-        }
-    }
-
-    private func acceptLoop() {
-        defer {
-            close(listenFD)
-            listenerClosed.signal()
-        }
-        while !state.withLock({ $0.stopped }) {
-            var descriptors = [pollfd(fd: listenFD, events: Int16(POLLIN), revents: 0),
-                               wakePipe.pollDescriptor]
-            guard poll(&descriptors, 2, -1) >= 0 || errno == EINTR else { return }
-            while true {
-                let fd = accept(listenFD, nil, nil)
-                if fd < 0 { break }
-                startSession(fd)
-            }
-        }
-    }
+    // MARK: - Sessions
 
     private func startSession(_ fd: Int32) {
         let mailbox = SessionMailbox()

@@ -72,11 +72,7 @@ public final class FCMHTTPSimulator: Sendable {
     private let tokenAnswer: @Sendable (String) -> TokenAnswer
     private let onAnswer: (@Sendable (Request, Int) -> Void)?
     private let context: TLSContext
-    private let listenFD: Int32
-    /// Wakes the accept loop to stop.
-    private let wakePipe: WakePipe
-    /// Signalled by the accept loop once it has closed the listening socket.
-    private let listenerClosed = DispatchSemaphore(value: 0)
+    private let acceptLoop: AcceptLoop
     private let state = BlockingLock(State())
     private let recordsRequests: Bool
 
@@ -94,22 +90,20 @@ public final class FCMHTTPSimulator: Sendable {
         self.tokenAnswer = tokenAnswer
         self.onAnswer = onAnswer
         self.context = try TLSContext.server(identity: identity)
-        do { self.wakePipe = try WakePipe() } catch { throw SimulatorError("\(error)") }
-        (listenFD, port) = try CCSSimulator.listen(host: host, port: 0)
-        let thread = Thread { [self] in acceptLoop() }
-        thread.name = "fcm-http-simulator accept"
-        thread.start()
+        acceptLoop = try AcceptLoop(host: host, port: 0)
+        port = acceptLoop.port
+        acceptLoop.start(name: "fcm-http-simulator accept") { [self] fd in
+            let thread = Thread { [self] in serve(fd) }
+            thread.name = "fcm-http-simulator connection"
+            thread.start()
+        }
     }
 
     /// Stops accepting (open connections end with their current request); once it returns
     /// the port is free.
     public func stop() {
-        let first = state.withLock { state -> Bool in
-            defer { state.stopped = true }
-            return !state.stopped
-        }
-        wakePipe.wake()
-        if first { _ = listenerClosed.wait(timeout: .now() + 5) }
+        state.withLock { $0.stopped = true }
+        acceptLoop.stop()
     }
 
     /// Queues outcomes for the next requests, in order.
@@ -128,24 +122,6 @@ public final class FCMHTTPSimulator: Sendable {
     public var groups: [String: (key: String, tokens: [String])] { state.withLock { $0.groups } }
 
     // MARK: - Serving
-
-    private func acceptLoop() {
-        defer {
-            close(listenFD)
-            listenerClosed.signal()
-        }
-        while !state.withLock({ $0.stopped }) {
-            var descriptors = [pollfd(fd: listenFD, events: Int16(POLLIN), revents: 0), wakePipe.pollDescriptor]
-            guard poll(&descriptors, 2, -1) >= 0 || errno == EINTR else { return }
-            while true {
-                let fd = accept(listenFD, nil, nil)
-                if fd < 0 { break }
-                let thread = Thread { [self] in serve(fd) }
-                thread.name = "fcm-http-simulator connection"
-                thread.start()
-            }
-        }
-    }
 
     private func serve(_ fd: Int32) {
         guard let channel = try? TLSChannel.accept(fd: fd, context: context, deadline: .now + .seconds(10)) else { return }

@@ -91,16 +91,9 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
 
     // MARK: - From any thread
 
-    /// Exchanges queued or under way.
-    var load: Int { shared.withLock { $0.load } }
-
-    /// Whether it takes another exchange now.
-    var hasRoom: Bool { shared.withLock { $0.acceptsExchanges && $0.load < $0.streamLimit } }
-
-    /// True once it takes no new exchange (after a GOAWAY, a refused h2, or its end).
-    var isRetiring: Bool { shared.withLock { !$0.acceptsExchanges } }
-
-    /// `isEnded`, `isRetiring`, `load` and `hasRoom` at one moment, under one lock.
+    /// At one moment, under one lock: whether it ended; whether it is retiring (it takes no
+    /// new exchange: after a GOAWAY, a refused h2, or its end); its load (exchanges queued or
+    /// under way); whether it takes another exchange now.
     var condition: (ended: Bool, retiring: Bool, load: Int, hasRoom: Bool) {
         shared.withLock { ($0.ended, !$0.acceptsExchanges, $0.load, $0.acceptsExchanges && $0.load < $0.streamLimit) }
     }

@@ -32,8 +32,9 @@ private struct StuckHandler: UpstreamHandler {
         }
         try await waitUntil("the handler's deadline is set") { clock.scheduledCount == 1 }
         clock.advance(by: .seconds(29))
-        // A real second: had the 29 s not counted, or the real clock timed it, it would be over.
-        try await Task.sleep(for: .seconds(1))
+        // Its deadline is still scheduled (had it passed, the clock would have run and dropped
+        // it): the handler was not stopped before its 30 s.
+        #expect(clock.scheduledCount == 1, "the handler's deadline passed before its 30 s")
         #expect(ended.withLock { $0 } == nil, "the handler was stopped before its 30 s")
         clock.advance(by: .seconds(1))
         let failure = await #expect(throws: UpstreamDispatcher.HandlerFailure.self) { try await handling.value }
