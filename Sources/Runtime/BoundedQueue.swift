@@ -3,15 +3,19 @@
 /// `push` suspends while the queue holds `capacity` items (backpressure: nothing is ever
 /// dropped to make room); the consumer takes items in batches.
 ///
-/// The bounded queue between tasks. Two others cross a thread boundary, where one side
-/// cannot suspend, and are bounded by what that side can do instead: `OutboundBuffer`
-/// (tasks to a stream's thread: bytes, bounded in bytes, the thread woken through its
-/// `WakePipe`) and `StanzaInbox` (a stream's thread to a task: the thread never waits; a
-/// full inbox makes it stop reading the socket, so TCP carries the backpressure, and its
-/// items are type-erased for the thread's sake). Every wait ends on
-/// cancellation: a producer cancelled while it waits for room hands its items over anyway
-/// (the queue then holds more than `capacity` for a moment) rather than lose them, and a
-/// consumer cancelled while it waits gets nothing.
+/// A producer that cannot suspend (a stream's thread) uses `offer` instead: it never
+/// waits, it learns whether room is left, and when there is none it stops producing (a
+/// stream stops reading its socket, so TCP carries the backpressure) until `onRoom` tells it
+/// the consumer took from a full queue. One read can complete several items, so such a
+/// producer may put up to one read's worth past `capacity`, never more.
+///
+/// The one queue of items. The other, `OutboundBuffer`, is bounded in bytes rather than
+/// items and is consumed by a stream's thread, which cannot suspend: it takes everything
+/// at once and is woken through its `WakePipe`, and a gate there refuses some senders
+/// (`CONNECTION_DRAINING`). Every wait ends on cancellation: a producer cancelled while it
+/// waits for room hands its items over anyway (the queue then holds more than `capacity`
+/// for a moment) rather than lose them, and a consumer cancelled while it waits gets
+/// nothing.
 ///
 /// The type is `public` and its members `package`: Swift 6.3 neither inlines nor specializes
 /// the `@inlinable` members of a `package` type in other modules, which then called them
@@ -27,6 +31,8 @@ public final class BoundedQueue<Element: Sendable>: Sendable {
         @usableFromInline var consumer = Waiters<Bool>()
         @usableFromInline var nextHold: UInt64 = 0
         @usableFromInline var closed = false
+        /// Set by `close(refusingOffers: true)`: `offer` queues nothing more.
+        @usableFromInline var refusingOffers = false
         /// Set by `takeAll`: nothing waits for room any more.
         @usableFromInline var drained = false
 
@@ -35,10 +41,44 @@ public final class BoundedQueue<Element: Sendable>: Sendable {
 
     @usableFromInline package let capacity: Int
     @usableFromInline let state = BlockingLock(State())
+    /// Called (outside the lock) when the consumer took from a full queue: wakes a producer
+    /// that cannot suspend and stopped producing (see `offer`).
+    @usableFromInline let onRoom: (@Sendable () -> Void)?
 
-    @inlinable package init(capacity: Int) {
+    @inlinable package init(capacity: Int, onRoom: (@Sendable () -> Void)? = nil) {
         self.capacity = capacity
+        self.onRoom = onRoom
     }
+
+    /// For a producer that cannot suspend: runs `produce` under the queue's lock and queues
+    /// what it returns, never waiting, even past `capacity`. At once with respect to
+    /// `close(refusingOffers: true)`: after it, `produce` is not called at all, and whatever
+    /// `produce` did for an item (a stanza's ack, say) is always matched by the item reaching
+    /// the consumer. Keep `produce` short.
+    ///
+    /// The consumer is not woken here: `handOver()` does that, once per batch of offers (a
+    /// task resumed per item of a read cost more than the item's own handling).
+    @inlinable package func offer(_ produce: () -> Element?) -> BoundedQueueOffer {
+        state.withLock { state -> BoundedQueueOffer in
+            if state.refusingOffers { return .refused }
+            if let item = produce() { state.items.append(item) }
+            return .queued(hasRoom: state.items.count + state.held.count < capacity)
+        }
+    }
+
+    /// Wakes a waiting consumer when anything is queued: a producer that offered a batch
+    /// calls it once after the batch.
+    @inlinable package func handOver() {
+        state.withLock { $0.items.isEmpty ? nil : $0.consumer.removeFirst() }?.resume(returning: true)
+    }
+
+    /// True while an offer would not fill the queue (false once offers are refused).
+    @inlinable package var hasRoom: Bool {
+        state.withLock { !$0.refusingOffers && $0.items.count + $0.held.count < capacity }
+    }
+
+    /// True while the consumer is suspended in `take` (for tests).
+    @inlinable package var hasWaitingConsumer: Bool { state.withLock { !$0.consumer.isEmpty } }
 
     /// Adds `item`, waiting while the queue is full.
     @inlinable package func push(_ item: Element) async {
@@ -102,13 +142,15 @@ public final class BoundedQueue<Element: Sendable>: Sendable {
     @inlinable package func take(maximum: Int, deadline: ContinuousClock.Instant? = nil) async -> [Element] {
         var lastLook = false
         while true {
-            let (items, admitted, closed) = state.withLock { state -> ([Element], [CheckedContinuation<Bool, Never>], Bool) in
+            let (items, admitted, closed, wasFull) = state.withLock { state -> ([Element], [CheckedContinuation<Bool, Never>], Bool, Bool) in
+                let wasFull = state.items.count >= capacity
                 var items = state.items.popFirst(maximum)
                 let admitted = admitProducers(&state)
                 if items.count < maximum { items += state.items.popFirst(maximum - items.count) }
-                return (items, admitted, state.closed)
+                return (items, admitted, state.closed, wasFull && !items.isEmpty)
             }
             for producer in admitted { producer.resume(returning: true) }
+            if wasFull, let onRoom { onRoom() }
             if !items.isEmpty || closed || lastLook || Task.isCancelled { return items }
             if let deadline, ContinuousClock.now >= deadline { return [] }
             let woken = await state.suspend(in: \.consumer, cancelled: false, deadline: deadline, timedOut: false) { state in
@@ -136,10 +178,14 @@ public final class BoundedQueue<Element: Sendable>: Sendable {
     /// Number of queued items (including those producers hold while waiting for room).
     @inlinable package var count: Int { state.withLock { $0.items.count + $0.held.count } }
 
-    /// Tells the consumer to finish: `take` no longer waits once the queue is empty.
-    @inlinable package func close() {
+    /// Tells the consumer to finish: `take` no longer waits once the queue is empty, and
+    /// what is queued is still taken first. With `refusingOffers`, `offer` queues nothing
+    /// from now on (a stream that stopped receiving: what it refuses is not acked, so the
+    /// peer sends it again); `push` still accepts, as nothing a task holds may be lost.
+    @inlinable package func close(refusingOffers: Bool = false) {
         let consumer = state.withLock { state -> [CheckedContinuation<Bool, Never>] in
             state.closed = true
+            if refusingOffers { state.refusingOffers = true }
             return state.consumer.removeAll()
         }
         for waiter in consumer { waiter.resume(returning: true) }
@@ -166,4 +212,13 @@ public final class BoundedQueue<Element: Sendable>: Sendable {
     @inlinable package func poke() {
         state.withLock { $0.consumer.removeFirst() }?.resume(returning: true)
     }
+}
+
+/// What became of a `BoundedQueue.offer`.
+public enum BoundedQueueOffer: Equatable, Sendable {
+    /// Refused after `close(refusingOffers: true)`: the item was not produced.
+    case refused
+    /// Queued (if one was produced); `hasRoom` is false once the queue is full and the
+    /// producer should stop until the queue's `onRoom`.
+    case queued(hasRoom: Bool)
 }

@@ -83,7 +83,7 @@ final class ClientStreamDriver: StreamDriver {
     func streamDidEnd(_ loop: StreamLoop, reason: any Error) {
         let reason = XMPPError(ending: reason)
         establishment.complete(.failure(reason))
-        inbox.finish()
+        inbox.close()
         ending.complete(.success(reason))
     }
 
@@ -93,12 +93,12 @@ final class ClientStreamDriver: StreamDriver {
     private func deliver(on loop: StreamLoop,
                          _ intercept: () -> (reply: String?, inbound: StanzaInbox.Item?, closesSendGate: Bool)) {
         var intercepted: (reply: String?, inbound: StanzaInbox.Item?, closesSendGate: Bool)?
-        let queued = inbox.push { () -> StanzaInbox.Item? in
+        let offered = inbox.offer { () -> StanzaInbox.Item? in
             let interception = intercept()
             intercepted = interception
             return interception.inbound
         }
-        guard let interception = intercepted, queued?.accepted == true else { return }
+        guard let interception = intercepted, offered != .refused else { return }
         if interception.closesSendGate { loop.closeGate() }
         if let reply = interception.reply { loop.write(reply) }
     }

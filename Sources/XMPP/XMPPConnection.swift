@@ -36,7 +36,7 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
                                tls: TLSContext, label: String? = nil) async throws -> XMPPConnection {
         let name = label ?? "\(configuration.host):\(configuration.port)"
         let wake = WakeRelay()
-        let inbox = StanzaInbox(capacity: configuration.inboundCapacity) { wake.fire() }
+        let inbox = StanzaInbox(capacity: configuration.inboundCapacity, onRoom: { wake.fire() })
         let driver = ClientStreamDriver(configuration: configuration, interceptor: interceptor, inbox: inbox)
         let loop = StreamLoop(
             name: "xmpp \(name)",
@@ -57,18 +57,19 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
     /// What the next received stanza became, or nil once the stream has ended (see
     /// `closed()`) or the task is cancelled while nothing is waiting.
     public func next() async -> Inbound? {
-        await inbox.next().map(Self.open)
+        await inbox.take(maximum: 1).first.map(Self.open)
     }
 
     /// Everything received and waiting (at most `maximum`, at least one), in arrival
     /// order; nil once the stream has ended and all was taken (or on cancellation while
     /// nothing is waiting).
     public func next(maximum: Int) async -> [Inbound]? {
-        await inbox.next(maximum: maximum)?.map(Self.open)
+        let items = await inbox.take(maximum: maximum)
+        return items.isEmpty ? nil : items.map(Self.open)
     }
 
     /// Only this connection's driver fills its inbox, with boxes of its interceptor's
-    /// `Inbound`: each item is one (`StanzaInbox`).
+    /// `Inbound`: each item is one (`InboundBox`).
     private static func open(_ item: StanzaInbox.Item) -> Inbound {
         unsafeDowncast(item, to: InboundBox<Inbound>.self).value
     }
@@ -128,7 +129,7 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
     /// refused (not intercepted: FCM does not ack them, so CCS redelivers them); `next()`
     /// returns what was already queued, then nil. Sending still works, so acks can be flushed before `close()`.
     public func stopReceiving() {
-        inbox.stop()
+        inbox.close(refusingOffers: true)
     }
 
     /// Starts a graceful close without waiting for it (usable from a cancellation handler).
