@@ -137,9 +137,10 @@ public final class BoundedQueue<Element: Sendable>: Sendable {
     }
 
     /// Takes up to `maximum` items, waiting until at least one is there, the queue is closed
-    /// (returns what is left, possibly nothing), `deadline` passes, or the task is
-    /// cancelled (both return an empty array when nothing was there).
-    @inlinable package func take(maximum: Int, deadline: ContinuousClock.Instant? = nil) async -> [Element] {
+    /// (returns what is left, possibly nothing), `deadline` passes on `clock` (nil: the
+    /// system's), or the task is cancelled (both return an empty array when nothing was there).
+    @inlinable package func take(maximum: Int, deadline: ContinuousClock.Instant? = nil,
+                                 clock: (any DeadlineClock)? = nil) async -> [Element] {
         var lastLook = false
         while true {
             let (items, admitted, closed, wasFull) = state.withLock { state -> ([Element], [CheckedContinuation<Bool, Never>], Bool, Bool) in
@@ -152,8 +153,8 @@ public final class BoundedQueue<Element: Sendable>: Sendable {
             for producer in admitted { producer.resume(returning: true) }
             if wasFull, let onRoom { onRoom() }
             if !items.isEmpty || closed || lastLook || Task.isCancelled { return items }
-            if let deadline, ContinuousClock.now >= deadline { return [] }
-            let woken = await state.suspend(in: \.consumer, cancelled: false, deadline: deadline, timedOut: false) { state in
+            if let deadline, (clock?.now ?? ContinuousClock.now) >= deadline { return [] }
+            let woken = await state.suspend(in: \.consumer, cancelled: false, deadline: deadline, timedOut: false, clock: clock) { state in
                 state.items.count > 0 || state.closed || !state.held.isEmpty ? true : nil
             }
             // Timed out or cancelled: one more look, for what arrived meanwhile.

@@ -35,16 +35,20 @@ final class UpstreamPipeline: Sendable {
     let metrics: WorkerMetrics
     /// The journal of journal mode, told what committed.
     let journal: UpstreamJournal?
+    /// What the lingering, the retries' due times, the outage backoff and the handlers'
+    /// timeouts are timed by: the system's clock, or a test's `ManualClock`.
+    let clock: any DeadlineClock
     private let lanes: [Lane]
 
     init(pool: PostgresPool, handlers: UpstreamHandlers, settings: PipelineSettings, logger: Logger, observer: WorkerObserver?,
-         metrics: WorkerMetrics, journal: UpstreamJournal? = nil) {
+         metrics: WorkerMetrics, journal: UpstreamJournal? = nil, clock: any DeadlineClock = DeadlineThread.shared) {
         self.pool = pool
+        self.clock = clock
         self.journal = journal
         self.metrics = metrics
         self.scheduler = UpstreamScheduler(settings: settings)
         self.inbox = UpstreamInbox(handlers: handlers)
-        self.dispatcher = UpstreamDispatcher(handlers: handlers, logger: logger, metrics: metrics)
+        self.dispatcher = UpstreamDispatcher(handlers: handlers, logger: logger, metrics: metrics, clock: clock)
         self.logger = logger
         self.observer = observer
         self.lanes = (0..<scheduler.laneCount).map { Lane(index: $0, capacity: settings.queueCapacity) }
@@ -85,18 +89,19 @@ final class UpstreamPipeline: Sendable {
             if Task.isCancelled { return remaining(lane) }
             // Messages that failed before are retried alone: putting them in a batch would
             // only make it fail again.
-            let due = lane.retries.withLock { $0.takeDue(at: .now, maximum: scheduler.settings.batchSize) }
+            let due = lane.retries.withLock { $0.takeDue(at: clock.now, maximum: scheduler.settings.batchSize) }
             for (index, retry) in due.enumerated() {
                 if let leftovers = await process([retry], in: lane) {
                     return leftovers + due[(index + 1)...] + remaining(lane)
                 }
             }
             // Wait for new work, waking for the next retry.
-            var batch = await lane.queue.take(maximum: scheduler.settings.batchSize, deadline: due.isEmpty ? lane.nextRetry : .now)
+            var batch = await lane.queue.take(maximum: scheduler.settings.batchSize, deadline: due.isEmpty ? lane.nextRetry : clock.now,
+                                              clock: clock)
             if let linger = scheduler.linger(afterTaking: batch.count, closing: lane.queue.isClosed) {
                 // One sleep, then whatever came meanwhile: cheaper than waking per arrival.
-                await sleepUnlessCancelled(for: linger)
-                batch += await lane.queue.take(maximum: scheduler.settings.batchSize - batch.count, deadline: .now)
+                await sleepUnlessCancelled(for: linger, clock: clock)
+                batch += await lane.queue.take(maximum: scheduler.settings.batchSize - batch.count, deadline: clock.now, clock: clock)
             }
             if batch.isEmpty {
                 if Task.isCancelled { return remaining(lane) }
@@ -104,7 +109,7 @@ final class UpstreamPipeline: Sendable {
                 if lane.queue.isClosed && lane.queue.count == 0 {
                     guard let next = lane.nextRetry else { return [] }
                     // Closed: `take` no longer waits, so wait here for the retry.
-                    await sleepUnlessCancelled(for: next - .now)
+                    await sleepUnlessCancelled(for: next - clock.now, clock: clock)
                 }
                 continue
             }
@@ -147,7 +152,7 @@ final class UpstreamPipeline: Sendable {
                 let delay = outage.next()
                 logger.warning("database unavailable (\(error.message)); \(batch.count) message(s) wait, retrying in \(delay.formattedSeconds)")
                 observer?(.databaseUnavailable(error.message))
-                guard await sleepUnlessCancelled(for: delay) else { return batch }
+                guard await sleepUnlessCancelled(for: delay, clock: clock) else { return batch }
             } catch {
                 if Task.isCancelled { return batch }
                 guard batch.count > 1 else { return await failed(batch[0], error: error, in: lane) }
@@ -168,7 +173,7 @@ final class UpstreamPipeline: Sendable {
         var generator = SystemRandomGenerator()
         let blame = UpstreamDispatcher.blame(error)
         switch scheduler.failure(of: work, description: description, permanent: UpstreamDispatcher.isPermanent(error),
-                                 handler: blame.handler, code: blame.code, now: .now, using: &generator) {
+                                 handler: blame.handler, code: blame.code, now: clock.now, using: &generator) {
         case .deadLetter(let letter):
             logger.error("message \(work.messageID ?? "?") failed \(letter.attempts) time(s), dead-lettered: \(description)",
                          metadata: ["message_id": work.messageID ?? ""])
