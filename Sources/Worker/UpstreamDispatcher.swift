@@ -214,29 +214,39 @@ struct UpstreamDispatcher: Sendable {
     /// Runs `body`, cancelled after the route's timeout. The caller waits for `body` to
     /// return either way (it shares the caller's transaction).
     ///
-    /// `body` runs in a task of its own (unstructured, so the caller's cancellation is
-    /// forwarded to it by hand) that the clock (the deadline thread) has cancelled when the limit
-    /// passes. A task group with a second task sleeping for the limit did the same; with
-    /// the store handler under a timeout it cost the worker about 3 % of its CPU per upstream
-    /// message, this about half of that (`bench upstream --phases immediate`, four triples).
-    /// That task is always awaited here, so `body` never outlives this call.
+    /// `body` runs as the one child of a task group, so the caller's cancellation reaches it
+    /// as any child's does. Whichever comes first, its end or its deadline on the clock,
+    /// completes a `OneShot` the caller waits on; at the deadline the caller cancels the
+    /// child itself, so that the handler's cancellation handlers run on the caller's task,
+    /// never on the deadline thread. (A second child sleeping for the limit did the same
+    /// and cost the worker about 3 % of its CPU per upstream message with the store handler
+    /// under a timeout; a deadline on the clock costs no second task.)
     private func call(_ route: UpstreamHandlers.Route, _ body: () async throws -> Void) async throws {
         guard let limit = route.timeout else { return try await body() }
         try await withoutActuallyEscaping(body) { body in
             let work = UncheckedSendable(body)
-            let handler = Task { try await work.value() }
-            // Cancelled from a task of its own: cancellation runs the handler's cancellation
-            // handlers, and no code of a handler runs on the deadline thread.
-            let deadline = clock.schedule(at: clock.now + limit) { Task { handler.cancel() } }
-            let outcome = await withTaskCancellationHandler {
-                await handler.result
-            } onCancel: {
-                handler.cancel()
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                // True: the handler ended first; false: its deadline passed first.
+                let endedInTime = OneShot<Bool>()
+                group.addTask {
+                    defer { endedInTime.complete(.success(true)) }
+                    try await work.value()
+                }
+                let deadline = clock.schedule(at: clock.now + limit) { endedInTime.complete(.success(false)) }
+                // Cancelled while waiting: the child is cancelled with this task, and is
+                // awaited below all the same.
+                let inTime = (try? await endedInTime.value()) ?? true
+                if inTime {
+                    clock.cancel(deadline)
+                } else {
+                    group.cancelAll()
+                }
+                // The handler's outcome (once cancelled it has given up: it holds the transaction).
+                var failure: (any Error)?
+                do { try await group.next() } catch { failure = error }
+                guard inTime else { throw Timeout(route: route.name, limit: limit) }
+                if let failure { throw failure }
             }
-            // The deadline passed first (its action ran): the handler was cancelled, and has
-            // given up since (it holds the transaction).
-            guard clock.cancel(deadline) else { throw Timeout(route: route.name, limit: limit) }
-            try outcome.get()
         }
     }
 }
