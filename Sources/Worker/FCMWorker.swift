@@ -10,12 +10,18 @@ import XMPP
 /// message (at once, or after its commit in durable mode), runs the registered handlers on
 /// it in PostgreSQL transactions, exactly once per message id, and sends the outbox.
 ///
-/// `run()` returns after a graceful shutdown, which cancelling it (or `requestShutdown()`)
-/// starts. The shutdown always ends: the outbox stops claiming and waits up to 5 s (or the
-/// shutdown timeout if shorter) for the answers to what it sent, reading stops, queued
-/// messages commit for up to `shutdownTimeout`, what was acked but not committed is
-/// spooled to `spoolFile` (the next start replays it), and every stream closes. A second
-/// `requestShutdown()` skips the waiting: spool and close at once.
+/// `run()` returns after a graceful shutdown, which `requestShutdown()` starts (the
+/// `fcm-worker` command calls it on SIGTERM and SIGINT). The shutdown always ends: the outbox
+/// stops claiming, waits up to 5 s (or the shutdown timeout if shorter) for the answers to
+/// what it sent and hands the rest back, reading stops, queued messages commit for up to
+/// `shutdownTimeout`, what was acked but not committed is spooled to `spoolFile` (the next
+/// start replays it), and every stream closes. A second `requestShutdown()` skips the
+/// waiting: spool and close at once.
+///
+/// Cancelling `run()` means "stop now", as in swift-service-lifecycle: nothing is waited for,
+/// what was acked but not committed is spooled, and outbox rows under way stay claimed until
+/// their lease runs out (then any worker sends them again). Nothing acked is lost either way;
+/// for a clean stop, call `requestShutdown()` and await `run()`.
 ///
 /// It throws configuration errors that retrying cannot fix: refused credentials or
 /// certificate, an unknown XMPP domain, pending migrations, an unusable spool; and, after a
@@ -53,23 +59,12 @@ public struct FCMWorker: Sendable {
         shutdown.request()
     }
 
-    /// Runs until `requestShutdown()` or until cancelled, then shuts down gracefully: for a
-    /// caller, cancelling `run()` is the same as `requestShutdown()` (a second cancellation
-    /// cannot come, so `requestShutdown()` again makes it urgent).
-    ///
-    /// Inside, the graceful shutdown is a signal of its own and cancellation means "stop
-    /// now": every service is a child task of the service group, told to stop by its stage's
-    /// signal. The one task not a child is the one this creates: turning the caller's
-    /// cancellation into the graceful signal needs a task that the cancellation does not
-    /// reach. It is always awaited here, so it never outlives `run()`.
+    /// Runs until `requestShutdown()` has shut the worker down gracefully, or until cancelled,
+    /// which stops it at once (see the type's documentation). Every service is a child task
+    /// of the service group, told to stop by its stage's signal; cancellation reaches them all.
     public func run() async throws {
         ProcessSignals.ignoreSIGPIPE()
-        let work = Task { try await runUntilShutdown() }
-        try await withTaskCancellationHandler {
-            try await work.value
-        } onCancel: { [shutdown] in
-            shutdown.request()
-        }
+        try await runUntilShutdown()
     }
 
     private func runUntilShutdown() async throws {

@@ -697,7 +697,7 @@ final class Setup: Sendable {
     /// Stops the worker gracefully, then the simulator.
     func shutdown() async {
         let task = self.task.withLock { $0 }
-        task?.cancel()
+        worker.withLock { $0 }?.requestShutdown()
         _ = try? await task?.value
         simulator.stop()
     }

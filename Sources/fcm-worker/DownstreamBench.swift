@@ -269,7 +269,7 @@ struct DownstreamBench {
                 try await Task.sleep(for: .milliseconds(200))
             }
             let after = cpu.sample(liveChild: simulator.processIdentifier)
-            task.cancel()
+            worker.requestShutdown()
             _ = try? await task.value
             // Backends hand their counters over when idle, at most once a second, and when they
             // end (the worker's have, with its pools).

@@ -196,7 +196,7 @@ struct SoakBench {
             }
             let outcomes = try await observer.query("SELECT status, count(*) FROM downstream_messages GROUP BY 1 ORDER BY 1")
                 .map { "\($0.string(0) ?? "?")=\($0.int(1) ?? 0)" }
-            running.cancel()
+            worker.requestShutdown()
             _ = try? await running.value
 
             var failures: [String] = []

@@ -280,7 +280,7 @@ extension TestCCS {
         var configuration = try ccs.downstreamWorker(database: database)
         configuration.port = proxy.port
         configuration.shutdownTimeout = .seconds(1)
-        let (task, _) = startWorker(configuration)
+        let (worker, task, _) = launchWorker(configuration)
         defer { task.cancel() }
         try await ccs.simulator.waitForBoundSessions(1)
         // The simulator sees the bind before the worker reads its result: one row sent and
@@ -299,7 +299,7 @@ extension TestCCS {
         // In flight: claimed (rows are written with their answer, and none comes).
         #expect(try await database.count("downstream_messages_in_flight") >= 100)
         let stopping = ContinuousClock.now
-        task.cancel()
+        worker.requestShutdown()
         try await task.value
         let took = ContinuousClock.now - stopping
         #expect(took < .seconds(15), "the shutdown took \(took)")
@@ -486,13 +486,13 @@ extension TestCCS {
         let database = try await TestDatabase.make()
         var configuration = try ccs.downstreamWorker(database: database)
         configuration.shutdownTimeout = .seconds(1)
-        let (task, _) = startWorker(configuration)
+        let (worker, task, _) = launchWorker(configuration)
         try await ccs.simulator.waitForBoundSessions(1)
         try await database.insertOutbox((0..<150).map { ("token-\($0)", #"{"data":{"k":"v"}}"#) })
         try await ccs.simulator.wait(for: "a full window") {
             $0.count { if case .downstreamReceived = $0 { true } else { false } } >= 100
         }
-        task.cancel()
+        worker.requestShutdown()
         try await task.value
         // Nothing is left claimed: the 100 sent are retries, the rest are pending, all due now.
         #expect(try await database.count("downstream_messages", where: "status = 'retry' AND attempts = 1 AND available_at <= now()") == 100)
@@ -503,6 +503,27 @@ extension TestCCS {
         defer { next.cancel() }
         try await database.waitForOutbox("status = 'acked'", count: 150)
         #expect(try await database.count("downstream_messages", where: "attempts = 2") == 100)
+    }
+
+    /// Cancelling `run()` is "stop now", not the graceful shutdown: no answer is waited for
+    /// and nothing is handed back; the rows under way stay claimed until their lease runs out
+    /// (the test above shows `requestShutdown()` handing the same rows back).
+    @Test func cancellingTheWorkerStopsWithoutHandingItsRowsBack() async throws {
+        let ccs = try TestCCS(log: DownstreamLog { _, _ in .noAnswer })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        var configuration = try ccs.downstreamWorker(database: database)
+        configuration.shutdownTimeout = .seconds(30)
+        let (task, _) = startWorker(configuration)
+        try await ccs.simulator.waitForBoundSessions(1)
+        try await database.insertOutbox((0..<150).map { ("token-\($0)", #"{"data":{"k":"v"}}"#) })
+        try await ccs.simulator.wait(for: "a full window") {
+            $0.count { if case .downstreamReceived = $0 { true } else { false } } >= 100
+        }
+        task.cancel()
+        _ = await task.result
+        #expect(try await database.count("downstream_messages_in_flight") >= 100, "the rows under way were handed back")
+        #expect(try await database.count("downstream_messages", where: "status = 'retry'") == 0)
     }
 
     @Test func handlersRepliesAreSentAndEchoRepliesToTheSender() async throws {

@@ -72,14 +72,21 @@ func waitUntil(_ what: String, within limit: Duration = .seconds(10), _ conditio
 }
 
 /// Starts a worker (quiet logger) with `handlers` (default: `store`); returns its task
-/// and the events it reports.
+/// (cancelling it stops the worker at once) and the events it reports.
 func startWorker(_ configuration: WorkerConfiguration, handlers: UpstreamHandlers? = nil) -> (Task<Void, any Error>, WorkerEvents) {
+    let (_, task, events) = launchWorker(configuration, handlers: handlers)
+    return (task, events)
+}
+
+/// `startWorker`, with the worker too: `worker.requestShutdown()` shuts it down gracefully.
+func launchWorker(_ configuration: WorkerConfiguration, handlers: UpstreamHandlers? = nil)
+    -> (worker: FCMWorker, task: Task<Void, any Error>, events: WorkerEvents) {
     let events = WorkerEvents()
     var chosen = UpstreamHandlers()
     if let handlers { chosen = handlers } else { chosen.register("store", StoreHandler()) }
     let worker = FCMWorker(configuration: configuration, handlers: chosen,
                            logger: Logger(label: "test", minimumLevel: .debug) { TestLog.record($0) }, observer: { events.record($0) })
-    return (Task { try await worker.run() }, events)
+    return (worker, Task { try await worker.run() }, events)
 }
 
 /// Collects worker events for assertions and lets a test wait on them.
