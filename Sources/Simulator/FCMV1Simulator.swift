@@ -87,7 +87,6 @@ public final class FCMV1Simulator: Sendable {
         var keys: [String: RSAPublicKey] = [:]
         var revokedKeys: Set<String> = []
         var grantKeyIDs: [String] = []
-        var stopped = false
     }
 
     public let port: Int
@@ -98,7 +97,7 @@ public final class FCMV1Simulator: Sendable {
     /// The 16 hex digits after `%` in the message names.
     private let senderHash = String(UInt64.random(in: 1 << 60 ... UInt64.max), radix: 16)
     private let context: TLSContext
-    private let listenFD: Int32
+    private let acceptLoop: AcceptLoop
     private let state = BlockingLock(State())
     private let settings: Settings
 
@@ -143,13 +142,8 @@ public final class FCMV1Simulator: Sendable {
         ProcessSignals.ignoreSIGPIPE()
         self.settings = settings
         context = try TLSContext.server(identity: identity, offersHTTP2: settings.offersHTTP2)
-        let listener: TCPListener
-        do {
-            listener = try TCPListener.open(host: settings.host, port: settings.port, nonBlocking: false)
-        } catch {
-            throw SimulatorError("\(error)")
-        }
-        (listenFD, port) = (listener.fd, listener.port)
+        acceptLoop = try AcceptLoop(host: settings.host, port: settings.port)
+        port = acceptLoop.port
         let host = settings.host.contains(":") ? "[\(settings.host)]" : settings.host
         tokenURI = "https://\(host):\(port)/token"
         let key = try RSAPrivateKey.generate()
@@ -158,15 +152,12 @@ public final class FCMV1Simulator: Sendable {
                                  tokenURI: tokenURI, privateKey: key)
         let publicKey = try RSAPublicKey(pem: key.publicKeyPEM)
         state.withLock { $0.keys[account.privateKeyID] = publicKey }
-        let thread = Thread { [self] in acceptLoop() }
-        thread.name = "fcm-v1-simulator accept"
-        thread.start()
+        acceptLoop.start(name: "fcm-v1-simulator accept") { [self] fd in serve(fd) }
     }
 
-    /// Stops accepting connections.
+    /// Stops accepting connections (open ones go on); once it returns, the port is free.
     public func stop() {
-        state.withLock { $0.stopped = true }
-        shutdown(listenFD, Int32(SHUT_RDWR))
+        acceptLoop.stop()
     }
 
     /// Queues outcomes for the next send requests, in order.
@@ -210,24 +201,17 @@ public final class FCMV1Simulator: Sendable {
 
     // MARK: - Serving
 
-    private func acceptLoop() {
-        defer { close(listenFD) }
-        while !state.withLock({ $0.stopped }) {
-            let fd = accept(listenFD, nil, nil)
-            guard fd >= 0 else {
-                if errno == EINTR { continue }
-                return
+    /// Serves one accepted connection (on threads of its own).
+    private func serve(_ fd: Int32) {
+        let requestsOnConnection = BlockingLock(0)
+        state.withLock { $0.counters.connections += 1 }
+        HTTPServerConnection.serve(fd: fd, context: context, name: "fcm-v1-simulator connection",
+                                   maximumConcurrentStreams: settings.maximumConcurrentStreams) { [self] request in
+            let count = requestsOnConnection.withLock { count -> Int in
+                count += 1
+                return count
             }
-            let requestsOnConnection = BlockingLock(0)
-            state.withLock { $0.counters.connections += 1 }
-            HTTPServerConnection.serve(fd: fd, context: context, name: "fcm-v1-simulator connection",
-                                       maximumConcurrentStreams: settings.maximumConcurrentStreams) { [self] request in
-                let count = requestsOnConnection.withLock { count -> Int in
-                    count += 1
-                    return count
-                }
-                return answer(request, numberOnConnection: count)
-            }
+            return answer(request, numberOnConnection: count)
         }
     }
 
