@@ -9,8 +9,9 @@ import Foundation
 /// It is the project's one lock type. The exceptions, each for a stated reason: `Mutex`
 /// inline in objects made per message (`UpstreamMessage`'s parsed cells, the v1 transport's
 /// row progress), where a lock object each cost allocations on the hot path and the lock is
-/// rarely contended; `DeadlineThread`'s pthread mutex and condition, whose timed wait runs
-/// on the monotonic clock; `DedicatedThread`'s `NSCondition`, a job queue's wait.
+/// rarely contended; `ThreadCondition`'s pthread mutex, the one a condition variable needs
+/// (the threads that sleep until signalled or until a deadline on the monotonic clock:
+/// `DeadlineThread`, `DedicatedThread`, the upstream journal's writer).
 ///
 /// The type is `public` and its members `package`: Swift 6.3 neither inlines nor specializes
 /// the `@inlinable` members of a `package` type in other modules, which then called them

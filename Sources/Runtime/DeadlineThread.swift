@@ -39,9 +39,8 @@ public final class DeadlineThread: DeadlineClock, @unchecked Sendable {
         case sleeping(until: ContinuousClock.Instant?)
     }
 
-    // Everything below is guarded by `mutex`.
-    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
-    private let condition: UnsafeMutablePointer<pthread_cond_t>
+    // Everything below is guarded by `condition`'s mutex.
+    private let condition = ThreadCondition()
     /// A binary min-heap by deadline. Cancelled entries stay until they surface or until
     /// they are most of it (`pruneIfMostlyCancelled`).
     private var heap: [Entry] = []
@@ -52,28 +51,10 @@ public final class DeadlineThread: DeadlineClock, @unchecked Sendable {
     /// Starts the thread, which runs until the process ends (tests make their own;
     /// everything else uses `shared`).
     package init(name: String) {
-        mutex = .allocate(capacity: 1)
-        mutex.initialize(to: pthread_mutex_t())
-        pthread_mutex_init(mutex, nil)
-        condition = .allocate(capacity: 1)
-        condition.initialize(to: pthread_cond_t())
-        var attributes = pthread_condattr_t()
-        pthread_condattr_init(&attributes)
-        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
-        pthread_cond_init(condition, &attributes)
-        pthread_condattr_destroy(&attributes)
         let thread = Thread { [self] in self.loop() }
         thread.name = name
         thread.stackSize = 256 << 10
         thread.start()
-    }
-
-    // Never runs in practice: the thread holds `self` until the process ends.
-    deinit {
-        pthread_cond_destroy(condition)
-        condition.deallocate()
-        pthread_mutex_destroy(mutex)
-        mutex.deallocate()
     }
 
     /// The system's monotonic clock.
@@ -83,7 +64,7 @@ public final class DeadlineThread: DeadlineClock, @unchecked Sendable {
     /// unless `cancel` comes first.
     @discardableResult
     public func schedule(at deadline: ContinuousClock.Instant, _ action: @escaping @Sendable () -> Void) -> Ticket {
-        pthread_mutex_lock(mutex)
+        condition.lock()
         lastID &+= 1
         let id = lastID
         actions[id] = action
@@ -95,9 +76,9 @@ public final class DeadlineThread: DeadlineClock, @unchecked Sendable {
         }
         if wake {
             activity = .awake
-            pthread_cond_signal(condition)
+            condition.signal()
         }
-        pthread_mutex_unlock(mutex)
+        condition.unlock()
         return Ticket(id: id)
     }
 
@@ -106,38 +87,30 @@ public final class DeadlineThread: DeadlineClock, @unchecked Sendable {
     /// runs, or has run).
     @discardableResult
     public func cancel(_ ticket: Ticket) -> Bool {
-        pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
-        guard actions.removeValue(forKey: ticket.id) != nil else { return false }
-        pruneIfMostlyCancelled()
-        return true
+        condition.withLock {
+            guard actions.removeValue(forKey: ticket.id) != nil else { return false }
+            pruneIfMostlyCancelled()
+            return true
+        }
     }
 
     /// Actions scheduled and neither run nor cancelled.
-    package var scheduledCount: Int {
-        pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
-        return actions.count
-    }
+    package var scheduledCount: Int { condition.withLock { actions.count } }
 
     /// Entries the heap holds, cancelled ones included (for tests: however many waits are
     /// cancelled, it stays within twice `scheduledCount`, or 64 entries).
-    package var storedCount: Int {
-        pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
-        return heap.count
-    }
+    package var storedCount: Int { condition.withLock { heap.count } }
 
     /// True while the thread sleeps (until a deadline or a signal), for tests.
     package var isAsleep: Bool {
-        pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
-        if case .sleeping = activity { return true }
-        return false
+        condition.withLock {
+            if case .sleeping = activity { return true }
+            return false
+        }
     }
 
     private func loop() {
-        pthread_mutex_lock(mutex)
+        condition.lock()
         while true {
             let now = ContinuousClock.now
             var due: [@Sendable () -> Void] = []
@@ -147,29 +120,23 @@ public final class DeadlineThread: DeadlineClock, @unchecked Sendable {
             }
             if !due.isEmpty {
                 activity = .awake
-                pthread_mutex_unlock(mutex)
+                condition.unlock()
                 for action in due { action() }
-                pthread_mutex_lock(mutex)
+                condition.lock()
                 continue
             }
             if let next = heap.first?.deadline {
                 activity = .sleeping(until: next)
-                let wait = (next - now).timespecWithinADay
-                var wakeAt = timespec()
-                clock_gettime(CLOCK_MONOTONIC, &wakeAt)
-                let nanoseconds = wakeAt.tv_nsec + wait.tv_nsec
-                wakeAt.tv_sec += wait.tv_sec + nanoseconds / 1_000_000_000
-                wakeAt.tv_nsec = nanoseconds % 1_000_000_000
-                _ = pthread_cond_timedwait(condition, mutex, &wakeAt)
+                condition.wait(until: next)
             } else {
                 activity = .sleeping(until: nil)
-                _ = pthread_cond_wait(condition, mutex)
+                condition.wait()
             }
             activity = .awake
         }
     }
 
-    // MARK: - The heap (under `mutex`)
+    // MARK: - The heap (under `condition`'s mutex)
 
     private func push(_ entry: Entry) {
         heap.append(entry)

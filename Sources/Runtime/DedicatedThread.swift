@@ -12,7 +12,7 @@ package final class DedicatedThread: Sendable {
         var stopping = false
     }
     private let state = BlockingLock(State())
-    private let wakeup = NSCondition()
+    private let wakeup = ThreadCondition()
 
     package init(name: String) {
         let thread = Thread { [self] in self.loop() }
@@ -39,14 +39,14 @@ package final class DedicatedThread: Sendable {
             state.jobs.append(job)
             return true
         }
-        if accepted { wakeup.lock(); wakeup.signal(); wakeup.unlock() }
+        if accepted { wakeup.wake() }
         return accepted
     }
 
     /// Lets the thread finish the queued jobs and end.
     package func shutdown() {
         state.withLock { $0.stopping = true }
-        wakeup.lock(); wakeup.signal(); wakeup.unlock()
+        wakeup.wake()
     }
 
     private func loop() {

@@ -82,7 +82,7 @@ final class UpstreamJournal: Service, CCSJournal {
     private let metrics: WorkerMetrics
     private let state: BlockingLock<State>
     /// Wakes the writer (signalled after `state` changes; the writer checks `state` holding it).
-    private let wakeup = NSCondition()
+    private let wakeup = ThreadCondition()
     private let disk = DedicatedThread(name: "fcm-journal")
     private let file = SegmentFile()
     /// The writer thread's nice value (the connection threads' `--io-niceness`): an ack in
@@ -203,9 +203,7 @@ final class UpstreamJournal: Service, CCSJournal {
     }
 
     private func wake() {
-        wakeup.lock()
-        wakeup.signal()
-        wakeup.unlock()
+        wakeup.wake()
     }
 
     /// What one turn of the writer does.
@@ -328,13 +326,13 @@ final class UpstreamJournal: Service, CCSJournal {
 
     /// Waits `delay` on the journal's thread; false at once when the journal is stopping.
     private func waitUnlessStopping(for delay: Duration) -> Bool {
-        let until = Date().addingTimeInterval(delay.seconds)
-        wakeup.lock()
-        defer { wakeup.unlock() }
-        while !state.withLock({ $0.stopping }) {
-            guard wakeup.wait(until: until) else { return true }
+        let until = ContinuousClock.now + delay
+        return wakeup.withLock {
+            while !state.withLock({ $0.stopping }) {
+                guard wakeup.wait(until: until) else { return true }
+            }
+            return false
         }
-        return false
     }
 
     /// On the journal's thread: appends the records to `segment` (opened, and its creation
