@@ -220,7 +220,7 @@ struct UpstreamDispatcher: Sendable {
     /// child itself, so that the handler's cancellation handlers run on the caller's task,
     /// never on the deadline thread. (A second child sleeping for the limit did the same
     /// and cost the worker about 3 % of its CPU per upstream message with the store handler
-    /// under a timeout; a deadline on the clock costs no second task.)
+    /// under a timeout; the deadline here is an entry on the clock, not a task.)
     private func call(_ route: UpstreamHandlers.Route, _ body: () async throws -> Void) async throws {
         guard let limit = route.timeout else { return try await body() }
         try await withoutActuallyEscaping(body) { body in

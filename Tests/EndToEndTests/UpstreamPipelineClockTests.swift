@@ -68,6 +68,9 @@ private struct FailingFirstHandler: UpstreamHandler {
         try await waitUntil("the lane lingers") { setup.clock.nextDeadline == setup.clock.now + .seconds(2) }
         for index in 1..<5 { await setup.pipeline.submit([message("close-\(index)")]) }
         setup.clock.advance(by: .milliseconds(1_999))
+        // The linger's deadline is still scheduled (had it passed, the clock would have run
+        // and dropped it), and nothing committed.
+        #expect(setup.clock.scheduledCount == 1, "the linger ended before its 2 s")
         #expect(setup.committed.withLock { $0 }.isEmpty, "committed before the linger ended")
         setup.clock.advance(by: .milliseconds(1))
         try await waitUntil("the batch commits") { !setup.committed.withLock { $0 }.isEmpty }
@@ -88,6 +91,7 @@ private struct FailingFirstHandler: UpstreamHandler {
         // The lane waits for the retry's due time on the clock.
         try await waitUntil("the lane waits for the retry") { setup.clock.nextDeadline == setup.clock.now + delay }
         setup.clock.advance(by: delay - .milliseconds(1))
+        #expect(setup.clock.scheduledCount == 1, "the lane stopped waiting before the retry's delay")
         #expect(setup.attempts.withLock { $0["flaky"] } == 1, "tried again before its delay")
         #expect(setup.committed.withLock { $0 }.isEmpty)
         setup.clock.advance(by: .milliseconds(1))
