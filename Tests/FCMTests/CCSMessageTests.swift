@@ -101,6 +101,20 @@ import XMPP
         }
     }
 
+    @Test func theOnePassAckIsTheEscapedAckWhereverItApplies() {
+        let token = "fZ3x-8Y_q:APA91bH" + String(repeating: "aZ09-_:.", count: 18)
+        for (to, messageID) in [(token, "m-1"), ("gcm.googleapis.com", "dr2:1a2b"), ("", ""), ("~ !#$%'()*+,/;=?@[]^`{|}", "x")] {
+            #expect(CCSStanza.plainAck(to: to, messageID: messageID) == CCSStanza.escapedAck(to: to, messageID: messageID))
+            #expect(CCSStanza.ack(to: to, messageID: messageID) == CCSStanza.escapedAck(to: to, messageID: messageID))
+        }
+        // Whatever JSON or XML escapes, and anything beyond printable ASCII, takes the escaping path.
+        for awkward in ["a\"b", "a\\b", "a&b", "a<b", "a>b", "a\nb", "a\u{7F}b", "é", "\u{FFFE}"] {
+            #expect(CCSStanza.plainAck(to: awkward, messageID: "m") == nil)
+            #expect(CCSStanza.plainAck(to: "t", messageID: awkward) == nil)
+            #expect(CCSStanza.ack(to: awkward, messageID: awkward) == CCSStanza.escapedAck(to: awkward, messageID: awkward))
+        }
+    }
+
     @Test func theAckStanzaEscapesAndRoundTrips() throws {
         let stanza = CCSStanza.ack(to: "tok\"<&>", messageID: "m\\1")
         let parser = XMLStreamParser()
