@@ -25,15 +25,22 @@ public enum CCSInbound: Sendable {
     case ignored(XMLElement)
 }
 
-/// An upstream message as it arrived, with everything needed to ack it.
+/// An upstream message as it arrived, with where its ack stands: a reference to the
+/// message and the ack, so that handing it on copies no field of the message.
 public struct CCSUpstreamArrival: Sendable {
-    public let message: CCSMessage.Upstream
-    public let messageID: String
-    /// The sending device's registration token.
-    public let from: String
-    /// When the connection's thread parsed it.
-    public let receivedAt: Date
+    public let message: CCSUpstreamMessage
     public let ack: CCSAck
+
+    public init(message: CCSUpstreamMessage, ack: CCSAck) {
+        self.message = message
+        self.ack = ack
+    }
+
+    public var messageID: String { message.messageID }
+    /// The sending device's registration token.
+    public var from: String { message.from }
+    /// When the connection's thread parsed it.
+    public var receivedAt: Date { message.receivedAt }
 }
 
 /// Where an arrival's ack stands.

@@ -61,10 +61,11 @@ package struct CCSInterceptor: StanzaInterceptor {
                     payload: payload, reason: .unackable, detail: "missing \(missing)", messageID: upstream.messageID,
                     from: upstream.from, category: upstream.category, receivedAt: receivedAt, ack: .impossible)))
             }
-            let arrival = { (ack: CCSAck) in
-                CCSInbound.upstream(CCSUpstreamArrival(message: upstream, messageID: messageID, from: from,
-                                                       receivedAt: receivedAt, ack: ack))
-            }
+            // One object from here to the handlers.
+            let received = CCSUpstreamMessage(messageID: messageID, from: from, category: upstream.category,
+                                              dataJSON: upstream.dataJSON, json: upstream.json, connection: route.label,
+                                              receivedAt: receivedAt)
+            let arrival = { (ack: CCSAck) in CCSInbound.upstream(CCSUpstreamArrival(message: received, ack: ack)) }
             let stanza = CCSStanza.ack(to: from, messageID: messageID)
             switch ackMode {
             case .immediate: return Interception(reply: stanza, inbound: arrival(.sent))

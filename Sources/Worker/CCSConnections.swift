@@ -231,7 +231,7 @@ final class CCSConnections: Sendable {
         private func handle(_ inbound: CCSInbound, on connection: CCSConnection, link: Int, into work: inout [UpstreamWork]) -> Bool {
             switch inbound {
             case .upstream(let arrival):
-                work.append(UpstreamWork(arrival, connection: connection.label))
+                work.append(UpstreamWork(arrival))
                 if case .sent = arrival.ack { observer?(.acked(connection: connection.label, messageID: arrival.messageID)) }
             case .receipt(let receipt, let receivedAt):
                 if let messageID = receipt.messageID, receipt.from != nil {

@@ -295,9 +295,8 @@ public struct FCMWorker: Sendable {
     static func work(from entry: Spool.Entry) -> UpstreamWork {
         let receivedAt = Date(timeIntervalSince1970: entry.receivedAt)
         if entry.connection != "dead-letter", case .upstream(let upstream)? = try? CCSMessage.decode(json: entry.payload),
-           let messageID = upstream.messageID, let from = upstream.from {
-            return UpstreamWork(kind: .message(UpstreamMessage(
-                upstream, messageID: messageID, from: from, connection: "spool", receivedAt: receivedAt)), ack: .sent)
+           let message = CCSUpstreamMessage(upstream, connection: "spool", receivedAt: receivedAt) {
+            return UpstreamWork(kind: .message(UpstreamMessage(message)), ack: .sent)
         }
         return UpstreamWork(kind: .deadLetter(.init(rawPayload: entry.payload, reason: "unreadable",
                                                     error: "spooled without a usable message_id and from", attempts: 0,

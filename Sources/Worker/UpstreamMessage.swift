@@ -1,45 +1,13 @@
 import FCM
 import Foundation
-import Synchronization
 
 /// An upstream message from a device, as handlers see it (docs/protocol.md section 5).
 ///
-/// A value type whose fields live in one shared, immutable box: the pipeline copies each
-/// message several times on its way to the handlers, and a copy costs one reference count.
+/// A value type over one shared, immutable object (`CCSUpstreamMessage`, made on the
+/// connection's thread as the message was decoded): the pipeline copies each message
+/// several times on its way to the handlers, and a copy costs one reference count.
 public struct UpstreamMessage: Sendable {
-    private final class Storage: Sendable {
-        let messageID: String
-        let from: String
-        let category: String?
-        let dataJSON: String
-        let rawPayload: String
-        let connection: String
-        let receivedAt: Date
-        /// `rawData` and `raw`: given, or parsed on first use from `dataJSON` and
-        /// `rawPayload` (the `store` handler needs neither, so a queued message holds
-        /// only its text). `Mutex` rather than the project's `BlockingLock`: its state is
-        /// stored inline, so the three cells cost no allocation per message, and they are
-        /// never contended (one handler reads a message at a time).
-        let parsedData: Mutex<[String: JSONValue]?>
-        let parsedRaw: Mutex<JSONValue?>
-        /// `data`, made on first use.
-        let stringData = Mutex<[String: String]?>(nil)
-
-        init(messageID: String, from: String, category: String?, rawData: [String: JSONValue]?, dataJSON: String,
-             raw: JSONValue?, rawPayload: String, connection: String, receivedAt: Date) {
-            self.messageID = messageID
-            self.from = from
-            self.category = category
-            self.parsedData = Mutex(rawData)
-            self.dataJSON = dataJSON
-            self.parsedRaw = Mutex(raw)
-            self.rawPayload = rawPayload
-            self.connection = connection
-            self.receivedAt = receivedAt
-        }
-    }
-
-    private let storage: Storage
+    private let storage: CCSUpstreamMessage
 
     /// CCS's id for the message: unique, and the key of exactly-once handling.
     public var messageID: String { storage.messageID }
@@ -48,18 +16,9 @@ public struct UpstreamMessage: Sendable {
     /// The app's package name, as CCS reports it.
     public var category: String? { storage.category }
     /// `data` with every value as a string (non-string JSON values as their JSON text).
-    public var data: [String: String] {
-        Self.memo(storage.stringData) {
-            rawData.mapValues { value in
-                if case .string(let text) = value { return text }
-                return value.serialized
-            }
-        }
-    }
+    public var data: [String: String] { storage.dataStrings }
     /// `data` with its values as sent.
-    public var rawData: [String: JSONValue] {
-        Self.memo(storage.parsedData) { (try? JSONValue.parse(storage.dataJSON))?.objectValue ?? [:] }
-    }
+    public var rawData: [String: JSONValue] { storage.data }
     /// `data` as JSON text exactly as the device sent it (numbers to every digit, members
     /// in their order): what to store in a `jsonb` column.
     public var dataJSON: String { storage.dataJSON }
@@ -95,32 +54,20 @@ public struct UpstreamMessage: Sendable {
         }
     }
     /// The whole JSON object, including fields the worker does not use.
-    public var raw: JSONValue {
-        Self.memo(storage.parsedRaw) { (try? JSONValue.parse(storage.rawPayload)) ?? .object([:]) }
-    }
+    public var raw: JSONValue { storage.raw }
     /// The JSON text exactly as received.
-    public var rawPayload: String { storage.rawPayload }
+    public var rawPayload: String { storage.json }
     /// The connection it came in on (`ccs#1`, …; `spool` when replayed from the spool).
     public var connection: String { storage.connection }
     /// When the worker parsed it.
     public var receivedAt: Date { storage.receivedAt }
 
-    /// The value in `cell`, made by `make` and kept there the first time.
-    private static func memo<Value>(_ cell: borrowing Mutex<Value?>, _ make: () -> Value) -> Value {
-        cell.withLock { cached in
-            if let cached { return cached }
-            let made = make()
-            cached = made
-            return made
-        }
-    }
-
     /// `dataJSON` is the text `rawData` was parsed from; without it `rawData` is serialised.
     public init(messageID: String, from: String, category: String?, rawData: [String: JSONValue], dataJSON: String? = nil,
                 raw: JSONValue, rawPayload: String, connection: String, receivedAt: Date) {
-        storage = Storage(messageID: messageID, from: from, category: category, rawData: rawData,
-                          dataJSON: dataJSON ?? JSONValue.object(rawData).serialized, raw: raw,
-                          rawPayload: rawPayload, connection: connection, receivedAt: receivedAt)
+        storage = CCSUpstreamMessage(messageID: messageID, from: from, category: category,
+                                     dataJSON: dataJSON ?? JSONValue.object(rawData).serialized, json: rawPayload,
+                                     connection: connection, receivedAt: receivedAt, data: rawData, raw: raw)
     }
 
     /// A message as a device would send it, for tests and replays: its CCS payload is made
@@ -135,11 +82,9 @@ public struct UpstreamMessage: Sendable {
                   connection: connection, receivedAt: receivedAt)
     }
 
-    /// A message as CCS sent it: `rawData` and `raw` are parsed from `upstream`'s text when
-    /// first asked for. `upstream` has a `message_id` and a `from`.
-    init(_ upstream: CCSMessage.Upstream, messageID: String, from: String, connection: String, receivedAt: Date) {
-        storage = Storage(messageID: messageID, from: from, category: upstream.category, rawData: nil,
-                          dataJSON: upstream.dataJSON, raw: nil, rawPayload: upstream.json,
-                          connection: connection, receivedAt: receivedAt)
+    /// The message a connection's thread decoded (its `data` and whole JSON parsed when
+    /// first asked for).
+    init(_ received: CCSUpstreamMessage) {
+        storage = received
     }
 }

@@ -43,11 +43,9 @@ struct UpstreamWork: Sendable {
         self.ack = ack
     }
 
-    /// An upstream message that arrived on `connection`.
-    init(_ arrival: CCSUpstreamArrival, connection: String) {
-        self.init(kind: .message(UpstreamMessage(arrival.message, messageID: arrival.messageID, from: arrival.from,
-                                                 connection: connection, receivedAt: arrival.receivedAt)),
-                  ack: arrival.ack)
+    /// An upstream message as it arrived (its connection named in it).
+    init(_ arrival: CCSUpstreamArrival) {
+        self.init(kind: .message(UpstreamMessage(arrival.message)), ack: arrival.ack)
     }
 
     /// A message that cannot be handled, as a dead letter (its id in the form PostgreSQL
