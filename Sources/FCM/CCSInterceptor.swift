@@ -118,6 +118,19 @@ package struct CCSInterceptor: StanzaInterceptor {
         afterRead()
     }
 
+    /// An upstream message acked at once (every one in immediate mode) goes into the
+    /// connection's inbox as itself, its one object, instead of in a box of its own.
+    package func box(_ inbound: CCSInbound) -> any AnyObject & Sendable {
+        if case .upstream(let arrival) = inbound, case .sent = arrival.ack { return arrival.message }
+        return InboundBox(inbound)
+    }
+
+    /// What `box` made of an inbound, opened: a message (acked at once) or a box.
+    package static func unbox(_ item: any AnyObject & Sendable) -> CCSInbound {
+        if let message = item as? CCSUpstreamMessage { return .upstream(CCSUpstreamArrival(message: message, ack: .sent)) }
+        return InboundBox<CCSInbound>.open(item)
+    }
+
     /// An unusable message, acked now or after its dead letter commits when it names
     /// itself (`message_id` and `from`).
     private func unusable(_ payload: String, reason: CCSUnusableMessage.Reason, detail: String,

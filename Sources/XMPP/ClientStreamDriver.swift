@@ -16,7 +16,7 @@ final class ClientStreamDriver: StreamDriver {
     private var negotiationDeadline: ContinuousClock.Instant?
     private var established = false
 
-    /// The interceptor, its result type-erased (boxed) for the inbox.
+    /// The interceptor, its result type-erased for the inbox (`StanzaInterceptor.box`).
     private let intercept: (XMLElement) -> (reply: String?, inbound: StanzaInbox.Item?, closesSendGate: Bool)
     /// The interceptor's `interceptOversized`, type-erased the same way.
     private let interceptOversized: (OversizedStanza) -> (reply: String?, inbound: StanzaInbox.Item?, closesSendGate: Bool)
@@ -27,11 +27,11 @@ final class ClientStreamDriver: StreamDriver {
         self.inbox = inbox
         self.intercept = { stanza in
             let interception = interceptor.intercept(stanza)
-            return (interception.reply, interception.inbound.map(InboundBox.init), interception.closesSendGate)
+            return (interception.reply, interception.inbound.map { interceptor.box($0) }, interception.closesSendGate)
         }
         self.interceptOversized = { stanza in
             let interception = interceptor.interceptOversized(stanza)
-            return (interception.reply, interception.inbound.map(InboundBox.init), interception.closesSendGate)
+            return (interception.reply, interception.inbound.map { interceptor.box($0) }, interception.closesSendGate)
         }
         self.readIntercepted = { interceptor.didInterceptRead() }
         self.reader = XMLStreamReader(maxStanzaBytes: configuration.maxStanzaBytes, maxDepth: configuration.maxDepth,

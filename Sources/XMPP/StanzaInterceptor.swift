@@ -17,11 +17,22 @@ public protocol StanzaInterceptor<Inbound>: Sendable {
     /// rather than once per stanza (journal mode wakes its journal's writer here, so that
     /// one flush takes the whole read). Keep it fast and non-blocking, like `intercept`.
     func didInterceptRead()
+    /// `inbound` as the one object the connection's inbox holds for it, made on the
+    /// connection's thread. The default wraps it in an `InboundBox`; an interceptor whose
+    /// common `Inbound` already holds an object can hand that object on instead (one
+    /// allocation less per stanza), as long as `unbox` tells the two apart.
+    func box(_ inbound: Inbound) -> any AnyObject & Sendable
+    /// What `box` made of an `Inbound`, opened again (on the consuming task).
+    static func unbox(_ item: any AnyObject & Sendable) -> Inbound
 }
 
 extension StanzaInterceptor {
     public func didInterceptRead() {}
     public func interceptOversized(_ stanza: OversizedStanza) -> Interception<Inbound> { Interception(inbound: nil) }
+    public func box(_ inbound: Inbound) -> any AnyObject & Sendable { InboundBox(inbound) }
+    /// Opens an `InboundBox` without a checked cast: only the interceptor's own `box` fills
+    /// its connection's inbox, with boxes of its one `Inbound` type.
+    public static func unbox(_ item: any AnyObject & Sendable) -> Inbound { InboundBox<Inbound>.open(item) }
 }
 
 /// What an interceptor makes of one stanza.

@@ -17,13 +17,17 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
     /// The stream's loop (for tests that watch its lifetime).
     var streamLoop: StreamLoop { loop }
     private let inbox: StanzaInbox
+    /// Opens the inbox's items: the interceptor's `unbox`.
+    private let unbox: @Sendable (StanzaInbox.Item) -> Inbound
     private let ending: OneShot<XMPPError>
 
-    private init(boundJID: String, label: String, loop: StreamLoop, inbox: StanzaInbox, ending: OneShot<XMPPError>) {
+    private init(boundJID: String, label: String, loop: StreamLoop, inbox: StanzaInbox, unbox: @escaping @Sendable (StanzaInbox.Item) -> Inbound,
+                 ending: OneShot<XMPPError>) {
         self.boundJID = boundJID
         self.label = label
         self.loop = loop
         self.inbox = inbox
+        self.unbox = unbox
         self.ending = ending
     }
 
@@ -51,13 +55,14 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
         } onCancel: {
             loop.requestClose(.abort(XMPPError.closedLocally))
         }
-        return XMPPConnection(boundJID: jid, label: name, loop: loop, inbox: inbox, ending: driver.ending)
+        return XMPPConnection(boundJID: jid, label: name, loop: loop, inbox: inbox, unbox: { item in type(of: interceptor).unbox(item) },
+                              ending: driver.ending)
     }
 
     /// What the next received stanza became, or nil once the stream has ended (see
     /// `closed()`) or the task is cancelled while nothing is waiting.
     public func next() async -> Inbound? {
-        await inbox.take(maximum: 1).first.map(Self.open)
+        await inbox.take(maximum: 1).first.map(unbox)
     }
 
     /// Everything received and waiting (at most `maximum`, at least one), in arrival
@@ -65,13 +70,7 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
     /// nothing is waiting).
     public func next(maximum: Int) async -> [Inbound]? {
         let items = await inbox.take(maximum: maximum)
-        return items.isEmpty ? nil : items.map(Self.open)
-    }
-
-    /// Only this connection's driver fills its inbox, with boxes of its interceptor's
-    /// `Inbound`: each item is one (`InboundBox`).
-    private static func open(_ item: StanzaInbox.Item) -> Inbound {
-        unsafeDowncast(item, to: InboundBox<Inbound>.self).value
+        return items.isEmpty ? nil : items.map(unbox)
     }
 
     /// Queues `stanza` for sending, waiting while the write buffer is full.
