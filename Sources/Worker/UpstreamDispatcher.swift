@@ -76,28 +76,37 @@ struct UpstreamDispatcher: Sendable {
     /// text there, making another message's id of it), or an id or token too long for an
     /// index entry (a 15 KB `message_id` failed every attempt, then its dead letter failed
     /// too, every second, forever). Its id is kept as its digest.
+    ///
+    /// The batch comes back as it went in, not copied, unless a message became a dead letter.
     func check(_ batch: [UpstreamWork]) -> [UpstreamWork] {
-        batch.map { work in
-            guard case .message(let message) = work.kind else { return work }
-            if let problem = Self.unstorableField(message) {
-                let shown = Self.shown(message.messageID)
-                logger.warning("message \(shown) dead-lettered: \(problem)", metadata: ["message_id": shown])
-                return Self.unreadable(work, message, error: "\(problem) (message_id \(shown))")
-            }
-            var routed = false
-            for route in handlers.routes where route.match.matches(message) {
-                routed = true
-                do {
-                    try route.handler.check(message)
-                } catch {
-                    logger.warning("message \(message.messageID) refused by handler \(route.name), dead-lettered: \(error)",
-                                   metadata: ["message_id": message.messageID, "handler": route.name])
-                    return Self.deadLetter(work, message, error: "\(route.name): \(error)", handler: route.name,
-                                           code: Self.code(of: error))
-                }
-            }
-            return routed ? work : unrouted(work, message)
+        var batch = batch
+        for index in batch.indices {
+            guard case .message(let message) = batch[index].kind, let letter = check(batch[index], message) else { continue }
+            batch[index] = letter
         }
+        return batch
+    }
+
+    /// `work`'s dead letter when it may not reach the handlers; nil when it may.
+    private func check(_ work: UpstreamWork, _ message: UpstreamMessage) -> UpstreamWork? {
+        if let problem = Self.unstorableField(message) {
+            let shown = Self.shown(message.messageID)
+            logger.warning("message \(shown) dead-lettered: \(problem)", metadata: ["message_id": shown])
+            return Self.unreadable(work, message, error: "\(problem) (message_id \(shown))")
+        }
+        var routed = false
+        for route in handlers.routes where route.match.matches(message) {
+            routed = true
+            do {
+                try route.handler.check(message)
+            } catch {
+                logger.warning("message \(message.messageID) refused by handler \(route.name), dead-lettered: \(error)",
+                               metadata: ["message_id": message.messageID, "handler": route.name])
+                return Self.deadLetter(work, message, error: "\(route.name): \(error)", handler: route.name,
+                                       code: Self.code(of: error))
+            }
+        }
+        return routed ? nil : unrouted(work, message)
     }
 
     /// `work` as the dead letter of a message no route matches, with a warning (one per
