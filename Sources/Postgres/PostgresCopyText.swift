@@ -6,6 +6,11 @@ package enum PostgresCopyText {
     package static func append(row: [PostgresValue], to bytes: inout [UInt8]) {
         for (index, value) in row.enumerated() {
             if index > 0 { bytes.append(UInt8(ascii: "\t")) }
+            if case .timestamptz(let date) = value {
+                // Digits and punctuation only: nothing to escape, no string of its own.
+                PostgresTimestamp.append(date, to: &bytes)
+                continue
+            }
             guard var text = value.textEncoding else {
                 bytes.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "N")])
                 continue

@@ -115,33 +115,50 @@ extension PostgresValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral
 /// `timestamptz` text in and out (ISO 8601, UTC, microseconds).
 enum PostgresTimestamp {
     static func format(_ date: Date) -> String {
-        let microseconds = (date.timeIntervalSince1970 * 1_000_000).rounded()
-        let seconds = Int64((microseconds / 1_000_000).rounded(.down))
-        let fraction = Int64(microseconds) - seconds * 1_000_000
-        var time = time_t(seconds)
-        var parts = tm()
-        gmtime_r(&time, &parts)
         var text: [UInt8] = []
         text.reserveCapacity(29)
-        func digits(_ value: Int, _ width: Int) {
-            var divisor = 1
+        append(date, to: &text)
+        return String(decoding: text, as: UTF8.self)
+    }
+
+    /// Appends `date` as `YYYY-MM-DD HH:MM:SS.ffffff+00` (rounded to the microsecond) to
+    /// `output`: what a COPY row holds for every upstream message, so written in place, its
+    /// calendar date computed from the day number (Howard Hinnant's `civil_from_days`)
+    /// rather than with `gmtime_r`, which takes glibc's time-zone lock for every row.
+    static func append(_ date: Date, to output: inout [UInt8]) {
+        let microseconds = Int64((date.timeIntervalSince1970 * 1_000_000).rounded())
+        let seconds = microseconds >= 0 ? microseconds / 1_000_000 : (microseconds - 999_999) / 1_000_000
+        let fraction = microseconds - seconds * 1_000_000
+        let days = seconds >= 0 ? seconds / 86_400 : (seconds - 86_399) / 86_400
+        let secondOfDay = seconds - days * 86_400
+        // civil_from_days: the proleptic Gregorian date of day `days` after 1970-01-01.
+        let shifted = days + 719_468
+        let era = (shifted >= 0 ? shifted : shifted - 146_096) / 146_097
+        let dayOfEra = shifted - era * 146_097
+        let yearOfEra = (dayOfEra - dayOfEra / 1_460 + dayOfEra / 36_524 - dayOfEra / 146_096) / 365
+        let dayOfYear = dayOfEra - (365 * yearOfEra + yearOfEra / 4 - yearOfEra / 100)
+        let shiftedMonth = (5 * dayOfYear + 2) / 153
+        let day = dayOfYear - (153 * shiftedMonth + 2) / 5 + 1
+        let month = shiftedMonth < 10 ? shiftedMonth + 3 : shiftedMonth - 9
+        let year = yearOfEra + era * 400 + (month <= 2 ? 1 : 0)
+        func digits(_ value: Int64, _ width: Int) {
+            var divisor: Int64 = 1
             for _ in 1..<width { divisor *= 10 }
             var rest = value
             while divisor > 0 {
-                text.append(UInt8(48 + rest / divisor % 10))
+                output.append(UInt8(48 + rest / divisor % 10))
                 rest %= divisor
                 divisor /= 10
             }
         }
-        digits(Int(parts.tm_year) + 1900, 4); text.append(UInt8(ascii: "-"))
-        digits(Int(parts.tm_mon) + 1, 2); text.append(UInt8(ascii: "-"))
-        digits(Int(parts.tm_mday), 2); text.append(UInt8(ascii: " "))
-        digits(Int(parts.tm_hour), 2); text.append(UInt8(ascii: ":"))
-        digits(Int(parts.tm_min), 2); text.append(UInt8(ascii: ":"))
-        digits(Int(parts.tm_sec), 2); text.append(UInt8(ascii: "."))
-        digits(Int(fraction), 6)
-        text.append(contentsOf: "+00".utf8)
-        return String(decoding: text, as: UTF8.self)
+        digits(year, 4); output.append(UInt8(ascii: "-"))
+        digits(month, 2); output.append(UInt8(ascii: "-"))
+        digits(day, 2); output.append(UInt8(ascii: " "))
+        digits(secondOfDay / 3_600, 2); output.append(UInt8(ascii: ":"))
+        digits(secondOfDay / 60 % 60, 2); output.append(UInt8(ascii: ":"))
+        digits(secondOfDay % 60, 2); output.append(UInt8(ascii: "."))
+        digits(fraction, 6)
+        output.append(UInt8(ascii: "+")); output.append(UInt8(ascii: "0")); output.append(UInt8(ascii: "0"))
     }
 
     /// Parses `YYYY-MM-DD HH:MM:SS[.ffffff][+HH[:MM[:SS]]]` as PostgreSQL prints it with DateStyle ISO.
