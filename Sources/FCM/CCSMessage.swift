@@ -72,7 +72,7 @@ public enum CCSMessage: Sendable, Equatable {
 
     /// `decode`'s view of the kept members.
     private struct KeptMembers {
-        let values: [String?]
+        let values: JSONParser.KeptStrings
         subscript(member: Member) -> String? { values[member.rawValue] }
     }
 

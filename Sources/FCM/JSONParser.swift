@@ -47,12 +47,13 @@ package struct JSONParser {
         return try result.get()
     }
 
-    /// The member names `skim` keeps, prepared once.
+    /// The member names `skim` keeps (at most `KeptStrings.capacity`), prepared once.
     package struct Keys: Sendable {
         package let names: [String]
         fileprivate let bytes: [[UInt8]]
 
         package init(_ names: [String]) {
+            precondition(names.count <= KeptStrings.capacity, "a skim keeps at most \(KeptStrings.capacity) members")
             self.names = names
             self.bytes = names.map { Array($0.utf8) }
         }
@@ -63,13 +64,25 @@ package struct JSONParser {
         }
     }
 
+    /// The kept members' strings, by the position of their names in `Keys`: stored inline,
+    /// so that skimming a message allocates no array for them.
+    package struct KeptStrings {
+        package static let capacity = 8
+        private var values = InlineArray<8, String?>(repeating: nil)
+
+        package subscript(position: Int) -> String? {
+            get { values[position] }
+            set { values[position] = newValue }
+        }
+    }
+
     /// What `skim` keeps of a JSON text.
     package struct Skim {
         /// False when the text is valid JSON but not an object.
         package var isObject: Bool
         /// For each of the kept names, the outermost object's member of that name when its
         /// value is a string (the last such member, as in `parse`).
-        package var strings: [String?]
+        package var strings: KeptStrings
         /// The exact text of the recorded member's value, and whether it is an object.
         package var memberText: String?
         package var memberIsObject: Bool
@@ -81,8 +94,7 @@ package struct JSONParser {
     /// the cost of building every value.
     package static func skim(_ text: String, keeping keys: Keys, recording member: String) throws(Failure) -> Skim {
         try reading(text, recording: member) { parser, buffer throws(Failure) in
-            var skim = Skim(isObject: false, strings: Array(repeating: nil, count: keys.names.count),
-                            memberText: nil, memberIsObject: false)
+            var skim = Skim(isObject: false, strings: KeptStrings(), memberText: nil, memberIsObject: false)
             if parser.index < buffer.count, buffer[parser.index] == UInt8(ascii: "{") {
                 skim.isObject = true
                 try parser.outermostStrings(keys, into: &skim.strings)
@@ -99,7 +111,7 @@ package struct JSONParser {
 
     /// The outermost object, as `object(depth: 1)` reads it, keeping the string members
     /// named in `keys`. Names are compared as bytes; only a name with escapes is decoded.
-    private mutating func outermostStrings(_ keys: Keys, into strings: inout [String?]) throws(Failure) {
+    private mutating func outermostStrings(_ keys: Keys, into strings: inout KeptStrings) throws(Failure) {
         index += 1
         skipWhitespace()
         if index < bytes.count, bytes[index] == UInt8(ascii: "}") {

@@ -320,6 +320,10 @@ public final class XMLStreamParser {
         let (namespace, name) = names.value(for: rawName, make: Self.split)
         var attributes: [XMLElement.Attribute] = []
         if var cursor = rawAttributes {
+            // Sized once: growing it one attribute at a time allocated twice for a stanza's two.
+            var count = 0
+            while cursor[2 * count] != nil { count += 1 }
+            attributes.reserveCapacity(count)
             while let key = cursor.pointee, let value = cursor.advanced(by: 1).pointee {
                 let (attributeNamespace, attributeName) = names.value(for: key, make: Self.split)
                 attributes.append(.init(name: attributeName, namespace: attributeNamespace,
