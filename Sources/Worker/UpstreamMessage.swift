@@ -4,8 +4,8 @@ import Foundation
 /// An upstream message from a device, as handlers see it (docs/protocol.md section 5).
 ///
 /// A value type over one shared, immutable object (`CCSUpstreamMessage`, made on the
-/// connection's thread as the message was decoded): the pipeline copies each message
-/// several times on its way to the handlers, and a copy costs one reference count.
+/// connection's thread as a message from CCS was decoded): the pipeline copies each
+/// message several times on its way to the handlers, and a copy costs one reference count.
 public struct UpstreamMessage: Sendable {
     private let storage: CCSUpstreamMessage
 

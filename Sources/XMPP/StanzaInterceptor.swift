@@ -20,7 +20,8 @@ public protocol StanzaInterceptor<Inbound>: Sendable {
     /// `inbound` as the one object the connection's inbox holds for it, made on the
     /// connection's thread. The default wraps it in an `InboundBox`; an interceptor whose
     /// common `Inbound` already holds an object can hand that object on instead (one
-    /// allocation less per stanza), as long as `unbox` tells the two apart.
+    /// allocation less per stanza), as long as `unbox` tells the two apart. Implement both
+    /// or neither: the default `unbox` opens boxes without checking.
     func box(_ inbound: Inbound) -> any AnyObject & Sendable
     /// What `box` made of an `Inbound`, opened again (on the consuming task).
     static func unbox(_ item: any AnyObject & Sendable) -> Inbound
