@@ -67,8 +67,9 @@ package struct JSONParser {
     /// The kept members' strings, by the position of their names in `Keys`: stored inline,
     /// so that skimming a message allocates no array for them.
     package struct KeptStrings {
-        package static let capacity = 8
-        private var values = InlineArray<8, String?>(repeating: nil)
+        private typealias Values = InlineArray<8, String?>
+        package static var capacity: Int { Values.count }
+        private var values = Values(repeating: nil)
 
         package subscript(position: Int) -> String? {
             get { values[position] }

@@ -55,7 +55,8 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
         } onCancel: {
             loop.requestClose(.abort(XMPPError.closedLocally))
         }
-        return XMPPConnection(boundJID: jid, label: name, loop: loop, inbox: inbox, unbox: { item in type(of: interceptor).unbox(item) },
+        let interceptorType = type(of: interceptor)
+        return XMPPConnection(boundJID: jid, label: name, loop: loop, inbox: inbox, unbox: { interceptorType.unbox($0) },
                               ending: driver.ending)
     }
 
