@@ -66,6 +66,11 @@ import Testing
         let (second, errors) = try startWorkerProcess(ccs, database, spool: spool, ["--ack-mode", "journal"])
         defer { if second.isRunning { second.terminate() } }
         await database.waitForRows(in: "upstream_messages", count: 2000, within: .seconds(60))
+        // The rows are visible before the replay has heard its last COMMIT answered and
+        // removed what it replayed; a stop in between keeps the files for the next start
+        // (whose replay finds the messages stored). So the stop waits for the removal; if it
+        // never comes, the check below fails with the log.
+        try? await waitUntil("the replayed journal removed", within: .seconds(30)) { UpstreamJournalFiles.names(beside: spool).isEmpty }
         kill(second.processIdentifier, SIGTERM)
         try await waitForExit(second)
         let log = String(decoding: await readToEnd(errors.fileHandleForReading), as: UTF8.self)
