@@ -100,38 +100,15 @@ public final class XMLStreamParser {
     /// How much of an oversized stanza's character data is kept.
     public static let oversizedSampleBytes = 4096
 
-    /// The stanza being read past the limit.
-    private struct Skipped {
-        let element: XMLElement
-        var sample: [UInt8] = []
-        var scanner = JSONMemberScanner()
-
-        mutating func read(_ bytes: UnsafeRawBufferPointer) {
-            if sample.count < XMLStreamParser.oversizedSampleBytes {
-                sample.append(contentsOf: bytes.prefix(XMLStreamParser.oversizedSampleBytes - sample.count))
-            }
-            scanner.feed(bytes)
-        }
-    }
-
     private let parser: XML_Parser
-    /// Names (split at expat's namespace separator) and attribute values the stream repeats.
-    private var names = RecentStrings<(namespace: String?, name: String)>()
-    private var attributeValues = RecentStrings<String>()
-    /// Elements under construction; index 0 is the stanza, deeper ones its descendants.
-    private var open: [XMLElement] = []
-    private var text: [UInt8] = []
-    /// Open elements including the stream root.
-    private var depth = 0
-    private var events: [XMLStreamEvent] = []
-    private var failure: XMLStreamError?
-    /// Total bytes fed so far, and the stream offset where the current stanza (or the gap
-    /// before it) began: their difference bounds how much one stanza may buffer.
-    private var fedBytes: Int = 0
-    private var boundary: Int = 0
-    /// Where the last callback's bytes ended: what expat holds past it is one token.
-    private var progress: Int = 0
-    private var skipped: Skipped?
+    /// What the expat callbacks build, in memory this parser allocates once and frees in
+    /// `deinit`. The callbacks reach it through this pointer rather than through stored
+    /// properties of the class: every access to a class's `var` is checked for exclusivity
+    /// at run time (a call into the Swift runtime and its thread-local access set), which
+    /// was about a twentieth of a connection thread's CPU with a dozen accesses per element.
+    /// Each use here is one access that ends before the next begins; none spans `XML_Parse`,
+    /// whose callbacks change the state.
+    private let state: UnsafeMutablePointer<State>
 
     public init(maxStanzaBytes: Int = XMLStreamParser.defaultMaxStanzaBytes, maxDepth: Int = XMLStreamParser.defaultMaxDepth,
                 skipsOversizedStanzas: Bool = false) {
@@ -142,25 +119,30 @@ public final class XMLStreamParser {
             fatalError("expat could not allocate a parser (out of memory)")
         }
         self.parser = parser
-        XML_SetUserData(parser, Unmanaged.passUnretained(self).toOpaque())
+        state = .allocate(capacity: 1)
+        state.initialize(to: State(parser: parser, maxStanzaBytes: maxStanzaBytes, maxDepth: maxDepth,
+                                   skipsOversizedStanzas: skipsOversizedStanzas))
+        XML_SetUserData(parser, UnsafeMutableRawPointer(state))
         XML_SetElementHandler(parser, { user, name, attributes in
-            XMLStreamParser.from(user).startElement(name, attributes)
+            State.at(user).pointee.startElement(name, attributes)
         }, { user, name in
-            XMLStreamParser.from(user).endElement()
+            State.at(user).pointee.endElement()
         })
         XML_SetCharacterDataHandler(parser, { user, bytes, length in
-            XMLStreamParser.from(user).characters(bytes, Int(length))
+            State.at(user).pointee.characters(bytes, Int(length))
         })
         XML_SetStartDoctypeDeclHandler(parser, { user, _, _, _, _ in
-            XMLStreamParser.from(user).fail(.declarationForbidden)
+            State.at(user).pointee.fail(.declarationForbidden)
         })
         XML_SetEntityDeclHandler(parser, { user, _, _, _, _, _, _, _, _ in
-            XMLStreamParser.from(user).fail(.declarationForbidden)
+            State.at(user).pointee.fail(.declarationForbidden)
         })
     }
 
     deinit {
         XML_ParserFree(parser)
+        state.deinitialize(count: 1)
+        state.deallocate()
     }
 
     /// Parses the next bytes of the stream: the events they complete, in order, and the
@@ -168,7 +150,7 @@ public final class XMLStreamParser {
     /// same bytes are returned with it, so that what a stream yields does not depend on how
     /// its bytes were split into reads.
     public func parse(_ bytes: UnsafeRawBufferPointer) -> (events: [XMLStreamEvent], failure: XMLStreamError?) {
-        if let failure { return ([], failure) }
+        if let failure = state.pointee.failure { return ([], failure) }
         // 0x00, 0xFE and 0xFF never occur in UTF-8. Refused here, before expat: at the start
         // of a stream expat takes "\n\0" or a FE FF byte order mark for UTF-16 even when told
         // UTF-8, but only if both bytes come in one read (found by fuzzing:
@@ -177,34 +159,16 @@ public final class XMLStreamParser {
         if let bad = Self.firstByteOutsideUTF8(bytes) {
             let (events, failure) = parse(UnsafeRawBufferPointer(rebasing: bytes[..<bad]))
             if let failure { return (events, failure) }
-            self.failure = .malformed(String(format: "a 0x%02X byte, which UTF-8 cannot contain", bytes[bad]))
-            return (events, self.failure)
+            let refusal = XMLStreamError.malformed(String(format: "a 0x%02X byte, which UTF-8 cannot contain", bytes[bad]))
+            state.pointee.failure = refusal
+            return (events, refusal)
         }
-        fedBytes += Int(bytes.count)
+        state.pointee.fedBytes += Int(bytes.count)
+        // No access to the state is under way here: the callbacks change it.
         let status = bytes.withMemoryRebound(to: CChar.self) { chars in
             XML_Parse(parser, chars.baseAddress, Int32(chars.count), 0)
         }
-        if failure == nil && status.rawValue == shim_XML_STATUS_ERROR() && passedTheLimit {
-            failure = .stanzaTooLarge(limit: maxStanzaBytes)
-        }
-        if failure == nil && status.rawValue == shim_XML_STATUS_ERROR() {
-            let code = XML_GetErrorCode(parser)
-            let reason = XML_ErrorString(code).map { String(cString: $0) } ?? "error \(code.rawValue)"
-            failure = .malformed("\(reason) at line \(XML_GetCurrentLineNumber(parser)), column \(XML_GetCurrentColumnNumber(parser))")
-        }
-        if skipsOversizedStanzas {
-            // Read on past the limit; but one token expat must hold whole has a bound.
-            if failure == nil && depth >= 1 && fedBytes - progress > tokenLimit {
-                failure = .stanzaTooLarge(limit: maxStanzaBytes)
-            }
-            if failure == nil && skipped == nil && !open.isEmpty && fedBytes - boundary > Int(maxStanzaBytes) {
-                startSkipping()
-            }
-        } else if failure == nil && depth >= 1 && fedBytes - boundary > Int(maxStanzaBytes) {
-            failure = .stanzaTooLarge(limit: maxStanzaBytes)
-        }
-        defer { events.removeAll(keepingCapacity: true) }
-        return (events, failure)
+        return state.pointee.finishParse(failed: status.rawValue == shim_XML_STATUS_ERROR())
     }
 
     /// The offset of the first 0x00, 0xFE or 0xFF in `bytes` (memchr: the common case, none,
@@ -246,203 +210,274 @@ public final class XMLStreamParser {
         try feed(Array(string.utf8))
     }
 
-    // MARK: - expat callbacks
+    /// The stream as parsed so far, and the expat callbacks that build it.
+    private struct State {
+        /// The stanza being read past the limit.
+        struct Skipped {
+            let element: XMLElement
+            var sample: [UInt8] = []
+            var scanner = JSONMemberScanner()
 
-    private static func from(_ user: UnsafeMutableRawPointer?) -> XMLStreamParser {
-        Unmanaged<XMLStreamParser>.fromOpaque(user!).takeUnretainedValue()
-    }
+            mutating func read(_ bytes: UnsafeRawBufferPointer) {
+                if sample.count < XMLStreamParser.oversizedSampleBytes {
+                    sample.append(contentsOf: bytes.prefix(XMLStreamParser.oversizedSampleBytes - sample.count))
+                }
+                scanner.feed(bytes)
+            }
+        }
 
-    private func fail(_ error: XMLStreamError) {
-        guard failure == nil else { return }
-        failure = passedTheLimit ? .stanzaTooLarge(limit: maxStanzaBytes) : error
-        XML_StopParser(parser, shim_XML_FALSE())
-    }
+        let parser: XML_Parser
+        let maxStanzaBytes: Int
+        let maxDepth: Int
+        let skipsOversizedStanzas: Bool
+        /// Names (split at expat's namespace separator) and attribute values the stream repeats.
+        var names = RecentStrings<(namespace: String?, name: String)>()
+        var attributeValues = RecentStrings<String>()
+        /// Elements under construction; index 0 is the stanza, deeper ones its descendants.
+        var open: [XMLElement] = []
+        var text: [UInt8] = []
+        /// Open elements including the stream root.
+        var depth = 0
+        var events: [XMLStreamEvent] = []
+        var failure: XMLStreamError?
+        /// Total bytes fed so far, and the stream offset where the current stanza (or the gap
+        /// before it) began: their difference bounds how much one stanza may buffer.
+        var fedBytes: Int = 0
+        var boundary: Int = 0
+        /// Where the last callback's bytes ended: what expat holds past it is one token.
+        var progress: Int = 0
+        var skipped: Skipped?
 
-    /// Whether the stanza under way had passed the size limit before what expat is at now:
-    /// then that is the error, as a read split there would have reported it first (found by
-    /// fuzzing: Fuzz/regressions/xml-limit-before-malformed-bytes, xml-limit-before-too-deep).
-    /// When oversized stanzas are skipped, passing the limit is no error: only a token past
-    /// `tokenLimit` is.
-    private var passedTheLimit: Bool {
-        if skipsOversizedStanzas { return depth >= 1 && XML_GetCurrentByteIndex(parser) - progress > tokenLimit }
-        return depth >= 1 && XML_GetCurrentByteIndex(parser) - boundary > Int(maxStanzaBytes)
-    }
+        init(parser: XML_Parser, maxStanzaBytes: Int, maxDepth: Int, skipsOversizedStanzas: Bool) {
+            self.parser = parser
+            self.maxStanzaBytes = maxStanzaBytes
+            self.maxDepth = maxDepth
+            self.skipsOversizedStanzas = skipsOversizedStanzas
+        }
 
-    /// The longest token (a tag, most likely) expat may hold while oversized stanzas are
-    /// skipped: four times the stanza limit.
-    private var tokenLimit: Int { Int(maxStanzaBytes) * 4 }
+        /// The state an expat callback's user data points at.
+        static func at(_ user: UnsafeMutableRawPointer?) -> UnsafeMutablePointer<State> {
+            user!.assumingMemoryBound(to: State.self)
+        }
 
-    /// The bytes of the current callback's token end here.
-    private func noteProgress() {
-        progress = XML_GetCurrentByteIndex(parser) + Int(XML_GetCurrentByteCount(parser))
-    }
+        /// After `XML_Parse` returned (`failed` when it reported an error): the failure it
+        /// ended in, if any, and the events it completed (taken: the next parse starts afresh).
+        mutating func finishParse(failed: Bool) -> (events: [XMLStreamEvent], failure: XMLStreamError?) {
+            if failure == nil && failed && passedTheLimit {
+                failure = .stanzaTooLarge(limit: maxStanzaBytes)
+            }
+            if failure == nil && failed {
+                let code = XML_GetErrorCode(parser)
+                let reason = XML_ErrorString(code).map { String(cString: $0) } ?? "error \(code.rawValue)"
+                failure = .malformed("\(reason) at line \(XML_GetCurrentLineNumber(parser)), column \(XML_GetCurrentColumnNumber(parser))")
+            }
+            if skipsOversizedStanzas {
+                // Read on past the limit; but one token expat must hold whole has a bound.
+                if failure == nil && depth >= 1 && fedBytes - progress > tokenLimit {
+                    failure = .stanzaTooLarge(limit: maxStanzaBytes)
+                }
+                if failure == nil && skipped == nil && !open.isEmpty && fedBytes - boundary > Int(maxStanzaBytes) {
+                    startSkipping()
+                }
+            } else if failure == nil && depth >= 1 && fedBytes - boundary > Int(maxStanzaBytes) {
+                failure = .stanzaTooLarge(limit: maxStanzaBytes)
+            }
+            defer { events.removeAll(keepingCapacity: true) }
+            return (events, failure)
+        }
 
-    /// The stanza under way passed the limit: what was built of it is read once more (its
-    /// text, for the sample and the scanner) and dropped, and the rest is read without
-    /// being kept.
-    private func startSkipping() {
-        guard !open.isEmpty else { return }
-        skipped = Self.skipped(reading: open, pending: text)
-        text.removeAll()
-        open.removeAll()
-    }
+        mutating func fail(_ error: XMLStreamError) {
+            guard failure == nil else { return }
+            failure = passedTheLimit ? .stanzaTooLarge(limit: maxStanzaBytes) : error
+            XML_StopParser(parser, shim_XML_FALSE())
+        }
 
-    /// What is kept of a stanza past the limit, from what was built of it: `elements`, the
-    /// stanza and its open descendants in order, and `pending` text not yet in them.
-    private static func skipped(reading elements: [XMLElement], pending: [UInt8]) -> Skipped {
-        let top = elements[0]
-        var skipping = Skipped(element: XMLElement(name: top.name, namespace: top.namespace, attributeList: top.attributes, children: []))
-        func readText(of element: XMLElement) {
-            for child in element.children {
-                switch child {
-                case .text(let text): Array(text.utf8).withUnsafeBytes { skipping.read($0) }
-                case .element(let element): readText(of: element)
+        /// Whether the stanza under way had passed the size limit before what expat is at now:
+        /// then that is the error, as a read split there would have reported it first (found by
+        /// fuzzing: Fuzz/regressions/xml-limit-before-malformed-bytes, xml-limit-before-too-deep).
+        /// When oversized stanzas are skipped, passing the limit is no error: only a token past
+        /// `tokenLimit` is.
+        var passedTheLimit: Bool {
+            if skipsOversizedStanzas { return depth >= 1 && XML_GetCurrentByteIndex(parser) - progress > tokenLimit }
+            return depth >= 1 && XML_GetCurrentByteIndex(parser) - boundary > Int(maxStanzaBytes)
+        }
+
+        /// The longest token (a tag, most likely) expat may hold while oversized stanzas are
+        /// skipped: four times the stanza limit.
+        var tokenLimit: Int { Int(maxStanzaBytes) * 4 }
+
+        /// The bytes of the current callback's token end here.
+        mutating func noteProgress() {
+            progress = XML_GetCurrentByteIndex(parser) + Int(XML_GetCurrentByteCount(parser))
+        }
+
+        /// The stanza under way passed the limit: what was built of it is read once more (its
+        /// text, for the sample and the scanner) and dropped, and the rest is read without
+        /// being kept.
+        mutating func startSkipping() {
+            guard !open.isEmpty else { return }
+            skipped = Self.skipped(reading: open, pending: text)
+            text.removeAll()
+            open.removeAll()
+        }
+
+        /// What is kept of a stanza past the limit, from what was built of it: `elements`, the
+        /// stanza and its open descendants in order, and `pending` text not yet in them.
+        static func skipped(reading elements: [XMLElement], pending: [UInt8]) -> Skipped {
+            let top = elements[0]
+            var skipping = Skipped(element: XMLElement(name: top.name, namespace: top.namespace, attributeList: top.attributes, children: []))
+            func readText(of element: XMLElement) {
+                for child in element.children {
+                    switch child {
+                    case .text(let text): Array(text.utf8).withUnsafeBytes { skipping.read($0) }
+                    case .element(let element): readText(of: element)
+                    }
                 }
             }
-        }
-        for element in elements {
-            readText(of: element)
-        }
-        pending.withUnsafeBytes { skipping.read($0) }
-        return skipping
-    }
-
-    /// The event of a stanza read past the limit, which ends at the current callback.
-    private func oversizedEvent(_ stanza: Skipped) -> XMLStreamEvent {
-        let end = XML_GetCurrentByteIndex(parser) + Int(XML_GetCurrentByteCount(parser))
-        return .oversizedStanza(OversizedStanza(
-            name: stanza.element.name, namespace: stanza.element.namespace, attributes: stanza.element.attributes,
-            byteCount: end - boundary, textSample: String(decoding: stanza.sample, as: UTF8.self), members: stanza.scanner.members))
-    }
-
-    private func startElement(_ rawName: UnsafePointer<CChar>?, _ rawAttributes: UnsafeMutablePointer<UnsafePointer<CChar>?>?) {
-        guard failure == nil, let rawName else { return }
-        let (namespace, name) = names.value(for: rawName, make: Self.split)
-        var attributes: [XMLElement.Attribute] = []
-        if var cursor = rawAttributes {
-            // Sized once: growing it one attribute at a time allocated twice for a stanza's two.
-            var count = 0
-            while cursor[2 * count] != nil { count += 1 }
-            attributes.reserveCapacity(count)
-            while let key = cursor.pointee, let value = cursor.advanced(by: 1).pointee {
-                let (attributeNamespace, attributeName) = names.value(for: key, make: Self.split)
-                attributes.append(.init(name: attributeName, namespace: attributeNamespace,
-                                        value: attributeValues.value(for: value, make: String.init(cString:))))
-                cursor = cursor.advanced(by: 2)
+            for element in elements {
+                readText(of: element)
             }
+            pending.withUnsafeBytes { skipping.read($0) }
+            return skipping
         }
-        depth += 1
-        noteProgress()
-        if skipsOversizedStanzas && Int(XML_GetCurrentByteCount(parser)) > tokenLimit {
-            fail(.stanzaTooLarge(limit: maxStanzaBytes))
-            return
+
+        /// The event of a stanza read past the limit, which ends at the current callback.
+        func oversizedEvent(_ stanza: Skipped) -> XMLStreamEvent {
+            let end = XML_GetCurrentByteIndex(parser) + Int(XML_GetCurrentByteCount(parser))
+            return .oversizedStanza(OversizedStanza(
+                name: stanza.element.name, namespace: stanza.element.namespace, attributes: stanza.element.attributes,
+                byteCount: end - boundary, textSample: String(decoding: stanza.sample, as: UTF8.self), members: stanza.scanner.members))
         }
-        if skipped != nil {
-            if depth - 1 > maxDepth { fail(.tooDeep(limit: maxDepth)) }
-            return
-        }
-        let element = XMLElement(name: name, namespace: namespace, attributeList: attributes, children: [])
-        if depth == 1 {
-            guard name == "stream", namespace == XMPPNamespace.streams else {
-                fail(.notAStream(name))
+
+        mutating func startElement(_ rawName: UnsafePointer<CChar>?, _ rawAttributes: UnsafeMutablePointer<UnsafePointer<CChar>?>?) {
+            guard failure == nil, let rawName else { return }
+            let (namespace, name) = names.value(for: rawName, make: Self.split)
+            var attributes: [XMLElement.Attribute] = []
+            if var cursor = rawAttributes {
+                // Sized once: growing it one attribute at a time allocated twice for a stanza's two.
+                var count = 0
+                while cursor[2 * count] != nil { count += 1 }
+                attributes.reserveCapacity(count)
+                while let key = cursor.pointee, let value = cursor.advanced(by: 1).pointee {
+                    let (attributeNamespace, attributeName) = names.value(for: key, make: Self.split)
+                    attributes.append(.init(name: attributeName, namespace: attributeNamespace,
+                                            value: attributeValues.value(for: value, make: String.init(cString:))))
+                    cursor = cursor.advanced(by: 2)
+                }
+            }
+            depth += 1
+            noteProgress()
+            if skipsOversizedStanzas && Int(XML_GetCurrentByteCount(parser)) > tokenLimit {
+                fail(.stanzaTooLarge(limit: maxStanzaBytes))
                 return
             }
-            events.append(.streamOpened(element))
-            markBoundary()
-            return
-        }
-        if depth - 1 > maxDepth {
-            fail(.tooDeep(limit: maxDepth))
-            return
-        }
-        if depth == 2 {
-            boundary = XML_GetCurrentByteIndex(parser)
-        } else {
-            flushText()
-        }
-        open.append(element)
-        checkStanzaSize()
-    }
-
-    private func endElement() {
-        guard failure == nil else { return }
-        depth -= 1
-        noteProgress()
-        if depth == 0 {
-            events.append(.streamClosed)
-            return
-        }
-        if let stanza = skipped {
-            guard depth == 1 else { return }
-            events.append(oversizedEvent(stanza))
-            skipped = nil
-            markBoundary()
-            return
-        }
-        flushText()
-        let element = open.removeLast()
-        if open.isEmpty {
-            // Completed past the limit (in one read, no callback saw it pass): oversized too.
-            if skipsOversizedStanzas && XML_GetCurrentByteIndex(parser) + Int(XML_GetCurrentByteCount(parser)) - boundary > Int(maxStanzaBytes) {
-                events.append(oversizedEvent(Self.skipped(reading: [element], pending: [])))
+            if skipped != nil {
+                if depth - 1 > maxDepth { fail(.tooDeep(limit: maxDepth)) }
+                return
+            }
+            let element = XMLElement(name: name, namespace: namespace, attributeList: attributes, children: [])
+            if depth == 1 {
+                guard name == "stream", namespace == XMPPNamespace.streams else {
+                    fail(.notAStream(name))
+                    return
+                }
+                events.append(.streamOpened(element))
                 markBoundary()
                 return
             }
-            checkStanzaSize()
-            guard failure == nil else { return }
-            events.append(.stanza(element))
-            markBoundary()
-        } else {
-            open[open.count - 1].children.append(.element(element))
-        }
-    }
-
-    private func characters(_ bytes: UnsafePointer<CChar>?, _ length: Int) {
-        guard failure == nil, let bytes, length > 0 else { return }
-        noteProgress()
-        let buffer = UnsafeRawBufferPointer(start: bytes, count: length)
-        if skipped != nil {
-            skipped?.read(buffer)
-            return
-        }
-        if depth <= 1 {
-            if buffer.contains(where: { !($0 == 0x20 || $0 == 0x09 || $0 == 0x0A || $0 == 0x0D) }) {
-                fail(.textOutsideStanza)
+            if depth - 1 > maxDepth {
+                fail(.tooDeep(limit: maxDepth))
+                return
+            }
+            if depth == 2 {
+                boundary = XML_GetCurrentByteIndex(parser)
             } else {
-                markBoundary()
+                flushText()
             }
-            return
+            open.append(element)
+            checkStanzaSize()
         }
-        text.append(contentsOf: buffer)
-        checkStanzaSize()
-    }
 
-    private func flushText() {
-        guard !text.isEmpty, !open.isEmpty else { return }
-        open[open.count - 1].children.append(.text(String(decoding: text, as: UTF8.self)))
-        text.removeAll(keepingCapacity: true)
-    }
-
-    private func markBoundary() {
-        boundary = XML_GetCurrentByteIndex(parser) + Int(XML_GetCurrentByteCount(parser))
-    }
-
-    private func checkStanzaSize() {
-        let end = XML_GetCurrentByteIndex(parser) + Int(XML_GetCurrentByteCount(parser))
-        guard end - boundary > Int(maxStanzaBytes) else { return }
-        if skipsOversizedStanzas {
-            startSkipping()
-        } else {
-            fail(.stanzaTooLarge(limit: maxStanzaBytes))
+        mutating func endElement() {
+            guard failure == nil else { return }
+            depth -= 1
+            noteProgress()
+            if depth == 0 {
+                events.append(.streamClosed)
+                return
+            }
+            if let stanza = skipped {
+                guard depth == 1 else { return }
+                events.append(oversizedEvent(stanza))
+                skipped = nil
+                markBoundary()
+                return
+            }
+            flushText()
+            let element = open.removeLast()
+            if open.isEmpty {
+                // Completed past the limit (in one read, no callback saw it pass): oversized too.
+                if skipsOversizedStanzas && XML_GetCurrentByteIndex(parser) + Int(XML_GetCurrentByteCount(parser)) - boundary > Int(maxStanzaBytes) {
+                    events.append(oversizedEvent(Self.skipped(reading: [element], pending: [])))
+                    markBoundary()
+                    return
+                }
+                checkStanzaSize()
+                guard failure == nil else { return }
+                events.append(.stanza(element))
+                markBoundary()
+            } else {
+                open[open.count - 1].children.append(.element(element))
+            }
         }
-    }
 
-    /// Splits expat's `namespace\u{1}local` form.
-    private static func split(_ raw: UnsafePointer<CChar>) -> (namespace: String?, name: String) {
-        let full = String(cString: raw)
-        guard let separator = full.utf8.firstIndex(of: 0x01) else { return (nil, full) }
-        let namespace = String(full.utf8[full.utf8.startIndex..<separator])!
-        let name = String(full.utf8[full.utf8.index(after: separator)...])!
-        return (namespace, name)
+        mutating func characters(_ bytes: UnsafePointer<CChar>?, _ length: Int) {
+            guard failure == nil, let bytes, length > 0 else { return }
+            noteProgress()
+            let buffer = UnsafeRawBufferPointer(start: bytes, count: length)
+            if skipped != nil {
+                skipped?.read(buffer)
+                return
+            }
+            if depth <= 1 {
+                if buffer.contains(where: { !($0 == 0x20 || $0 == 0x09 || $0 == 0x0A || $0 == 0x0D) }) {
+                    fail(.textOutsideStanza)
+                } else {
+                    markBoundary()
+                }
+                return
+            }
+            text.append(contentsOf: buffer)
+            checkStanzaSize()
+        }
+
+        mutating func flushText() {
+            guard !text.isEmpty, !open.isEmpty else { return }
+            open[open.count - 1].children.append(.text(String(decoding: text, as: UTF8.self)))
+            text.removeAll(keepingCapacity: true)
+        }
+
+        mutating func markBoundary() {
+            boundary = XML_GetCurrentByteIndex(parser) + Int(XML_GetCurrentByteCount(parser))
+        }
+
+        mutating func checkStanzaSize() {
+            let end = XML_GetCurrentByteIndex(parser) + Int(XML_GetCurrentByteCount(parser))
+            guard end - boundary > Int(maxStanzaBytes) else { return }
+            if skipsOversizedStanzas {
+                startSkipping()
+            } else {
+                fail(.stanzaTooLarge(limit: maxStanzaBytes))
+            }
+        }
+
+        /// Splits expat's `namespace\u{1}local` form.
+        static func split(_ raw: UnsafePointer<CChar>) -> (namespace: String?, name: String) {
+            let full = String(cString: raw)
+            guard let separator = full.utf8.firstIndex(of: 0x01) else { return (nil, full) }
+            let namespace = String(full.utf8[full.utf8.startIndex..<separator])!
+            let name = String(full.utf8[full.utf8.index(after: separator)...])!
+            return (namespace, name)
+        }
     }
 }
