@@ -210,8 +210,9 @@ final class UpstreamPipeline: Sendable {
         seen.reserveCapacity(batch.count)
         messages.reserveCapacity(batch.count)
         ids.reserveCapacity(batch.count)
-        for work in batch {
-            switch work.kind {
+        // Looked at in place: a copy of each piece of work costs its reference counts.
+        for index in batch.indices {
+            switch batch[index].kind {
             case .message(let message):
                 guard seen.insert(message.messageID).inserted else { continue }
                 messages.append(message)
@@ -272,7 +273,7 @@ final class UpstreamPipeline: Sendable {
 
     /// Sends the durable-mode acks of a committed batch, one write per connection.
     private func acknowledge(_ batch: [UpstreamWork]) async {
-        let acks = batch.compactMap(\.durableAck)
+        let acks = batch.compactMap { $0.durableAck }
         guard !acks.isEmpty else { return }
         for outcome in await DurableAck.send(acks) {
             if outcome.error == nil { metrics.durablyAcked(outcome.messageIDs.count) }
