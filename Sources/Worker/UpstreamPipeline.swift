@@ -135,7 +135,7 @@ final class UpstreamPipeline: Sendable {
                 let started = ContinuousClock.now
                 let afterCommit = try await pool.withConnection { connection in try await self.commit(batch, on: connection, started: started) }
                 await acknowledge(batch)
-                journal?.release(batch.compactMap(\.journalSegment))
+                journal?.release(batch.withUnsafeBufferPointer { works in works.indices.compactMap { works[$0].journalSegment } })
                 for action in afterCommit { await action() }
                 return nil
             } catch let refusal as UpstreamDispatcher.Refusal {
@@ -210,24 +210,28 @@ final class UpstreamPipeline: Sendable {
         seen.reserveCapacity(batch.count)
         messages.reserveCapacity(batch.count)
         ids.reserveCapacity(batch.count)
-        // Looked at in place: a copy of each piece of work costs its reference counts.
-        for index in batch.indices {
-            switch batch[index].kind {
-            case .message(let message):
-                guard seen.insert(message.messageID).inserted else { continue }
-                messages.append(message)
-                ids.append(.text(message.messageID))
-            case .deadLetter(let letter):
-                // A dead letter with an id is recorded too, so that a redelivery is not kept twice.
-                if let id = letter.messageID {
-                    guard seen.insert(id).inserted else { continue }
-                    ids.append(.text(id))
-                    deadLettered.append(.text(id))
+        // Read through the batch's buffer: through the array, each piece of work was
+        // copied whole to be looked at (its reference counts up and down).
+        var arrivals = 0
+        batch.withUnsafeBufferPointer { works in
+            for index in works.indices {
+                switch works[index].kind {
+                case .message(let message):
+                    arrivals += 1
+                    guard seen.insert(message.messageID).inserted else { continue }
+                    messages.append(message)
+                    ids.append(.text(message.messageID))
+                case .deadLetter(let letter):
+                    // A dead letter with an id is recorded too, so that a redelivery is not kept twice.
+                    if let id = letter.messageID {
+                        guard seen.insert(id).inserted else { continue }
+                        ids.append(.text(id))
+                        deadLettered.append(.text(id))
+                    }
+                    letters.append(letter)
                 }
-                letters.append(letter)
             }
         }
-        let arrivals = batch.count { if case .message = $0.kind { true } else { false } }
         let transaction = UpstreamTransaction(connection: connection)
         do {
             let firstSeen: Set<String>?
@@ -271,9 +275,10 @@ final class UpstreamPipeline: Sendable {
         }
     }
 
-    /// Sends the durable-mode acks of a committed batch, one write per connection.
+    /// Sends the durable-mode acks of a committed batch, one write per connection. (The
+    /// batch is read through its buffer, as in `commit`: no copy of each piece of work.)
     private func acknowledge(_ batch: [UpstreamWork]) async {
-        let acks = batch.compactMap { $0.durableAck }
+        let acks = batch.withUnsafeBufferPointer { works in works.indices.compactMap { works[$0].durableAck } }
         guard !acks.isEmpty else { return }
         for outcome in await DurableAck.send(acks) {
             if outcome.error == nil { metrics.durablyAcked(outcome.messageIDs.count) }

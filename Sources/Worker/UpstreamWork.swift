@@ -90,11 +90,6 @@ struct UpstreamWork: Sendable {
         }
     }
 
-    /// The message, unless this is a dead letter.
-    var message: UpstreamMessage? {
-        if case .message(let message) = kind { message } else { nil }
-    }
-
     var messageID: String? {
         switch kind {
         case .message(let message): message.messageID
