@@ -16,23 +16,17 @@ final class ClientStreamDriver: StreamDriver {
     private var negotiationDeadline: ContinuousClock.Instant?
     private var established = false
 
-    /// The interceptor, its result type-erased for the inbox (`StanzaInterceptor.box`).
-    private let intercept: (XMLElement) -> (reply: String?, inbound: StanzaInbox.Item?, closesSendGate: Bool)
-    /// The interceptor's `interceptOversized`, type-erased the same way.
-    private let interceptOversized: (OversizedStanza) -> (reply: String?, inbound: StanzaInbox.Item?, closesSendGate: Bool)
+    /// The interceptor, its result type-erased for the inbox (`StanzaInterceptor.interceptBoxed`).
+    private let intercept: (XMLElement) -> BoxedInterception
+    /// The interceptor's `interceptOversizedBoxed`.
+    private let interceptOversized: (OversizedStanza) -> BoxedInterception
     /// The interceptor's `didInterceptRead`.
     private let readIntercepted: () -> Void
 
     init<Inbound>(configuration: XMPPClientConfiguration, interceptor: some StanzaInterceptor<Inbound>, inbox: StanzaInbox) {
         self.inbox = inbox
-        self.intercept = { stanza in
-            let interception = interceptor.intercept(stanza)
-            return (interception.reply, interception.inbound.map { interceptor.box($0) }, interception.closesSendGate)
-        }
-        self.interceptOversized = { stanza in
-            let interception = interceptor.interceptOversized(stanza)
-            return (interception.reply, interception.inbound.map { interceptor.box($0) }, interception.closesSendGate)
-        }
+        self.intercept = { interceptor.interceptBoxed($0) }
+        self.interceptOversized = { interceptor.interceptOversizedBoxed($0) }
         self.readIntercepted = { interceptor.didInterceptRead() }
         self.reader = XMLStreamReader(maxStanzaBytes: configuration.maxStanzaBytes, maxDepth: configuration.maxDepth,
                                       skipsOversizedStanzas: true)
@@ -90,13 +84,12 @@ final class ClientStreamDriver: StreamDriver {
     /// Intercepts a stanza and queues what the interceptor makes of it, together: once
     /// receiving stopped, a stanza is not intercepted at all (not acked, not journaled), and
     /// one intercepted always reaches the consumer. Its reply (an ack) is written after.
-    private func deliver(on loop: StreamLoop,
-                         _ intercept: () -> (reply: String?, inbound: StanzaInbox.Item?, closesSendGate: Bool)) {
-        var intercepted: (reply: String?, inbound: StanzaInbox.Item?, closesSendGate: Bool)?
+    private func deliver(on loop: StreamLoop, _ intercept: () -> BoxedInterception) {
+        var intercepted: BoxedInterception?
         let offered = inbox.offer { () -> StanzaInbox.Item? in
             let interception = intercept()
             intercepted = interception
-            return interception.inbound
+            return interception.item
         }
         guard let interception = intercepted, offered != .refused else { return }
         if interception.closesSendGate { loop.closeGate() }
