@@ -55,7 +55,7 @@ public final class CCSConnection: Sendable {
     /// order; nil once the stream has ended and all was taken, or when the task is
     /// cancelled while nothing is waiting.
     public func next(maximum: Int) async -> [CCSInbound]? {
-        await connection.next(maximum: maximum)
+        await connection.nextBoxed(maximum: maximum)?.map(CCSInterceptor.unbox)
     }
 
     /// Queues already serialized stanzas (downstream messages), waiting while the write

@@ -38,10 +38,16 @@ public struct StoreHandler: RecordsUpstreamMessages {
     }
 
     public func handle(batch messages: [UpstreamMessage], in context: BatchContext) async throws {
-        context.copy(into: "upstream_messages", columns: ["message_id", "from_token", "category", "data", "received_at"],
-                     rows: messages.map { message in
-                         [.text(message.messageID), .text(message.from), message.category.map { .text($0) } ?? .null,
-                          .jsonb(message.dataJSON), .timestamptz(message.receivedAt)]
-                     })
+        var values: [PostgresValue] = []
+        values.reserveCapacity(messages.count * 5)
+        // One list of values for the whole batch, row after row: no list per message.
+        for message in messages {
+            values.append(.text(message.messageID))
+            values.append(.text(message.from))
+            values.append(message.category.map { .text($0) } ?? .null)
+            values.append(.jsonb(message.dataJSON))
+            values.append(.timestamptz(message.receivedAt))
+        }
+        context.copy(into: "upstream_messages", columns: ["message_id", "from_token", "category", "data", "received_at"], values: values)
     }
 }

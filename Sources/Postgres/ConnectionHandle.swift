@@ -105,7 +105,7 @@ final class ConnectionHandle: @unchecked Sendable {
     // MARK: - Calls (this connection's thread only)
 
     func execute(_ statement: PostgresStatement, deadline: ContinuousClock.Instant?) throws(PostgresError) -> PostgresResult {
-        if statement.copyRows != nil {
+        if statement.copyData != nil {
             return try pipeline([statement], deadline: deadline).first ?? PostgresResult(rows: [], affectedRows: 0)
         }
         let connection = try live()
@@ -148,7 +148,7 @@ final class ConnectionHandle: @unchecked Sendable {
     }
 
     func pipeline(_ statements: [PostgresStatement], deadline: ContinuousClock.Instant?) throws(PostgresError) -> [PostgresResult] {
-        guard statements.contains(where: { $0.copyRows != nil }) else {
+        guard statements.contains(where: { $0.copyData != nil }) else {
             return try pipelined(statements, numbered: Array(statements.indices), deadline: deadline)
         }
         // COPY cannot run in pipeline mode: each runs in a simple query with the statements
@@ -181,6 +181,9 @@ final class ConnectionHandle: @unchecked Sendable {
         }.joined(separator: ";\n")
         for (statement, number) in zip(statements, numbers) {
             try EncodedStatement.refuseNul(in: statement.sql, what: "the SQL text", index: number)
+            if let problem = statement.copyData?.problem {
+                throw PostgresError(kind: .statement, message: "\(problem): not sent", statementIndex: number)
+            }
         }
         guard PQsendQuery(connection, sql) == 1 else { throw connectionError("sending a query failed") }
         try flush(deadline)
@@ -194,7 +197,7 @@ final class ConnectionHandle: @unchecked Sendable {
             if status == PGRES_COPY_IN {
                 // The server waits for this COPY's rows (its completion is the next result).
                 do {
-                    try sendCopyData(statements[index].copyRows ?? [], deadline: deadline)
+                    try sendCopyData(statements[index].copyData ?? .rows([]), deadline: deadline)
                 } catch {
                     // Stuck in the middle of a COPY: nothing else can use this connection.
                     healthy.value = false
@@ -215,27 +218,24 @@ final class ConnectionHandle: @unchecked Sendable {
 
     /// Sends a COPY's rows in the text format, then its end; waits for the socket when
     /// libpq's buffer is full.
-    private func sendCopyData(_ rows: [[PostgresValue]], deadline: ContinuousClock.Instant?) throws(PostgresError) {
+    private func sendCopyData(_ data: PostgresCopyData, deadline: ContinuousClock.Instant?) throws(PostgresError) {
         let connection = try live()
         var chunk: [UInt8] = []
         chunk.reserveCapacity(64 << 10)
-        func send() throws(PostgresError) {
-            guard !chunk.isEmpty else { return }
+        func send(_ pending: inout [UInt8]) throws(PostgresError) {
+            guard !pending.isEmpty else { return }
             while true {
-                let sent = chunk.withUnsafeBufferPointer { bytes in
+                let sent = pending.withUnsafeBufferPointer { bytes in
                     bytes.withMemoryRebound(to: CChar.self) { PQputCopyData(connection, $0.baseAddress, Int32($0.count)) }
                 }
                 if sent == 1 { break }
                 if sent < 0 { throw connectionError("sending COPY data failed") }
                 try flush(deadline)
             }
-            chunk.removeAll(keepingCapacity: true)
+            pending.removeAll(keepingCapacity: true)
         }
-        for row in rows {
-            PostgresCopyText.append(row: row, to: &chunk)
-            if chunk.count >= 64 << 10 { try send() }
-        }
-        try send()
+        try data.encode(to: &chunk, chunkBytes: 64 << 10, send)
+        try send(&chunk)
         while true {
             let ended = PQputCopyEnd(connection, nil)
             if ended == 1 { break }

@@ -18,7 +18,7 @@ enum PipelineGroup: Equatable {
         /// The last group is a simple query that statements without parameters may still join.
         var simpleOpen = false
         for (index, statement) in statements.enumerated() {
-            if statement.copyRows != nil {
+            if statement.copyData != nil {
                 if !pipe.isEmpty { groups.append(.pipelined(pipe)) }
                 pipe = []
                 groups.append(.simple(loose + [index]))

@@ -4,6 +4,16 @@
 package enum PostgresCopyText {
     /// Appends `row` as one line to `bytes`.
     package static func append(row: [PostgresValue], to bytes: inout [UInt8]) {
+        appendLine(row, to: &bytes)
+    }
+
+    /// Appends `row`, a slice of a list of rows' values, as one line to `bytes`.
+    package static func append(row: ArraySlice<PostgresValue>, to bytes: inout [UInt8]) {
+        appendLine(row, to: &bytes)
+    }
+
+    @inline(__always)
+    private static func appendLine<Row: Collection<PostgresValue>>(_ row: Row, to bytes: inout [UInt8]) {
         for (index, value) in row.enumerated() {
             if index > 0 { bytes.append(UInt8(ascii: "\t")) }
             if case .timestamptz(let date) = value {

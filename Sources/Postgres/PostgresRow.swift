@@ -119,9 +119,12 @@ public struct PostgresResult: Sendable, Equatable {
 public struct PostgresStatement: Sendable, Equatable {
     public var sql: String
     public var parameters: [PostgresValue]
+    /// The data of a `COPY … FROM STDIN` statement, nil for any other statement.
+    package private(set) var copyData: PostgresCopyData?
+
     /// The rows of a `COPY … FROM STDIN` statement (see `copy(into:columns:rows:)`), nil
     /// for any other statement.
-    public private(set) var copyRows: [[PostgresValue]]?
+    public var copyRows: [[PostgresValue]]? { copyData?.rows }
 
     public init(_ sql: String, _ parameters: [PostgresValue] = []) {
         self.sql = sql
@@ -146,11 +149,26 @@ public struct PostgresStatement: Sendable, Equatable {
     ///     as `schema.table` is quoted part by part).
     ///   - columns: the column names, quoted here.
     public static func copy(into table: String, columns: [String], rows: [[PostgresValue]]) -> PostgresStatement {
+        var statement = copyStatement(into: table, columns: columns)
+        statement.copyData = .rows(rows)
+        return statement
+    }
+
+    /// `copy(into:columns:rows:)` with the rows' values one after another, `columns.count`
+    /// per row: one list for the whole batch instead of one per row (a batch handler's
+    /// allocation per message). A count of values that is not a multiple of the columns'
+    /// fails the statement before anything is sent.
+    public static func copy(into table: String, columns: [String], values: [PostgresValue]) -> PostgresStatement {
+        var statement = copyStatement(into: table, columns: columns)
+        statement.copyData = .values(values, perRow: columns.count)
+        return statement
+    }
+
+    /// `COPY table (columns) FROM STDIN`, its names quoted.
+    private static func copyStatement(into table: String, columns: [String]) -> PostgresStatement {
         let name = table.split(separator: ".", omittingEmptySubsequences: false).map { PostgresConnection.quoteIdentifier(String($0)) }
             .joined(separator: ".")
-        var statement = PostgresStatement("COPY \(name) (\(columns.map(PostgresConnection.quoteIdentifier).joined(separator: ", "))) FROM STDIN")
-        statement.copyRows = rows
-        return statement
+        return PostgresStatement("COPY \(name) (\(columns.map(PostgresConnection.quoteIdentifier).joined(separator: ", "))) FROM STDIN")
     }
 }
 

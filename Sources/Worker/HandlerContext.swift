@@ -45,6 +45,14 @@ public class BatchContext {
         transaction.enqueue(.copy(into: table, columns: columns, rows: rows))
     }
 
+    /// `copy(into:columns:rows:)` with the rows' values in one list, one row after another
+    /// (`columns.count` values each): no list per row, which is one allocation less per
+    /// message. A count that is not a whole number of rows fails the statement, and so the
+    /// commit, before anything is sent.
+    public func copy(into table: String, columns: [String], values: [PostgresValue]) {
+        transaction.enqueue(.copy(into: table, columns: columns, values: values))
+    }
+
     /// `execute` with Swift values as parameters (`String`, `Int`, `Double`, `Bool`,
     /// `Date`, `Data`, `UUID`, arrays of them, optionals, or `PostgresValue`).
     public func execute(_ sql: String, _ first: any PostgresValueConvertible, _ rest: any PostgresValueConvertible...) {

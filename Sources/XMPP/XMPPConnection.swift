@@ -70,8 +70,16 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
     /// order; nil once the stream has ended and all was taken (or on cancellation while
     /// nothing is waiting).
     public func next(maximum: Int) async -> [Inbound]? {
+        await nextBoxed(maximum: maximum)?.map(unbox)
+    }
+
+    /// `next(maximum:)` as the inbox holds it: what the interceptor's `box` made of each
+    /// stanza. A caller that knows the interceptor's type opens them with its `unbox`, in
+    /// code compiled for that type: `next(maximum:)`, generic over `Inbound` across modules,
+    /// runs unspecialized, and made a heap allocation per stanza for its temporaries.
+    package func nextBoxed(maximum: Int) async -> [any AnyObject & Sendable]? {
         let items = await inbox.take(maximum: maximum)
-        return items.isEmpty ? nil : items.map(unbox)
+        return items.isEmpty ? nil : items
     }
 
     /// Queues `stanza` for sending, waiting while the write buffer is full.

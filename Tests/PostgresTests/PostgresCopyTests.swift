@@ -134,6 +134,38 @@ import Testing
         }
     }
 
+    /// `copy(into:columns:values:)`: the same rows as `copy(into:columns:rows:)` arrive from
+    /// one list of values, across COPY's 64 KiB chunks; a count that is not a whole number of
+    /// rows fails the statement before anything is sent, and the connection goes on.
+    @Test func valuesInOneListArriveAsTheRowsTheyMake() async throws {
+        let connection = try await connect()
+        defer { Task { await connection.close() } }
+        try await withTable(connection, "n int, t text") { table in
+            let rows: [[PostgresValue]] = (0..<3000).map { [.int(Int64($0)), $0 % 7 == 0 ? .null : .text("row\t\($0) " + String(repeating: "x", count: 40))] }
+            let statement = PostgresStatement.copy(into: table, columns: ["n", "t"], values: rows.flatMap { $0 })
+            #expect(statement.copyRows == rows)
+            #expect(statement.sql == PostgresStatement.copy(into: table, columns: ["n", "t"], rows: rows).sql)
+            let results = try await connection.pipeline([PostgresStatement("BEGIN"), statement, PostgresStatement("COMMIT")])
+            #expect(results[1].affectedRows == rows.count)
+            let stored = try await connection.query("SELECT n, t FROM \(table) ORDER BY n")
+            #expect(stored.count == rows.count)
+            #expect(stored.allSatisfy { row in
+                let n = row.int(0) ?? -1
+                return n % 7 == 0 ? row.string(1) == nil : row.string(1) == "row\t\(n) " + String(repeating: "x", count: 40)
+            })
+
+            do {
+                _ = try await connection.run(.copy(into: table, columns: ["n", "t"], values: [.int(1), .text("a"), .int(2)]))
+                Issue.record("three values into two columns should have failed")
+            } catch let error as PostgresError {
+                #expect(error.kind == .statement)
+                #expect(error.message.contains("3 value(s) into 2 columns"))
+            }
+            _ = try await connection.run(.copy(into: table, columns: ["n", "t"], values: [.int(5000), .text("after")]))
+            #expect(try await connection.query("SELECT count(*) FROM \(table)").first?.int(0) == Int64(rows.count + 1))
+        }
+    }
+
     @Test func copiesGoInSimpleQueriesWithTheParameterlessStatementsAroundThem() {
         func statement(_ kind: Character) -> PostgresStatement {
             switch kind {
