@@ -103,7 +103,8 @@ struct UpstreamDispatcher: Sendable {
         case unrouted
     }
 
-    /// Why `message` may not reach the handlers, logged; nil when it may.
+    /// Why `message` may not reach the handlers; nil when it may. A handler's refusal is
+    /// logged here, the others when `letter(for:_:_:)` makes their dead letter.
     private func refusal(of message: UpstreamMessage) -> CheckRefusal? {
         if let problem = Self.unstorableField(message) { return .unstorable(problem) }
         var routed = false
