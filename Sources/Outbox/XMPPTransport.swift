@@ -277,7 +277,7 @@ package final class XMPPTransport: DownstreamTransport, CCSLinks {
             var roundTrips: [Double] = []
             roundTrips.reserveCapacity(answers.count)
             for answer in answers {
-                let found: (OutgoingDownstream, sentAt: ContinuousClock.Instant)?
+                let found: DownstreamScheduler.Answered?
                 switch answer {
                 case .ack(let messageID, _), .nack(let messageID, _, _):
                     found = state.scheduler.answered(link: link, messageID: messageID)
@@ -286,8 +286,9 @@ package final class XMPPTransport: DownstreamTransport, CCSLinks {
                 case .stanzaErrorForMessage(let messageID, _, _):
                     found = state.scheduler.answered(link: link, messageID: messageID)
                 }
-                guard let (message, sentAt) = found else { continue }
-                roundTrips.append((now - sentAt).seconds)
+                guard let found else { continue }
+                let message = found.message
+                roundTrips.append((now - found.sentAt).seconds)
                 let age = Duration.seconds(max(0, date.timeIntervalSince(message.createdAt)))
                 let verdict: DownstreamVerdict
                 switch answer {

@@ -35,11 +35,11 @@ private func message(_ row: Int64, to target: String = "token", attempt: Int = 1
         #expect(scheduler.answered(link: 2, messageID: "ds-1") == nil)
         #expect(scheduler.answered(link: 1, messageID: "ds-999") == nil)
         #expect(!scheduler.canTake(for: 1))
-        #expect(scheduler.answered(link: 1, messageID: "ds-1")?.0.rowID == 1)
+        #expect(scheduler.answered(link: 1, messageID: "ds-1")?.message.rowID == 1)
         #expect(scheduler.answered(link: 1, messageID: "ds-1") == nil, "a second answer frees nothing")
         #expect(scheduler.take(for: 1, now: .now).placed.map(\.message.rowID) == [101])
         // A stanza error maps back to its message by the stanza id.
-        #expect(scheduler.stanzaError(link: 1, stanzaID: placed[1].stanzaID)?.0.rowID == 2)
+        #expect(scheduler.stanzaError(link: 1, stanzaID: placed[1].stanzaID)?.message.rowID == 2)
         #expect(scheduler.pendingCount(on: 1) == 99)
     }
 
