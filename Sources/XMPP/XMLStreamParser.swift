@@ -92,15 +92,17 @@ public final class XMLStreamParser {
     /// Default maximum element depth below the stream element.
     public static let defaultMaxDepth = 32
 
-    public let maxStanzaBytes: Int
-    public let maxDepth: Int
+    public var maxStanzaBytes: Int { state.pointee.maxStanzaBytes }
+    public var maxDepth: Int { state.pointee.maxDepth }
     /// Whether a stanza over `maxStanzaBytes` is read on and reported as oversized (true)
     /// or ends the stream (false).
-    public let skipsOversizedStanzas: Bool
+    public var skipsOversizedStanzas: Bool { state.pointee.skipsOversizedStanzas }
     /// How much of an oversized stanza's character data is kept.
     public static let oversizedSampleBytes = 4096
 
-    private let parser: XML_Parser
+    /// The expat parser (its limits and its handle are kept in `state`, which the
+    /// callbacks read).
+    private var parser: XML_Parser { state.pointee.parser }
     /// What the expat callbacks build, in memory this parser allocates once and frees in
     /// `deinit`. The callbacks reach it through this pointer rather than through stored
     /// properties of the class: every access to a class's `var` is checked for exclusivity
@@ -112,13 +114,9 @@ public final class XMLStreamParser {
 
     public init(maxStanzaBytes: Int = XMLStreamParser.defaultMaxStanzaBytes, maxDepth: Int = XMLStreamParser.defaultMaxDepth,
                 skipsOversizedStanzas: Bool = false) {
-        self.maxStanzaBytes = maxStanzaBytes
-        self.maxDepth = maxDepth
-        self.skipsOversizedStanzas = skipsOversizedStanzas
         guard let parser = XML_ParserCreateNS("UTF-8", 0x01) else {
             fatalError("expat could not allocate a parser (out of memory)")
         }
-        self.parser = parser
         state = .allocate(capacity: 1)
         state.initialize(to: State(parser: parser, maxStanzaBytes: maxStanzaBytes, maxDepth: maxDepth,
                                    skipsOversizedStanzas: skipsOversizedStanzas))
