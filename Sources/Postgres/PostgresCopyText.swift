@@ -14,37 +14,61 @@ package enum PostgresCopyText {
 
     @inline(__always)
     private static func appendLine<Row: Collection<PostgresValue>>(_ row: Row, to bytes: inout [UInt8]) {
-        for (index, value) in row.enumerated() {
-            if index > 0 { bytes.append(UInt8(ascii: "\t")) }
-            if case .timestamptz(let date) = value {
-                // Digits and punctuation only: nothing to escape, no string of its own.
+        var first = true
+        for value in row {
+            if !first { bytes.append(UInt8(ascii: "\t")) }
+            first = false
+            // The row's usual kinds are written from the value itself: no String is made
+            // for a timestamp, and text goes out without a copy of the String.
+            switch value {
+            case .timestamptz(let date):
                 PostgresTimestamp.append(date, to: &bytes)
-                continue
-            }
-            guard var text = value.textEncoding else {
-                bytes.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "N")])
-                continue
-            }
-            text.withUTF8 { source in
-                // Runs without a special byte are copied whole.
-                var start = 0
-                for (offset, byte) in source.enumerated() {
-                    let escaped: UInt8
-                    switch byte {
-                    case UInt8(ascii: "\\"): escaped = UInt8(ascii: "\\")
-                    case UInt8(ascii: "\t"): escaped = UInt8(ascii: "t")
-                    case UInt8(ascii: "\n"): escaped = UInt8(ascii: "n")
-                    case UInt8(ascii: "\r"): escaped = UInt8(ascii: "r")
-                    default: continue
-                    }
-                    bytes.append(contentsOf: UnsafeBufferPointer(rebasing: source[start..<offset]))
+            case .text(let text), .jsonb(let text):
+                appendEscaped(text, to: &bytes)
+            case .null:
+                bytes.append(UInt8(ascii: "\\"))
+                bytes.append(UInt8(ascii: "N"))
+            default:
+                if let text = value.textEncoding {
+                    appendEscaped(text, to: &bytes)
+                } else {
                     bytes.append(UInt8(ascii: "\\"))
-                    bytes.append(escaped)
-                    start = offset + 1
+                    bytes.append(UInt8(ascii: "N"))
                 }
-                bytes.append(contentsOf: UnsafeBufferPointer(rebasing: source[start...]))
             }
         }
         bytes.append(UInt8(ascii: "\n"))
+    }
+
+    /// Appends `text` with backslash, tab, newline and carriage return escaped.
+    @inline(__always)
+    private static func appendEscaped(_ text: String, to bytes: inout [UInt8]) {
+        let done: Void? = text.utf8.withContiguousStorageIfAvailable { appendEscaped(bytes: $0, to: &bytes) }
+        if done == nil {
+            // A bridged or otherwise non-contiguous string: its UTF-8, made contiguous.
+            var copy = text
+            copy.withUTF8 { appendEscaped(bytes: $0, to: &bytes) }
+        }
+    }
+
+    @inline(__always)
+    private static func appendEscaped(bytes source: UnsafeBufferPointer<UInt8>, to bytes: inout [UInt8]) {
+        // Runs without a special byte are copied whole.
+        var start = 0
+        for (offset, byte) in source.enumerated() {
+            let escaped: UInt8
+            switch byte {
+            case UInt8(ascii: "\\"): escaped = UInt8(ascii: "\\")
+            case UInt8(ascii: "\t"): escaped = UInt8(ascii: "t")
+            case UInt8(ascii: "\n"): escaped = UInt8(ascii: "n")
+            case UInt8(ascii: "\r"): escaped = UInt8(ascii: "r")
+            default: continue
+            }
+            bytes.append(contentsOf: UnsafeBufferPointer(rebasing: source[start..<offset]))
+            bytes.append(UInt8(ascii: "\\"))
+            bytes.append(escaped)
+            start = offset + 1
+        }
+        bytes.append(contentsOf: UnsafeBufferPointer(rebasing: source[start...]))
     }
 }

@@ -141,24 +141,33 @@ enum PostgresTimestamp {
         let day = dayOfYear - (153 * shiftedMonth + 2) / 5 + 1
         let month = shiftedMonth < 10 ? shiftedMonth + 3 : shiftedMonth - 9
         let year = yearOfEra + era * 400 + (month <= 2 ? 1 : 0)
-        func digits(_ value: Int64, _ width: Int) {
-            var divisor: Int64 = 1
-            for _ in 1..<width { divisor *= 10 }
-            var rest = value
-            while divisor > 0 {
-                output.append(UInt8(48 + rest / divisor % 10))
-                rest %= divisor
-                divisor /= 10
+        // Filled in a fixed buffer and appended once: appending byte by byte checked the
+        // array's uniqueness and capacity 29 times a row (about 1.5 % of the worker's CPU).
+        // 29 bytes: `YYYY-MM-DD HH:MM:SS.ffffff+00`.
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 29) { text in
+            var position = 0
+            func put(_ byte: UInt8) {
+                text[position] = byte
+                position += 1
             }
+            func digits(_ value: Int64, _ width: Int) {
+                var rest = value
+                for offset in stride(from: width - 1, through: 0, by: -1) {
+                    text[position + offset] = UInt8(48 + rest % 10)
+                    rest /= 10
+                }
+                position += width
+            }
+            digits(year, 4); put(UInt8(ascii: "-"))
+            digits(month, 2); put(UInt8(ascii: "-"))
+            digits(day, 2); put(UInt8(ascii: " "))
+            digits(secondOfDay / 3_600, 2); put(UInt8(ascii: ":"))
+            digits(secondOfDay / 60 % 60, 2); put(UInt8(ascii: ":"))
+            digits(secondOfDay % 60, 2); put(UInt8(ascii: "."))
+            digits(fraction, 6)
+            put(UInt8(ascii: "+")); put(UInt8(ascii: "0")); put(UInt8(ascii: "0"))
+            output.append(contentsOf: UnsafeBufferPointer(rebasing: text[..<position]))
         }
-        digits(year, 4); output.append(UInt8(ascii: "-"))
-        digits(month, 2); output.append(UInt8(ascii: "-"))
-        digits(day, 2); output.append(UInt8(ascii: " "))
-        digits(secondOfDay / 3_600, 2); output.append(UInt8(ascii: ":"))
-        digits(secondOfDay / 60 % 60, 2); output.append(UInt8(ascii: ":"))
-        digits(secondOfDay % 60, 2); output.append(UInt8(ascii: "."))
-        digits(fraction, 6)
-        output.append(UInt8(ascii: "+")); output.append(UInt8(ascii: "0")); output.append(UInt8(ascii: "0"))
     }
 
     /// Parses `YYYY-MM-DD HH:MM:SS[.ffffff][+HH[:MM[:SS]]]` as PostgreSQL prints it with DateStyle ISO.
