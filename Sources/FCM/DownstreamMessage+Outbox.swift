@@ -20,34 +20,44 @@ extension DownstreamMessage {
         self.messageID = messageID
         self.to = target
         self.condition = condition
-        for (key, value) in members.sorted(by: { $0.key < $1.key }) {
-            switch key {
-            case "message_id": continue
-            case "to", "condition":
-                throw .init("payload.\(key)", "belongs in the row's target or condition column, not in the payload")
-            case "data":
-                guard case .object(let data) = value else { throw .init("data", "must be a JSON object") }
-                self.data = data
-            case "notification":
-                self.notification = try Self.notification(from: value)
-            case "collapse_key": collapseKey = try Self.string(value, key)
-            case "priority":
-                guard let text = value.stringValue, let priority = Priority(rawValue: text) else {
-                    throw .init("priority", "must be \"normal\" or \"high\"")
-                }
-                self.priority = priority
-            case "content_available": contentAvailable = try Self.bool(value, key)
-            case "mutable_content": mutableContent = try Self.bool(value, key)
-            case "dry_run": dryRun = try Self.bool(value, key)
-            case "delivery_receipt_requested": deliveryReceiptRequested = try Self.bool(value, key)
-            case "time_to_live":
-                guard case .number(let number) = value, let seconds = number.int64Value, abs(seconds) < 1_000_000_000_000 else {
-                    throw .init("time_to_live", "must be a whole number of seconds")
-                }
-                timeToLive = Int(seconds)
-            default:
-                throw .init("payload.\(key)", "is not a field of a downstream message (data, notification, \(Self.payloadOptions.sorted().joined(separator: ", ")))")
+        // In the dictionary's order, which costs no sort; only a payload that fails is read
+        // again in key order, so that the error names the same member every time.
+        do {
+            for (key, value) in members { try take(member: key, value) }
+        } catch {
+            for (key, value) in members.sorted(by: { $0.key < $1.key }) { try take(member: key, value) }
+            throw error
+        }
+    }
+
+    /// Sets the field that payload member `key` holds.
+    private mutating func take(member key: String, _ value: JSONValue) throws(DownstreamValidationError) {
+        switch key {
+        case "message_id": return
+        case "to", "condition":
+            throw .init("payload.\(key)", "belongs in the row's target or condition column, not in the payload")
+        case "data":
+            guard case .object(let data) = value else { throw .init("data", "must be a JSON object") }
+            self.data = data
+        case "notification":
+            self.notification = try Self.notification(from: value)
+        case "collapse_key": collapseKey = try Self.string(value, key)
+        case "priority":
+            guard let text = value.stringValue, let priority = Priority(rawValue: text) else {
+                throw .init("priority", "must be \"normal\" or \"high\"")
             }
+            self.priority = priority
+        case "content_available": contentAvailable = try Self.bool(value, key)
+        case "mutable_content": mutableContent = try Self.bool(value, key)
+        case "dry_run": dryRun = try Self.bool(value, key)
+        case "delivery_receipt_requested": deliveryReceiptRequested = try Self.bool(value, key)
+        case "time_to_live":
+            guard case .number(let number) = value, let seconds = number.int64Value, abs(seconds) < 1_000_000_000_000 else {
+                throw .init("time_to_live", "must be a whole number of seconds")
+            }
+            timeToLive = Int(seconds)
+        default:
+            throw .init("payload.\(key)", "is not a field of a downstream message (data, notification, \(Self.payloadOptions.sorted().joined(separator: ", ")))")
         }
     }
 

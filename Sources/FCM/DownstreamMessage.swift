@@ -91,6 +91,13 @@ public struct DownstreamMessage: Sendable, Equatable {
         "mutable_content", "time_to_live", "dry_run", "delivery_receipt_requested", "data", "notification",
     ]
 
+    /// True for a `data` key FCM keeps for itself: empty, an option's or a field's name, or
+    /// starting with `google` or `gcm`, in any case.
+    static func isReservedDataKey(_ key: String) -> Bool {
+        let lower = key.lowercased()
+        return key.isEmpty || reservedDataKeys.contains(lower) || lower.hasPrefix("google") || lower.hasPrefix("gcm")
+    }
+
     /// True for messages to a topic or a condition (the smaller payload limit applies).
     public var isTopicMessage: Bool { condition != nil || to?.hasPrefix("/topics/") == true }
 
@@ -116,10 +123,14 @@ public struct DownstreamMessage: Sendable, Equatable {
             throw .init("time_to_live", "\(timeToLive) is outside 0…\(Self.maximumTimeToLive) seconds")
         }
         if let collapseKey, collapseKey.isEmpty { throw .init("collapse_key", "is empty") }
-        for key in (data ?? [:]).keys.sorted() {
-            let lower = key.lowercased()
-            if key.isEmpty || Self.reservedDataKeys.contains(lower) || lower.hasPrefix("google") || lower.hasPrefix("gcm") {
-                throw .init("data.\(key)", "is a reserved key (from, message_type, google…, gcm…, or an option name)")
+        if let data {
+            // The first reserved key in key order, found without sorting every message's keys.
+            var reserved: String?
+            for key in data.keys where Self.isReservedDataKey(key) {
+                if reserved.map({ key < $0 }) ?? true { reserved = key }
+            }
+            if let reserved {
+                throw .init("data.\(reserved)", "is a reserved key (from, message_type, google…, gcm…, or an option name)")
             }
         }
         if let notification {

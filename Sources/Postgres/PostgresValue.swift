@@ -91,17 +91,24 @@ public enum PostgresValue: Sendable, Equatable {
         return String(decoding: literal, as: UTF8.self)
     }
 
-    /// Appends `number` in decimal, as `String(number)` spells it.
+    /// Appends `number` in decimal, as `String(number)` spells it: its digits filled from the
+    /// end of a 20-byte buffer (Int64.min's sign and 19 digits), then appended once.
     static func appendDecimal(_ number: Int64, to output: inout [UInt8]) {
-        if number < 0 { output.append(UInt8(ascii: "-")) }
-        // The magnitude as unsigned, so that Int64.min has one too.
-        var rest = number.magnitude
-        let start = output.count
-        repeat {
-            output.append(UInt8(ascii: "0") + UInt8(rest % 10))
-            rest /= 10
-        } while rest > 0
-        output[start...].reverse()
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 20) { digits in
+            // The magnitude as unsigned, so that Int64.min has one too.
+            var rest = number.magnitude
+            var start = digits.count
+            repeat {
+                start -= 1
+                digits[start] = UInt8(ascii: "0") + UInt8(rest % 10)
+                rest /= 10
+            } while rest > 0
+            if number < 0 {
+                start -= 1
+                digits[start] = UInt8(ascii: "-")
+            }
+            output.append(contentsOf: UnsafeBufferPointer(rebasing: digits[start...]))
+        }
     }
 }
 
