@@ -87,7 +87,6 @@ extension DownstreamTransport {
     package func run() async {}
 
     package func prepare(_ row: OutboxStore.ClaimedRow, maximumAge: Duration, now: Date) -> Result<ClaimedMessage, OutboxStore.ClaimedRow.Refusal> {
-        row.message(id: messageID(forRow: row.id), validating: validatesRows, maximumAge: maximumAge, now: now)
-            .map { ClaimedMessage(row: row, message: $0.0, payload: $0.payload) }
+        row.claimedMessage(id: messageID(forRow: row.id), validating: validatesRows, maximumAge: maximumAge, now: now)
     }
 }

@@ -10,15 +10,17 @@ extension OutboxStore.ClaimedRow {
         package let description: String
     }
 
-    /// The message this row describes (to the canonical token if its target was replaced)
-    /// and its parsed payload, or why it is not sent: its token was refused before, its
+    /// The row with the message it describes (to the canonical token if its target was
+    /// replaced) and its parsed payload, or why it is not sent: its token was refused before, its
     /// payload is invalid (checked against every rule of FCM with `validating`), its time to
     /// live has passed (`EXPIRED`), or it was sent before and is older than `maximumAge`
     /// (`--retry-max-age`, `RETRY_MAX_AGE`). `maximumAge` limits retries only: a row never
     /// sent (a backlog after a long outage) gets its first attempt while its time to live
     /// lasts, and `time_to_live: 0` ("now or never") gets its first attempt too.
-    package func message(id messageID: String, validating: Bool, maximumAge: Duration,
-                 now: Date) -> Result<(DownstreamMessage, payload: JSONValue), Refusal> {
+    /// A `ClaimedMessage` rather than a tuple: a tuple inside a `Result` is copied through
+    /// value witnesses looked up at run time.
+    package func claimedMessage(id messageID: String, validating: Bool, maximumAge: Duration,
+                                now: Date) -> Result<ClaimedMessage, Refusal> {
         if let refusal = markedTokenRefusal { return .failure(refusal) }
         let message: DownstreamMessage
         let parsed: JSONValue
@@ -30,7 +32,7 @@ extension OutboxStore.ClaimedRow {
             return .failure(Refusal(status: .failed, errorCode: "INVALID_MESSAGE", description: "\(error)"))
         }
         if let refusal = expiryRefusal(timeToLive: message.timeToLive, maximumAge: maximumAge, now: now) { return .failure(refusal) }
-        return .success((message, parsed))
+        return .success(ClaimedMessage(row: self, message: message, payload: parsed))
     }
 
     /// The target to send to: the canonical token FCM named if this one was replaced.

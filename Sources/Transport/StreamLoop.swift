@@ -45,6 +45,16 @@ package final class StreamLoop: @unchecked Sendable {
         case abort(any Error)
     }
 
+    /// A graceful close under way: why, when it gives up waiting for the peer, and whether
+    /// the driver was told that everything queued went out. A struct, not a labelled tuple:
+    /// the loop reads it on every turn, and an optional tuple holding an existential was
+    /// inspected through value witnesses looked up at run time.
+    private struct Closing {
+        let reason: any Error
+        let deadline: ContinuousClock.Instant
+        var notifySent: Bool
+    }
+
     package static let recordSize = 16 * 1024
 
     package let outbound: OutboundBuffer
@@ -71,7 +81,7 @@ package final class StreamLoop: @unchecked Sendable {
     private var pendingBytes = 0
     private var writeWaitsFor: Int16 = 0
     private var readWaitsFor: Int16 = Int16(POLLIN)
-    private var closing: (reason: any Error, deadline: ContinuousClock.Instant, notifySent: Bool)?
+    private var closing: Closing?
     private var ended = false
     private var socketHungUp = false
     /// `wake()` was called on the loop's own thread (by the driver, or by what it called)
@@ -167,7 +177,7 @@ package final class StreamLoop: @unchecked Sendable {
         outbound.close(with: reason)
         for chunk in outbound.takeAll() { appendPending(chunk) }
         if !closingTail.isEmpty { write(closingTail) }
-        closing = (reason, .now + .seconds(1), false)
+        closing = Closing(reason: reason, deadline: .now + .seconds(1), notifySent: false)
     }
 
     /// Ends the stream at once: the socket is closed without another byte.
