@@ -148,9 +148,9 @@ enum PostgresTimestamp {
         let day = dayOfYear - (153 * shiftedMonth + 2) / 5 + 1
         let month = shiftedMonth < 10 ? shiftedMonth + 3 : shiftedMonth - 9
         let year = yearOfEra + era * 400 + (month <= 2 ? 1 : 0)
-        // Filled in a fixed buffer and appended once: appending byte by byte checked the
-        // array's uniqueness and capacity 29 times a row (about 1.5 % of the worker's CPU).
-        // 29 bytes: `YYYY-MM-DD HH:MM:SS.ffffff+00`.
+        // The 29 bytes of `YYYY-MM-DD HH:MM:SS.ffffff+00`, filled in a fixed buffer and
+        // appended once: appended one by one, each would check the array's uniqueness and
+        // capacity (every COPY row of an upstream message holds one).
         withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 29) { text in
             var position = 0
             func put(_ byte: UInt8) {

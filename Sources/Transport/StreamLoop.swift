@@ -47,7 +47,7 @@ package final class StreamLoop: @unchecked Sendable {
 
     /// A graceful close under way: why, when it gives up waiting for the peer, and whether
     /// the driver was told that everything queued went out. A struct, not a labelled tuple:
-    /// the loop reads it on every turn, and an optional tuple holding an existential was
+    /// the loop reads it on every turn, and an optional tuple holding an existential is
     /// inspected through value witnesses looked up at run time.
     private struct Closing {
         let reason: any Error
