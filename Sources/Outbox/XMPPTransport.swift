@@ -529,7 +529,12 @@ package final class XMPPTransport: DownstreamTransport, CCSLinks {
     package static func wireJSON(of message: DownstreamMessage, payloadText: String, payloadHasMessageID: Bool) -> String {
         let body = payloadText.utf8.drop { $0 == 0x20 || $0 == 0x0A || $0 == 0x09 || $0 == 0x0D }
         guard body.first == UInt8(ascii: "{"), !payloadHasMessageID else { return message.json.serialized }
-        var json = "{\"message_id\":"
+        // Sized once for what it will hold (its parts, quotes and punctuation; escapes are
+        // rare), instead of growing several times on the way to a few hundred bytes.
+        var json = ""
+        json.reserveCapacity(payloadText.utf8.count + message.messageID.utf8.count
+                             + (message.to ?? message.condition ?? "").utf8.count + 40)
+        json += "{\"message_id\":"
         JSONValue.appendQuoted(message.messageID, to: &json)
         if let to = message.to {
             json += ",\"to\":"
