@@ -1,3 +1,5 @@
+import Runtime
+
 /// The flow-control window of one CCS connection, as a pure state machine: at most
 /// `capacity` downstream messages pending (sent, not yet acked or nacked). A slot is freed
 /// only by the answer to that very message (an ack, a nack, or a stanza error carrying
@@ -9,9 +11,20 @@ public struct DownstreamWindow: Sendable {
     public struct Pending: Sendable, Equatable {
         public let messageID: String
         public let stanzaID: String
-        public let sentAt: ContinuousClock.Instant
+        public var sentAt: ContinuousClock.Instant { storedSentAt.instant }
         /// Order of sending on this connection.
         let sequence: UInt64
+        /// `sentAt`, in a type whose layout is known when this is compiled: with a
+        /// `ContinuousClock.Instant` here, every entry of the window's table would be copied,
+        /// inserted and removed through value witnesses looked up at run time.
+        private let storedSentAt: FixedLayoutInstant
+
+        init(messageID: String, stanzaID: String, sentAt: ContinuousClock.Instant, sequence: UInt64) {
+            self.messageID = messageID
+            self.stanzaID = stanzaID
+            self.sequence = sequence
+            storedSentAt = FixedLayoutInstant(sentAt)
+        }
     }
 
     /// Why a message cannot be sent now.

@@ -1,5 +1,6 @@
 import FCM
 import Foundation
+import Runtime
 import Transport
 
 /// One unit of upstream work in the pipeline: a message for the handlers, or a dead letter
@@ -36,7 +37,15 @@ struct UpstreamWork: Sendable {
     /// Failed handling attempts so far.
     var attempts = 0
     /// When a failed message may be tried again.
-    var retryAt: ContinuousClock.Instant?
+    var retryAt: ContinuousClock.Instant? {
+        get { storedRetryAt?.instant }
+        set { storedRetryAt = newValue.map(FixedLayoutInstant.init) }
+    }
+
+    /// `retryAt`, in a type whose layout is known when this is compiled: with a
+    /// `ContinuousClock.Instant` here, every copy of every piece of work along the pipeline
+    /// would go through value witnesses looked up at run time.
+    private var storedRetryAt: FixedLayoutInstant?
 
     init(kind: Kind, ack: CCSAck) {
         self.kind = kind
