@@ -25,13 +25,11 @@ package enum PostgresCopyText {
                 PostgresTimestamp.append(date, to: &bytes)
             case .text(let text), .jsonb(let text):
                 appendEscaped(text, to: &bytes)
-            case .null:
-                bytes.append(UInt8(ascii: "\\"))
-                bytes.append(UInt8(ascii: "N"))
             default:
                 if let text = value.textEncoding {
                     appendEscaped(text, to: &bytes)
                 } else {
+                    // NULL.
                     bytes.append(UInt8(ascii: "\\"))
                     bytes.append(UInt8(ascii: "N"))
                 }

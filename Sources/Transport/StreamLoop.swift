@@ -46,13 +46,21 @@ package final class StreamLoop: @unchecked Sendable {
     }
 
     /// A graceful close under way: why, when it gives up waiting for the peer, and whether
-    /// the driver was told that everything queued went out. A struct, not a labelled tuple:
-    /// the loop reads it on every turn, and an optional tuple holding an existential is
-    /// inspected through value witnesses looked up at run time.
+    /// the driver was told that everything queued went out. The loop reads it on every turn:
+    /// a struct whose layout is known when this is compiled (not a labelled tuple, not a
+    /// `ContinuousClock.Instant`), so that it is not inspected through value witnesses
+    /// looked up at run time.
     private struct Closing {
         let reason: any Error
-        let deadline: ContinuousClock.Instant
+        var deadline: ContinuousClock.Instant { storedDeadline.instant }
         var notifySent: Bool
+        private let storedDeadline: FixedLayoutInstant
+
+        init(reason: any Error, deadline: ContinuousClock.Instant) {
+            self.reason = reason
+            self.notifySent = false
+            storedDeadline = FixedLayoutInstant(deadline)
+        }
     }
 
     package static let recordSize = 16 * 1024
@@ -177,7 +185,7 @@ package final class StreamLoop: @unchecked Sendable {
         outbound.close(with: reason)
         for chunk in outbound.takeAll() { appendPending(chunk) }
         if !closingTail.isEmpty { write(closingTail) }
-        closing = Closing(reason: reason, deadline: .now + .seconds(1), notifySent: false)
+        closing = Closing(reason: reason, deadline: .now + .seconds(1))
     }
 
     /// Ends the stream at once: the socket is closed without another byte.
