@@ -74,10 +74,10 @@ public struct DownstreamScheduler: Sendable {
         public let until: ContinuousClock.Instant
     }
 
+    /// A link's window holds its pending messages themselves (`DownstreamWindow.Pending.message`).
     private struct Link {
         var window: DownstreamWindow
         var draining = false
-        var messages: [String: OutgoingDownstream] = [:]
     }
 
     private var links: [Int: Link] = [:]
@@ -148,12 +148,11 @@ public struct DownstreamScheduler: Sendable {
             stanzaSequence += 1
             let stanzaID = "s\(stanzaSequence)"
             do {
-                try links[link]!.window.send(messageID: message.messageID, stanzaID: stanzaID, at: now)
+                try links[link]!.window.send(message, stanzaID: stanzaID, at: now)
             } catch {
                 // The same message id is pending here already (claimed twice): send it once.
                 continue
             }
-            links[link]!.messages[message.messageID] = message
             placed.append(Placement(message: message, stanzaID: stanzaID))
         }
         return (placed, deferred)
@@ -163,14 +162,14 @@ public struct DownstreamScheduler: Sendable {
     /// with when it was sent. Nil for an answer to nothing pending on that link.
     public mutating func answered(link: Int, messageID: String) -> Answered? {
         guard links[link] != nil, let pending = links[link]!.window.answered(messageID: messageID),
-              let message = links[link]!.messages.removeValue(forKey: messageID) else { return nil }
+              let message = pending.message else { return nil }
         return Answered(message: message, sentAt: pending.sentAt)
     }
 
     /// A stanza error on `link` for the stanza sent as `stanzaID`: frees that slot.
     public mutating func stanzaError(link: Int, stanzaID: String) -> Answered? {
         guard links[link] != nil, let pending = links[link]!.window.stanzaError(stanzaID: stanzaID),
-              let message = links[link]!.messages.removeValue(forKey: pending.messageID) else { return nil }
+              let message = pending.message else { return nil }
         return Answered(message: message, sentAt: pending.sentAt)
     }
 
@@ -189,8 +188,7 @@ public struct DownstreamScheduler: Sendable {
         guard links[link] != nil else { return 0 }
         let withdrawn = placements.compactMap { placement -> OutgoingDownstream? in
             // By message id (a window holds each id once), not by a walk for the stanza id.
-            guard links[link]!.window.answered(messageID: placement.message.messageID) != nil else { return nil }
-            return links[link]!.messages.removeValue(forKey: placement.message.messageID)
+            links[link]!.window.answered(messageID: placement.message.messageID)?.message
         }
         ready.prepend(contentsOf: withdrawn)
         return withdrawn.count
@@ -202,7 +200,7 @@ public struct DownstreamScheduler: Sendable {
     public mutating func close(_ link: Int) -> Int {
         guard var state = links.removeValue(forKey: link) else { return 0 }
         let orphans = state.window.connectionLost().compactMap { pending -> OutgoingDownstream? in
-            guard var message = state.messages[pending.messageID] else { return nil }
+            guard var message = pending.message else { return nil }
             message.attempt += 1
             return message
         }
@@ -216,7 +214,7 @@ public struct DownstreamScheduler: Sendable {
         var expired: [OutgoingDownstream] = []
         for link in links.keys {
             for pending in links[link]!.window.expire(sentBefore: cutoff) {
-                guard var message = links[link]!.messages.removeValue(forKey: pending.messageID) else { continue }
+                guard var message = pending.message else { continue }
                 message.attempt += 1
                 expired.append(message)
             }
@@ -239,8 +237,7 @@ public struct DownstreamScheduler: Sendable {
     public mutating func removeAllPending() -> [OutgoingDownstream] {
         var all: [OutgoingDownstream] = []
         for link in links.keys {
-            all += links[link]!.window.connectionLost().compactMap { links[link]!.messages[$0.messageID] }
-            links[link]!.messages.removeAll()
+            all += links[link]!.window.connectionLost().compactMap(\.message)
         }
         return all
     }

@@ -18,11 +18,16 @@ public struct DownstreamWindow: Sendable {
         /// `ContinuousClock.Instant` here, every entry of the window's table would be copied,
         /// inserted and removed through value witnesses looked up at run time.
         private let storedSentAt: FixedLayoutInstant
+        /// The message itself, when the scheduler placed it (`send(_:stanzaID:at:)`): kept
+        /// here rather than in a second table by id, so that an answer costs one lookup.
+        let message: OutgoingDownstream?
 
-        init(messageID: String, stanzaID: String, sentAt: ContinuousClock.Instant, sequence: UInt64) {
+        init(messageID: String, stanzaID: String, sentAt: ContinuousClock.Instant, sequence: UInt64,
+             message: OutgoingDownstream? = nil) {
             self.messageID = messageID
             self.stanzaID = stanzaID
             self.sequence = sequence
+            self.message = message
             storedSentAt = FixedLayoutInstant(sentAt)
         }
     }
@@ -50,8 +55,18 @@ public struct DownstreamWindow: Sendable {
     /// stanza ids unique on the connection (the scheduler numbers them): a stanza error is
     /// matched to the one message pending with its id.
     public mutating func send(messageID: String, stanzaID: String, at now: ContinuousClock.Instant) throws(SendRefusal) {
+        try send(messageID: messageID, stanzaID: stanzaID, at: now, message: nil)
+    }
+
+    /// `send(messageID:stanzaID:at:)` of `message`, which its pending entry keeps.
+    mutating func send(_ message: OutgoingDownstream, stanzaID: String, at now: ContinuousClock.Instant) throws(SendRefusal) {
+        try send(messageID: message.messageID, stanzaID: stanzaID, at: now, message: message)
+    }
+
+    private mutating func send(messageID: String, stanzaID: String, at now: ContinuousClock.Instant,
+                               message: OutgoingDownstream?) throws(SendRefusal) {
         guard hasRoom else { throw .full }
-        let pending = Pending(messageID: messageID, stanzaID: stanzaID, sentAt: now, sequence: sent + 1)
+        let pending = Pending(messageID: messageID, stanzaID: stanzaID, sentAt: now, sequence: sent + 1, message: message)
         // One hash of the id for the check and the insert alike; a duplicate (rare) puts the
         // pending one back.
         if let earlier = pendingByMessage.updateValue(pending, forKey: messageID) {

@@ -15,16 +15,15 @@ import Runtime
 package final class OutboxWriteBack: Sendable {
     private struct State {
         package var order: [Int64] = []
-        package var updates: [Int64: OutboxUpdate] = [:]
+        package var updates: [Int64: Entry] = [:]
         package var tokens: [String: TokenMark] = [:]
         package var tokenOrder: [String] = []
         package var writing = false
         package var stopped = false
         /// Numbers each `record` call; `committed` is the last one known to be written.
         package var recorded: UInt64 = 0
-        /// Rows whose only news is that they were sent, since when: held back for
-        /// `sentHold`, so that the answer usually merges in and the row is written once.
-        package var heldSince: [Int64: ContinuousClock.Instant] = [:]
+        /// How many entries are held (`Entry.heldSince`).
+        package var held = 0
         package var taken: UInt64 = 0
         package var committed: UInt64 = 0
         package var worker = Waiters<Void>()
@@ -33,6 +32,16 @@ package final class OutboxWriteBack: Sendable {
         package var flushWaiters = Waiters<Bool>()
 
         package var isFlushed: Bool { order.isEmpty && tokenOrder.isEmpty && !writing }
+    }
+
+    /// A row's unwritten update, and since when it is held back: a row whose only news is
+    /// that it was sent waits `sentHold` for its answer to merge in, so that it is written
+    /// once. (One table for both: a message's send and its answer each cost one lookup.)
+    private struct Entry {
+        var update: OutboxUpdate
+        /// Set while `update` is a `sent` one (a `FixedLayoutInstant`, so that the entry's
+        /// layout is known when compiled and its copies are inline).
+        var heldSince: FixedLayoutInstant?
     }
 
     private let store: OutboxStore
@@ -85,26 +94,34 @@ package final class OutboxWriteBack: Sendable {
             // News that only rows were sent waits for its hold anyway: no need to wake the
             // writer, unless nothing was held before (it may sleep until anything comes).
             var writable = !tokens.isEmpty
-            let wasHolding = !state.heldSince.isEmpty
+            let wasHolding = state.held > 0
+            let since = FixedLayoutInstant(now)
             for update in updates {
-                let status: OutboxUpdate.Status
                 if let index = state.updates.index(forKey: update.rowID) {
                     // Merged in place: one lookup, and the kept update is not copied out and back.
-                    state.updates.values[index].merge(update)
-                    status = state.updates.values[index].status
-                } else {
-                    state.updates[update.rowID] = update
-                    state.order.append(update.rowID)
-                    status = update.status
-                }
-                if status == .sent {
-                    if state.heldSince[update.rowID] == nil {
-                        state.heldSince[update.rowID] = now
+                    state.updates.values[index].update.merge(update)
+                    if state.updates.values[index].update.status == .sent {
+                        guard state.updates.values[index].heldSince == nil else { continue }
+                        state.updates.values[index].heldSince = since
+                        state.held += 1
                         if !wasHolding { writable = true }
+                    } else {
+                        if state.updates.values[index].heldSince != nil {
+                            state.updates.values[index].heldSince = nil
+                            state.held -= 1
+                        }
+                        writable = true
                     }
                 } else {
-                    state.heldSince.removeValue(forKey: update.rowID)
-                    writable = true
+                    let sent = update.status == .sent
+                    state.updates[update.rowID] = Entry(update: update, heldSince: sent ? since : nil)
+                    state.order.append(update.rowID)
+                    if sent {
+                        state.held += 1
+                        if !wasHolding { writable = true }
+                    } else {
+                        writable = true
+                    }
                 }
             }
             for mark in tokens {
@@ -126,7 +143,7 @@ package final class OutboxWriteBack: Sendable {
             if let wake {
                 // Only sends waiting for their answers: wait for news or the first hold to end.
                 await state.suspend(in: \.worker, cancelled: (), deadline: wake, timedOut: (), clock: clock) { state in
-                    state.stopped || state.order.contains { state.heldSince[$0] == nil } || !state.tokenOrder.isEmpty ? () : nil
+                    state.stopped || state.order.contains { state.updates[$0]?.heldSince == nil } || !state.tokenOrder.isEmpty ? () : nil
                 }
                 continue
             }
@@ -168,7 +185,7 @@ package final class OutboxWriteBack: Sendable {
             let now = clock.now
             var earliest: ContinuousClock.Instant?
             for id in state.order {
-                guard let since = state.heldSince[id] else { return .some(nil) }
+                guard let since = state.updates[id]?.heldSince?.instant else { return .some(nil) }
                 if now - since >= sentHold { return .some(nil) }
                 earliest = min(earliest ?? since + sentHold, since + sentHold)
             }
@@ -184,11 +201,12 @@ package final class OutboxWriteBack: Sendable {
             var batch: [OutboxUpdate] = []
             var kept: [Int64] = []
             for id in state.order {
-                if !state.stopped, let since = state.heldSince[id], now - since < sentHold {
+                if !state.stopped, let since = state.updates[id]?.heldSince?.instant, now - since < sentHold {
                     kept.append(id)
                 } else {
-                    batch.append(state.updates.removeValue(forKey: id)!)
-                    state.heldSince[id] = nil
+                    let entry = state.updates.removeValue(forKey: id)!
+                    if entry.heldSince != nil { state.held -= 1 }
+                    batch.append(entry.update)
                 }
             }
             state.order = kept
@@ -230,12 +248,16 @@ package final class OutboxWriteBack: Sendable {
                 return state.isFlushed ? state.flushWaiters.removeAll() : []
             }
             // Older than anything recorded meanwhile: merge the newer updates onto them.
+            // A row recorded again meanwhile keeps its hold, if the newer update has one.
             var order = updates.map(\.rowID)
-            var merged: [Int64: OutboxUpdate] = [:]
-            for update in updates { merged[update.rowID] = update }
+            var merged: [Int64: Entry] = [:]
+            for update in updates { merged[update.rowID] = Entry(update: update) }
             for id in state.order {
-                if let earlier = merged[id] { merged[id] = earlier.merged(with: state.updates[id]!) } else {
-                    merged[id] = state.updates[id]!
+                let newer = state.updates[id]!
+                if let earlier = merged[id] {
+                    merged[id] = Entry(update: earlier.update.merged(with: newer.update), heldSince: newer.heldSince)
+                } else {
+                    merged[id] = newer
                     order.append(id)
                 }
             }

@@ -289,7 +289,8 @@ package final class XMPPTransport: DownstreamTransport, CCSLinks {
                 guard let found else { continue }
                 let message = found.message
                 roundTrips.append((now - found.sentAt).seconds)
-                let age = Duration.seconds(max(0, date.timeIntervalSince(message.createdAt)))
+                // The message's age matters to a nack's retry only (an ack's verdict is fixed).
+                var age: Duration { .seconds(max(0, date.timeIntervalSince(message.createdAt))) }
                 let verdict: DownstreamVerdict
                 switch answer {
                 case .ack(_, let canonical):
@@ -480,16 +481,26 @@ package final class XMPPTransport: DownstreamTransport, CCSLinks {
         expireUnanswered()
     }
 
+    /// `claimed` as the scheduler places it: its CCS JSON written, its next attempt.
+    private func outgoing(_ claimed: ClaimedMessage) -> OutgoingDownstream {
+        OutgoingDownstream(rowID: claimed.row.id, messageID: messageID(forRow: claimed.row.id),
+                           target: claimed.message.to ?? claimed.message.condition ?? "",
+                           targetIsToken: claimed.message.to.map { !$0.hasPrefix("/topics/") } ?? false,
+                           json: Self.wireJSON(of: claimed.message, payloadText: claimed.row.payload,
+                                               payloadHasMessageID: claimed.payload["message_id"] != nil),
+                           createdAt: claimed.row.createdAt, timeToLive: claimed.message.timeToLive,
+                           attempt: claimed.row.attempts + 1)
+    }
+
     /// Queues the claimed rows for the connections, which send them as their windows allow.
     package func send(_ messages: [ClaimedMessage]) async {
-        let ready = messages.map { claimed in
-            OutgoingDownstream(rowID: claimed.row.id, messageID: messageID(forRow: claimed.row.id),
-                               target: claimed.message.to ?? claimed.message.condition ?? "",
-                               targetIsToken: claimed.message.to.map { !$0.hasPrefix("/topics/") } ?? false,
-                               json: Self.wireJSON(of: claimed.message, payloadText: claimed.row.payload,
-                                                   payloadHasMessageID: claimed.payload["message_id"] != nil),
-                               createdAt: claimed.row.createdAt, timeToLive: claimed.message.timeToLive,
-                               attempt: claimed.row.attempts + 1)
+        // Each claimed message is read where it lies, through the list's buffer: read through
+        // the array, each was copied whole first (its row, message and parsed payload: a
+        // few dozen reference counts up and down).
+        var ready: [OutgoingDownstream] = []
+        ready.reserveCapacity(messages.count)
+        messages.withUnsafeBufferPointer { claimed in
+            for index in claimed.indices { ready.append(outgoing(claimed[index])) }
         }
         let (wake, taken) = state.withLock { state -> ([(CheckedContinuation<Batch?, Never>, Batch?)], Bool) in
             guard state.taking else { return ([], false) }

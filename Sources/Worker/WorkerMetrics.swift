@@ -145,7 +145,19 @@ final class WorkerMetrics: OutboxMetrics {
     func downstream(_ updates: [OutboxUpdate], transport: String) {
         guard !updates.isEmpty else { return }
         downstream.withLock { counts in
-            for update in updates { counts[DownstreamKey(transport: transport, value: Self.outcome(update.status)), default: 0] += 1 }
+            // Counted in runs of one status (a list is mostly of one: the acks of a read, the
+            // sends of a batch), so that the table is looked up once a run, not once a row.
+            var status = updates[0].status
+            var run = 0
+            for update in updates {
+                if update.status != status {
+                    counts[DownstreamKey(transport: transport, value: Self.outcome(status)), default: 0] += run
+                    status = update.status
+                    run = 0
+                }
+                run += 1
+            }
+            counts[DownstreamKey(transport: transport, value: Self.outcome(status)), default: 0] += run
         }
         let errors = updates.compactMap { update -> String? in
             switch update.status {
