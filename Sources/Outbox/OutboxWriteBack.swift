@@ -32,6 +32,32 @@ package final class OutboxWriteBack: Sendable {
         package var flushWaiters = Waiters<Bool>()
 
         package var isFlushed: Bool { order.isEmpty && tokenOrder.isEmpty && !writing }
+
+        /// Merges `update` into its row's entry, or makes one; a `sent` update is held from
+        /// `since`. True when the writer should hear of it: news other than a send, or the
+        /// first hold when nothing was held (`wasHolding`).
+        mutating func record(_ update: OutboxUpdate, since: FixedLayoutInstant, wasHolding: Bool) -> Bool {
+            guard let index = updates.index(forKey: update.rowID) else {
+                let sent = update.status == .sent
+                updates[update.rowID] = Entry(update: update, heldSince: sent ? since : nil)
+                order.append(update.rowID)
+                if sent { held += 1 }
+                return !sent || !wasHolding
+            }
+            // Merged in place: one lookup, and the kept update is not copied out and back.
+            updates.values[index].update.merge(update)
+            if updates.values[index].update.status == .sent {
+                guard updates.values[index].heldSince == nil else { return false }
+                updates.values[index].heldSince = since
+                held += 1
+                return !wasHolding
+            }
+            if updates.values[index].heldSince != nil {
+                updates.values[index].heldSince = nil
+                held -= 1
+            }
+            return true
+        }
     }
 
     /// A row's unwritten update, and since when it is held back: a row whose only news is
@@ -96,33 +122,10 @@ package final class OutboxWriteBack: Sendable {
             var writable = !tokens.isEmpty
             let wasHolding = state.held > 0
             let since = FixedLayoutInstant(now)
-            for update in updates {
-                if let index = state.updates.index(forKey: update.rowID) {
-                    // Merged in place: one lookup, and the kept update is not copied out and back.
-                    state.updates.values[index].update.merge(update)
-                    if state.updates.values[index].update.status == .sent {
-                        guard state.updates.values[index].heldSince == nil else { continue }
-                        state.updates.values[index].heldSince = since
-                        state.held += 1
-                        if !wasHolding { writable = true }
-                    } else {
-                        if state.updates.values[index].heldSince != nil {
-                            state.updates.values[index].heldSince = nil
-                            state.held -= 1
-                        }
-                        writable = true
-                    }
-                } else {
-                    let sent = update.status == .sent
-                    state.updates[update.rowID] = Entry(update: update, heldSince: sent ? since : nil)
-                    state.order.append(update.rowID)
-                    if sent {
-                        state.held += 1
-                        if !wasHolding { writable = true }
-                    } else {
-                        writable = true
-                    }
-                }
+            // Each update is read where it lies, through the list's buffer: iterated, each was
+            // copied whole first (a dozen fields' reference counts up and down).
+            updates.withUnsafeBufferPointer { buffer in
+                for index in buffer.indices where state.record(buffer[index], since: since, wasHolding: wasHolding) { writable = true }
             }
             for mark in tokens {
                 if state.tokens.updateValue(mark, forKey: mark.token) == nil { state.tokenOrder.append(mark.token) }

@@ -144,24 +144,26 @@ final class WorkerMetrics: OutboxMetrics {
     /// Downstream rows moved to new states by `transport` (`xmpp`, `http`).
     func downstream(_ updates: [OutboxUpdate], transport: String) {
         guard !updates.isEmpty else { return }
+        // Each update's status is read where it lies (by index): iterated, each update was
+        // copied whole, a dozen fields' reference counts up and down.
         downstream.withLock { counts in
             // Counted in runs of one status (a list is mostly of one: the acks of a read, the
             // sends of a batch), so that the table is looked up once a run, not once a row.
             var status = updates[0].status
             var run = 0
-            for update in updates {
-                if update.status != status {
+            for index in updates.indices {
+                if updates[index].status != status {
                     counts[DownstreamKey(transport: transport, value: Self.outcome(status)), default: 0] += run
-                    status = update.status
+                    status = updates[index].status
                     run = 0
                 }
                 run += 1
             }
             counts[DownstreamKey(transport: transport, value: Self.outcome(status)), default: 0] += run
         }
-        let errors = updates.compactMap { update -> String? in
-            switch update.status {
-            case .failed, .retry, .expired: update.errorCode
+        let errors = updates.indices.compactMap { index -> String? in
+            switch updates[index].status {
+            case .failed, .retry, .expired: updates[index].errorCode
             default: nil
             }
         }
@@ -171,7 +173,6 @@ final class WorkerMetrics: OutboxMetrics {
         }
     }
 
-    /// The outcome label of a row's new state.
     static func outcome(_ status: OutboxUpdate.Status) -> String {
         switch status {
         case .pending: "handed_back"
