@@ -44,19 +44,9 @@ package final class OutboxWriteBack: Sendable {
                 if sent { held += 1 }
                 return !sent || !wasHolding
             }
-            // Merged in place: one lookup, and the kept update is not copied out and back.
-            updates.values[index].update.merge(update)
-            if updates.values[index].update.status == .sent {
-                guard updates.values[index].heldSince == nil else { return false }
-                updates.values[index].heldSince = since
-                held += 1
-                return !wasHolding
-            }
-            if updates.values[index].heldSince != nil {
-                updates.values[index].heldSince = nil
-                held -= 1
-            }
-            return true
+            // Merged in place: one lookup and one access, and the kept entry is not copied out
+            // and back.
+            return updates.values[index].merge(update, since: since, held: &held, wasHolding: wasHolding)
         }
     }
 
@@ -68,6 +58,22 @@ package final class OutboxWriteBack: Sendable {
         /// Set while `update` is a `sent` one (a `FixedLayoutInstant`, so that the entry's
         /// layout is known when compiled and its copies are inline).
         var heldSince: FixedLayoutInstant?
+
+        /// `State.record` of an update to a row that has an entry.
+        mutating func merge(_ later: OutboxUpdate, since: FixedLayoutInstant, held: inout Int, wasHolding: Bool) -> Bool {
+            update.merge(later)
+            if update.status == .sent {
+                guard heldSince == nil else { return false }
+                heldSince = since
+                held += 1
+                return !wasHolding
+            }
+            if heldSince != nil {
+                heldSince = nil
+                held -= 1
+            }
+            return true
+        }
     }
 
     private let store: OutboxStore

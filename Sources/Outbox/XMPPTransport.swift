@@ -546,7 +546,7 @@ package final class XMPPTransport: DownstreamTransport, CCSLinks {
     /// as PostgreSQL wrote it (valid JSON whose fields were all just checked), which
     /// spares re-serialising every message. A payload carrying its own `message_id` is
     /// serialised from the parsed message instead, so the id is never doubled.
-    package static func wireJSON(of message: DownstreamMessage, payloadText: String, payloadHasMessageID: Bool) -> String {
+    package static func wireJSON(of message: borrowing DownstreamMessage, payloadText: String, payloadHasMessageID: Bool) -> String {
         let body = payloadText.utf8.drop { $0 == 0x20 || $0 == 0x0A || $0 == 0x09 || $0 == 0x0D }
         guard body.first == UInt8(ascii: "{"), !payloadHasMessageID else { return message.json.serialized }
         // Sized once for what it will hold (its parts, quotes and punctuation; escapes are

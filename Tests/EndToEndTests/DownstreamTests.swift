@@ -590,6 +590,9 @@ extension TestCCS {
         }
         let latency = ContinuousClock.now - inserted
         #expect(latency < .seconds(1), "sent \(latency) after the insert")
+        // The simulator records the message before its responder logs it: on a busy machine
+        // the log may be a moment behind the event.
+        try await waitUntil("the responder logged it") { !log.all.isEmpty }
         let json = try #require(log.all.first?.json)
         #expect(json["time_to_live"] == .number(0))
         #expect(json["to"] == .string("token-a"))
