@@ -62,9 +62,11 @@ public struct DownstreamScheduler: Sendable {
         public var sentAt: ContinuousClock.Instant { storedSentAt.instant }
         private let storedSentAt: FixedLayoutInstant
 
-        init(message: OutgoingDownstream, sentAt: ContinuousClock.Instant) {
+        /// The message `pending` holds, taken out of it (nil for an entry placed without one).
+        init?(_ pending: consuming DownstreamWindow.Pending) {
+            guard let message = pending.message else { return nil }
             self.message = message
-            storedSentAt = FixedLayoutInstant(sentAt)
+            storedSentAt = pending.storedSentAt
         }
     }
 
@@ -161,16 +163,14 @@ public struct DownstreamScheduler: Sendable {
     /// An ack or nack on `link` for `messageID`: frees its slot and returns the message
     /// with when it was sent. Nil for an answer to nothing pending on that link.
     public mutating func answered(link: Int, messageID: String) -> Answered? {
-        guard links[link] != nil, let pending = links[link]!.window.answered(messageID: messageID),
-              let message = pending.message else { return nil }
-        return Answered(message: message, sentAt: pending.sentAt)
+        guard links[link] != nil, let pending = links[link]!.window.answered(messageID: messageID) else { return nil }
+        return Answered(pending)
     }
 
     /// A stanza error on `link` for the stanza sent as `stanzaID`: frees that slot.
     public mutating func stanzaError(link: Int, stanzaID: String) -> Answered? {
-        guard links[link] != nil, let pending = links[link]!.window.stanzaError(stanzaID: stanzaID),
-              let message = pending.message else { return nil }
-        return Answered(message: message, sentAt: pending.sentAt)
+        guard links[link] != nil, let pending = links[link]!.window.stanzaError(stanzaID: stanzaID) else { return nil }
+        return Answered(pending)
     }
 
     /// CCS is draining `link`: nothing more is placed on it; its pending messages stay

@@ -17,7 +17,7 @@ public struct DownstreamWindow: Sendable {
         /// `sentAt`, in a type whose layout is known when this is compiled: with a
         /// `ContinuousClock.Instant` here, every entry of the window's table would be copied,
         /// inserted and removed through value witnesses looked up at run time.
-        private let storedSentAt: FixedLayoutInstant
+        let storedSentAt: FixedLayoutInstant
         /// The message itself, when the scheduler placed it (`send(_:stanzaID:at:)`): kept
         /// here rather than in a second table by id, so that an answer costs one lookup.
         let message: OutgoingDownstream?

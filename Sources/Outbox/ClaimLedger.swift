@@ -50,10 +50,17 @@ package final class ClaimLedger: Sendable {
     /// The plan for writing `updates` (see `WritePlan`).
     package func plan(_ updates: [OutboxUpdate]) -> WritePlan {
         state.withLock { state in
-            let claims = updates.map { state.claimOfRow[$0.rowID] }
+            // Each update is read where it lies, through the list's buffer (iterated, each was
+            // copied whole: a dozen fields' reference counts up and down), here and in `written`.
+            var claims: [Int64?] = []
+            claims.reserveCapacity(updates.count)
             var released: [Int64: Set<Int64>] = [:]
-            for (update, claim) in zip(updates, claims) where Self.releases(update) {
-                if let claim { released[claim, default: []].insert(update.rowID) }
+            updates.withUnsafeBufferPointer { updates in
+                for index in updates.indices {
+                    let claim = state.claimOfRow[updates[index].rowID]
+                    claims.append(claim)
+                    if let claim, Self.releases(updates[index]) { released[claim, default: []].insert(updates[index].rowID) }
+                }
             }
             let emptied = released.compactMap { claim, rows in state.rowsOfClaim[claim]?.count == rows.count ? claim : nil }
             return WritePlan(claims: claims, emptied: emptied.sorted())
@@ -66,11 +73,14 @@ package final class ClaimLedger: Sendable {
     /// commit found it due) stays with the new claim: its answer is written under that one.
     package func written(_ updates: [OutboxUpdate], under plan: WritePlan) {
         state.withLock { state in
-            for (update, claim) in zip(updates, plan.claims) where Self.releases(update) {
-                guard let claim, state.claimOfRow[update.rowID] == claim else { continue }
-                state.claimOfRow[update.rowID] = nil
-                state.rowsOfClaim[claim]?.remove(update.rowID)
-                if state.rowsOfClaim[claim]?.isEmpty == true { state.rowsOfClaim[claim] = nil }
+            updates.withUnsafeBufferPointer { updates in
+                for (index, claim) in zip(updates.indices, plan.claims) where Self.releases(updates[index]) {
+                    let row = updates[index].rowID
+                    guard let claim, state.claimOfRow[row] == claim else { continue }
+                    state.claimOfRow[row] = nil
+                    state.rowsOfClaim[claim]?.remove(row)
+                    if state.rowsOfClaim[claim]?.isEmpty == true { state.rowsOfClaim[claim] = nil }
+                }
             }
         }
     }

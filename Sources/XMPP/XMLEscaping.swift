@@ -25,8 +25,7 @@ public enum XMLEscaping {
         // Fast path: nothing to escape.
         var scanned = text
         let plain = scanned.withUTF8 { bytes in
-            for byte in bytes where needsEscape(byte, inAttribute: inAttribute) { return false }
-            return true
+            inAttribute ? !bytes.contains { needsEscape($0, inAttribute: true) } : isPlainText(bytes)
         }
         if plain {
             output += text
@@ -51,6 +50,39 @@ public enum XMLEscaping {
                 }
             }
         }
+    }
+
+    /// True when no byte of `bytes` needs escaping in element content. Eight bytes at a
+    /// time: a word goes byte by byte only when it may hold such a byte (one below 0x20,
+    /// `&`, `<`, `>` or 0xEF), which JSON text seldom does; byte by byte, this scan was
+    /// about 2 % of the worker's CPU per downstream message.
+    static func isPlainText(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard let base = UnsafeRawPointer(bytes.baseAddress) else { return true }
+        var offset = 0
+        while offset + 8 <= bytes.count {
+            let word = UInt64(littleEndian: base.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
+            if mayNeedEscape(word) {
+                for index in offset..<offset + 8 where needsEscape(bytes[index], inAttribute: false) { return false }
+            }
+            offset += 8
+        }
+        for index in offset..<bytes.count where needsEscape(bytes[index], inAttribute: false) { return false }
+        return true
+    }
+
+    private static let ones: UInt64 = 0x0101_0101_0101_0101
+    private static let highBits: UInt64 = 0x8080_8080_8080_8080
+
+    /// True when a byte of `word` may be one `needsEscape` (outside attributes) holds true
+    /// for; never false when one is (it may be true when none is, after a byte that is).
+    @inline(__always)
+    private static func mayNeedEscape(_ word: UInt64) -> Bool {
+        // A byte below 0x20 (the classic "has less than" test; bytes of 0x80 and more never
+        // count), then a byte equal to each of the others (a zero byte after the XOR).
+        func hasZero(_ value: UInt64) -> UInt64 { (value &- ones) & ~value & highBits }
+        let below20 = (word &- ones &* 0x20) & ~word & highBits
+        return below20 | hasZero(word ^ (ones &* 0x26)) | hasZero(word ^ (ones &* 0x3C)) | hasZero(word ^ (ones &* 0x3E))
+            | hasZero(word ^ (ones &* 0xEF)) != 0
     }
 
     @inline(__always)
