@@ -11,6 +11,17 @@ import Testing
         ]))
     }
 
+    @Test func nestedObjectsKeepTheirOwnMembersAndARepeatedNameItsLastValue() throws {
+        let value = try JSONValue.parse(#"{"a":{"x":1,"y":{"z":2},"x":3},"b":[{"c":4},{},{"d":{"e":{}}}],"f":5,"b":6,"g":{"h":7}}"#)
+        #expect(value == .object([
+            "a": .object(["x": .number(3), "y": .object(["z": .number(2)])]),
+            "b": .number(6), "f": .number(5), "g": .object(["h": .number(7)]),
+        ]))
+        // An object that fails part-way leaves nothing behind for the next parse.
+        #expect(throws: JSONParser.Failure.self) { try JSONValue.parse(#"{"a":{"b":1,"c":}}"#) }
+        #expect(try JSONValue.parse(#"{"k":{"l":[{"m":null}]}}"#) == .object(["k": .object(["l": .array([.object(["m": .null])])])]))
+    }
+
     @Test func agreesWithFoundationOnRoundTrips() throws {
         let samples = ["{\"data\":{\"k\":\"v\",\"emoji\":\"😀\",\"quote\":\"\\\"\"},\"message_id\":\"m-1\",\"time_to_live\":86400}",
                        "[0.1,1e-7,12345678901234,-0]", "\"\\u0000\\u001f\""]
