@@ -173,6 +173,7 @@ final class WorkerMetrics: OutboxMetrics {
         }
     }
 
+    /// The outcome label of a row's new state.
     static func outcome(_ status: OutboxUpdate.Status) -> String {
         switch status {
         case .pending: "handed_back"
