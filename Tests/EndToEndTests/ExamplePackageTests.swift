@@ -6,9 +6,13 @@ import Testing
     @Test(.timeLimit(.minutes(10))) func theExamplePackageBuildsAndRunsAsAWorker() async throws {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         let example = root.appendingPathComponent("Examples/device-registry").path
+        // The build folder both example packages share (scripts/test builds them there
+        // first): each compiles this package's modules again, and the second reuses the
+        // first's.
+        let scratch = root.appendingPathComponent(".build/examples").path
         let build = Process()
         build.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        build.arguments = ["swift", "build", "--package-path", example]
+        build.arguments = ["swift", "build", "--package-path", example, "--scratch-path", scratch]
         let output = Pipe()
         build.standardOutput = output
         build.standardError = output
@@ -21,7 +25,7 @@ import Testing
         // Without settings its `run` behaves like `fcm-worker run`: status 2 and one clear
         // line, under its own name.
         let run = Process()
-        run.executableURL = URL(fileURLWithPath: example + "/.build/debug/device-registry")
+        run.executableURL = URL(fileURLWithPath: scratch + "/debug/device-registry")
         run.arguments = ["run"]
         run.environment = childEnvironment()
         let errors = Pipe()

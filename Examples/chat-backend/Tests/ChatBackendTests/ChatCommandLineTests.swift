@@ -5,8 +5,9 @@ import Worker
 /// The `chat-backend` executable as an operator runs it: fcm-worker's commands under its
 /// own name, with the chat settings and migrations.
 @Suite struct ChatCommandLineTests {
-    static let executable = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-        .deletingLastPathComponent().appendingPathComponent(".build/debug/chat-backend").path
+    /// The built `chat-backend`, next to the test bundle (wherever the build folder is).
+    static let executable = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+        .appendingPathComponent("chat-backend").path
 
     static let launchLock = NSLock()
 
