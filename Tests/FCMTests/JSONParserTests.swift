@@ -17,7 +17,7 @@ import Testing
             "a": .object(["x": .number(3), "y": .object(["z": .number(2)])]),
             "b": .number(6), "f": .number(5), "g": .object(["h": .number(7)]),
         ]))
-        // An object that fails part-way leaves nothing behind for the next parse.
+        // A member without a value fails the whole text; the next text parses on its own.
         #expect(throws: JSONParser.Failure.self) { try JSONValue.parse(#"{"a":{"b":1,"c":}}"#) }
         #expect(try JSONValue.parse(#"{"k":{"l":[{"m":null}]}}"#) == .object(["k": .object(["l": .array([.object(["m": .null])])])]))
     }
