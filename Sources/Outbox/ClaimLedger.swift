@@ -55,11 +55,11 @@ package final class ClaimLedger: Sendable {
             var claims: [Int64?] = []
             claims.reserveCapacity(updates.count)
             var released: [Int64: Set<Int64>] = [:]
-            updates.withUnsafeBufferPointer { updates in
-                for index in updates.indices {
-                    let claim = state.claimOfRow[updates[index].rowID]
+            updates.withUnsafeBufferPointer { buffer in
+                for index in buffer.indices {
+                    let claim = state.claimOfRow[buffer[index].rowID]
                     claims.append(claim)
-                    if let claim, Self.releases(updates[index]) { released[claim, default: []].insert(updates[index].rowID) }
+                    if let claim, Self.releases(buffer[index]) { released[claim, default: []].insert(buffer[index].rowID) }
                 }
             }
             let emptied = released.compactMap { claim, rows in state.rowsOfClaim[claim]?.count == rows.count ? claim : nil }
@@ -73,9 +73,9 @@ package final class ClaimLedger: Sendable {
     /// commit found it due) stays with the new claim: its answer is written under that one.
     package func written(_ updates: [OutboxUpdate], under plan: WritePlan) {
         state.withLock { state in
-            updates.withUnsafeBufferPointer { updates in
-                for (index, claim) in zip(updates.indices, plan.claims) where Self.releases(updates[index]) {
-                    let row = updates[index].rowID
+            updates.withUnsafeBufferPointer { buffer in
+                for (index, claim) in zip(buffer.indices, plan.claims) where Self.releases(buffer[index]) {
+                    let row = buffer[index].rowID
                     guard let claim, state.claimOfRow[row] == claim else { continue }
                     state.claimOfRow[row] = nil
                     state.rowsOfClaim[claim]?.remove(row)

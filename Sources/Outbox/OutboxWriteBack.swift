@@ -38,11 +38,11 @@ package final class OutboxWriteBack: Sendable {
         /// first hold when nothing was held (`wasHolding`).
         mutating func record(_ update: OutboxUpdate, since: FixedLayoutInstant, wasHolding: Bool) -> Bool {
             guard let index = updates.index(forKey: update.rowID) else {
-                let sent = update.status == .sent
-                updates[update.rowID] = Entry(update: update, heldSince: sent ? since : nil)
+                var entry = Entry(update: update)
+                let news = entry.hold(since: since, held: &held, wasHolding: wasHolding)
+                updates[update.rowID] = entry
                 order.append(update.rowID)
-                if sent { held += 1 }
-                return !sent || !wasHolding
+                return news
             }
             // Merged in place: one lookup and one access, and the kept entry is not copied out
             // and back.
@@ -57,11 +57,18 @@ package final class OutboxWriteBack: Sendable {
         var update: OutboxUpdate
         /// Set while `update` is a `sent` one (a `FixedLayoutInstant`, so that the entry's
         /// layout is known when compiled and its copies are inline).
-        var heldSince: FixedLayoutInstant?
+        var heldSince: FixedLayoutInstant? = nil
 
         /// `State.record` of an update to a row that has an entry.
         mutating func merge(_ later: OutboxUpdate, since: FixedLayoutInstant, held: inout Int, wasHolding: Bool) -> Bool {
             update.merge(later)
+            return hold(since: since, held: &held, wasHolding: wasHolding)
+        }
+
+        /// Holds the entry from `since` while its update is a `sent` one (counted in
+        /// `held`), and lets it go otherwise. True when the writer should hear of it: news
+        /// other than a send, or the first hold when nothing was held (`wasHolding`).
+        mutating func hold(since: FixedLayoutInstant, held: inout Int, wasHolding: Bool) -> Bool {
             if update.status == .sent {
                 guard heldSince == nil else { return false }
                 heldSince = since
