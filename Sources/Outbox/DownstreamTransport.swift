@@ -53,15 +53,17 @@ package struct ClaimedMessage: Sendable {
     /// Its message, to the canonical token if its target was replaced (for the v1 transport,
     /// only its target and time to live).
     package let message: DownstreamMessage
-    /// Its payload, parsed (`.null` for the v1 transport, which keeps only its requests).
-    package let payload: JSONValue
+    /// Whether its payload names a `message_id` of its own (which the XMPP transport then
+    /// leaves out of the wire form it writes from the payload's text). The parsed payload is
+    /// not kept: it is freed where the row was checked, not carried to the connections.
+    package let payloadHasMessageID: Bool
     /// Its requests to FCM's v1 API (the v1 transport's `prepare`), empty for the others.
     package var v1Requests: [V1Request] = []
 
-    package init(row: OutboxStore.ClaimedRow, message: DownstreamMessage, payload: JSONValue, v1Requests: [V1Request] = []) {
+    package init(row: OutboxStore.ClaimedRow, message: DownstreamMessage, payloadHasMessageID: Bool, v1Requests: [V1Request] = []) {
         self.row = row
         self.message = message
-        self.payload = payload
+        self.payloadHasMessageID = payloadHasMessageID
         self.v1Requests = v1Requests
     }
 }

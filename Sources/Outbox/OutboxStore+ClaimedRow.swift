@@ -11,7 +11,7 @@ extension OutboxStore.ClaimedRow {
     }
 
     /// The row with the message it describes (to the canonical token if its target was
-    /// replaced) and its parsed payload, or why it is not sent: its token was refused before, its
+    /// replaced) and whether its payload names its own `message_id`, or why it is not sent: its token was refused before, its
     /// payload is invalid (checked against every rule of FCM with `validating`), its time to
     /// live has passed (`EXPIRED`), or it was sent before and is older than `maximumAge`
     /// (`--retry-max-age`, `RETRY_MAX_AGE`). `maximumAge` limits retries only: a row never
@@ -32,7 +32,7 @@ extension OutboxStore.ClaimedRow {
             return .failure(Refusal(status: .failed, errorCode: "INVALID_MESSAGE", description: "\(error)"))
         }
         if let refusal = expiryRefusal(timeToLive: message.timeToLive, maximumAge: maximumAge, now: now) { return .failure(refusal) }
-        return .success(ClaimedMessage(row: self, message: message, payload: parsed))
+        return .success(ClaimedMessage(row: self, message: message, payloadHasMessageID: parsed["message_id"] != nil))
     }
 
     /// The target to send to: the canonical token FCM named if this one was replaced.

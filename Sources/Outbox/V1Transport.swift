@@ -113,7 +113,7 @@ package final class V1Transport: DownstreamTransport {
         if let refusal = row.expiryRefusal(timeToLive: timeToLive, maximumAge: maximumAge, now: now) { return .failure(refusal) }
         var message = DownstreamMessage(to: row.sendTarget ?? row.condition ?? "", messageID: "v1")
         message.timeToLive = timeToLive
-        return .success(ClaimedMessage(row: row, message: message, payload: .null, v1Requests: requests))
+        return .success(ClaimedMessage(row: row, message: message, payloadHasMessageID: false, v1Requests: requests))
     }
 
     /// A payload's time to live in seconds: the legacy `time_to_live`, or a v1 message's

@@ -484,8 +484,8 @@ package final class XMPPTransport: DownstreamTransport, CCSLinks {
     /// The claimed messages as the scheduler places them: their CCS JSON written, their next
     /// attempt.
     ///
-    /// Not async, and kept out of `send`: each claimed message (488 bytes: its row, message
-    /// and parsed payload) is read where it lies, through the list's buffer. Read in an async
+    /// Not async, and kept out of `send`: each claimed message (several hundred bytes: its
+    /// row and its message) is read where it lies, through the list's buffer. Read in an async
     /// function, each was copied whole into its frame first (a few dozen reference counts up
     /// and down, about 1.5 % of the worker's CPU per downstream message).
     @inline(never)
@@ -500,7 +500,7 @@ package final class XMPPTransport: DownstreamTransport, CCSLinks {
                     target: claimed.pointee.message.to ?? claimed.pointee.message.condition ?? "",
                     targetIsToken: claimed.pointee.message.to.map { !$0.hasPrefix("/topics/") } ?? false,
                     json: Self.wireJSON(of: claimed.pointee.message, payloadText: claimed.pointee.row.payload,
-                                        payloadHasMessageID: claimed.pointee.payload["message_id"] != nil),
+                                        payloadHasMessageID: claimed.pointee.payloadHasMessageID),
                     createdAt: claimed.pointee.row.createdAt, timeToLive: claimed.pointee.message.timeToLive,
                     attempt: claimed.pointee.row.attempts + 1))
             }

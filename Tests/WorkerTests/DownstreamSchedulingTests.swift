@@ -241,4 +241,20 @@ private func message(_ row: Int64, to target: String = "token", attempt: Int = 1
             }
         }
     }
+
+    /// A claimed row keeps whether its payload named a `message_id` (not the parsed payload),
+    /// and its wire form carries the worker's id once either way.
+    @Test func aClaimedRowKnowsWhetherItsPayloadNamedItsOwnMessageID() throws {
+        for (text, named) in [(#"{"message_id": "theirs", "data": {"k": "v"}}"#, true),
+                              (#"{"data": {"k": "message_id"}}"#, false)] {
+            let row = OutboxStore.ClaimedRow(id: 7, target: "token-1", condition: nil, payload: text, attempts: 0,
+                                             createdAt: Date(), tokenState: nil, tokenErrorCode: nil, canonicalToken: nil,
+                                             registrationIDs: nil, tokenResults: nil)
+            let claimed = try row.claimedMessage(id: "ds-7", validating: true, maximumAge: .seconds(60), now: Date()).get()
+            #expect(claimed.payloadHasMessageID == named, "\(text)")
+            let wire = XMPPTransport.wireJSON(of: claimed.message, payloadText: text, payloadHasMessageID: claimed.payloadHasMessageID)
+            #expect(try JSONValue.parse(wire) == claimed.message.json, "\(text) → \(wire)")
+            #expect(wire.components(separatedBy: "message_id").count == (named ? 2 : 3), "\(wire)")
+        }
+    }
 }
