@@ -10,8 +10,17 @@ import Runtime
 /// A `sent` update, or a receipt alone, keeps it.
 package final class ClaimLedger: Sendable {
     private struct State {
-        package var claimOfRow: [Int64: Int64] = [:]
-        package var rowsOfClaim: [Int64: Set<Int64>] = [:]
+        var claimOfRow: [Int64: Int64] = [:]
+        /// How many rows each live claim holds: those `claimOfRow` names it for. A count, not
+        /// a set of rows: a set cost two hash-table changes more per row on the way through.
+        var rowCount: [Int64: Int] = [:]
+
+        /// `claim` holds one row less; a claim left without rows is forgotten.
+        mutating func release(oneRowOf claim: Int64) {
+            guard let index = rowCount.index(forKey: claim) else { return }
+            let left = rowCount.values[index] - 1
+            if left > 0 { rowCount.values[index] = left } else { rowCount.remove(at: index) }
+        }
     }
 
     private let state = BlockingLock(State())
@@ -21,13 +30,16 @@ package final class ClaimLedger: Sendable {
     /// Records a claim the store just made.
     package func add(claim: Int64, rows: [Int64]) {
         state.withLock { state in
+            var added = 0
             for row in rows {
-                // A row this worker held under a claim that expired and is gone, taken again.
-                guard let earlier = state.claimOfRow.updateValue(claim, forKey: row), earlier != claim else { continue }
-                state.rowsOfClaim[earlier]?.remove(row)
-                if state.rowsOfClaim[earlier]?.isEmpty == true { state.rowsOfClaim[earlier] = nil }
+                if let earlier = state.claimOfRow.updateValue(claim, forKey: row) {
+                    if earlier == claim { continue }
+                    // A row this worker held under a claim that expired and is gone, taken again.
+                    state.release(oneRowOf: earlier)
+                }
+                added += 1
             }
-            state.rowsOfClaim[claim, default: []].formUnion(rows)
+            state.rowCount[claim, default: 0] += added
         }
     }
 
@@ -54,15 +66,26 @@ package final class ClaimLedger: Sendable {
             // copied whole: a dozen fields' reference counts up and down), here and in `written`.
             var claims: [Int64?] = []
             claims.reserveCapacity(updates.count)
-            var released: [Int64: Set<Int64>] = [:]
+            var releasing: [Int64: Int] = [:]
             updates.withUnsafeBufferPointer { buffer in
                 for index in buffer.indices {
                     let claim = state.claimOfRow[buffer[index].rowID]
                     claims.append(claim)
-                    if let claim, Self.releases(buffer[index]) { released[claim, default: []].insert(buffer[index].rowID) }
+                    if let claim, Self.releases(buffer[index]) { releasing[claim, default: 0] += 1 }
                 }
             }
-            let emptied = released.compactMap { claim, rows in state.rowsOfClaim[claim]?.count == rows.count ? claim : nil }
+            let emptied = releasing.compactMap { claim, count -> Int64? in
+                guard let held = state.rowCount[claim], count >= held else { return nil }
+                // As many updates as the claim has rows: it is emptied if they name that many
+                // rows (a write may carry two updates of one row).
+                var rows = Set<Int64>()
+                updates.withUnsafeBufferPointer { buffer in
+                    for index in buffer.indices where claims[index] == claim && Self.releases(buffer[index]) {
+                        rows.insert(buffer[index].rowID)
+                    }
+                }
+                return rows.count == held ? claim : nil
+            }
             return WritePlan(claims: claims, emptied: emptied.sorted())
         }
     }
@@ -75,18 +98,17 @@ package final class ClaimLedger: Sendable {
         state.withLock { state in
             updates.withUnsafeBufferPointer { buffer in
                 for (index, claim) in zip(buffer.indices, plan.claims) where Self.releases(buffer[index]) {
-                    let row = buffer[index].rowID
-                    guard let claim, state.claimOfRow[row] == claim else { continue }
-                    state.claimOfRow[row] = nil
-                    state.rowsOfClaim[claim]?.remove(row)
-                    if state.rowsOfClaim[claim]?.isEmpty == true { state.rowsOfClaim[claim] = nil }
+                    guard let claim, let held = state.claimOfRow.index(forKey: buffer[index].rowID),
+                          state.claimOfRow.values[held] == claim else { continue }
+                    state.claimOfRow.remove(at: held)
+                    state.release(oneRowOf: claim)
                 }
             }
         }
     }
 
     /// Every live claim, for renewal.
-    package var claimIDs: [Int64] { state.withLock { $0.rowsOfClaim.keys.sorted() } }
+    package var claimIDs: [Int64] { state.withLock { $0.rowCount.keys.sorted() } }
 
     /// Forgets `claims` (they expired and another worker's sweep took them over); returns
     /// how many rows they held.
@@ -94,11 +116,14 @@ package final class ClaimLedger: Sendable {
     package func forget(_ claims: [Int64]) -> Int {
         state.withLock { state in
             var rows = 0
+            var forgotten = Set<Int64>()
             for claim in claims {
-                guard let held = state.rowsOfClaim.removeValue(forKey: claim) else { continue }
-                rows += held.count
-                for row in held where state.claimOfRow[row] == claim { state.claimOfRow[row] = nil }
+                guard let held = state.rowCount.removeValue(forKey: claim) else { continue }
+                rows += held
+                forgotten.insert(claim)
             }
+            // Rare (a lost lease), so the rows are found by going through them all.
+            if !forgotten.isEmpty { state.claimOfRow = state.claimOfRow.filter { !forgotten.contains($0.value) } }
             return rows
         }
     }

@@ -64,4 +64,53 @@ import Testing
         #expect(ledger.claimIDs == [3], "the emptied claim is not renewed any more")
         #expect(claims(ledger, of: [10, 11]) == [3, 3])
     }
+
+    /// The ledger against a plain model of it (each claim's set of rows), through a long
+    /// random run of claims, writes (with repeated rows and rows of no claim), rows taken
+    /// again under new claims and lost claims.
+    @Test func aLongRandomRunAgreesWithAModelThatKeepsEachClaimsRows() {
+        var random = SplitMix(seed: 32)
+        let ledger = ClaimLedger()
+        var claimOfRow: [Int64: Int64] = [:]
+        var nextClaim: Int64 = 1
+        let statuses: [OutboxUpdate.Status] = [.sent, .acked, .failed, .retry, .pending, .delivered, .expired]
+        func rowsOf(_ claim: Int64) -> Set<Int64> { Set(claimOfRow.filter { $0.value == claim }.keys) }
+        for _ in 0..<2_000 {
+            switch random.next() % 10 {
+            case 0, 1:
+                let rows = (0..<(1 + random.next() % 6)).map { _ in Int64(random.next() % 40) }
+                ledger.add(claim: nextClaim, rows: rows)
+                for row in rows { claimOfRow[row] = nextClaim }
+                nextClaim += 1
+            case 2:
+                let claims = (0..<(1 + random.next() % 2)).map { _ in Int64(random.next() % UInt64(nextClaim)) }
+                let held = Set(claims).reduce(0) { $0 + rowsOf($1).count }
+                #expect(ledger.forget(claims) == held)
+                claimOfRow = claimOfRow.filter { !claims.contains($0.value) }
+            default:
+                let updates = (0..<(1 + random.next() % 8)).map { _ in
+                    OutboxUpdate(rowID: Int64(random.next() % 44), status: statuses[Int(random.next() % 7)],
+                                 ackedAt: random.next() % 2 == 0 ? Date() : nil)
+                }
+                let plan = ledger.plan(updates)
+                #expect(plan.claims == updates.map { claimOfRow[$0.rowID] })
+                var released: [Int64: Set<Int64>] = [:]
+                for update in updates where ClaimLedger.releases(update) {
+                    if let claim = claimOfRow[update.rowID] { released[claim, default: []].insert(update.rowID) }
+                }
+                #expect(plan.emptied == released.filter { rowsOf($0.key) == $0.value }.keys.sorted())
+                // Sometimes a sweep takes a written row again before the write-back records it.
+                if random.next() % 4 == 0, let retaken = updates.first {
+                    ledger.add(claim: nextClaim, rows: [retaken.rowID])
+                    claimOfRow[retaken.rowID] = nextClaim
+                    nextClaim += 1
+                }
+                ledger.written(updates, under: plan)
+                for (update, claim) in zip(updates, plan.claims) where ClaimLedger.releases(update) {
+                    if let claim, claimOfRow[update.rowID] == claim { claimOfRow[update.rowID] = nil }
+                }
+            }
+            #expect(ledger.claimIDs == Set(claimOfRow.values).sorted())
+        }
+    }
 }
