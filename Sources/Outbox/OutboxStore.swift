@@ -79,39 +79,19 @@ package struct OutboxStore: Sendable {
         var statements = [PostgresStatement("BEGIN")]
         let plan = ledger.plan(updates)
         if !updates.isEmpty {
-            let claims = plan.claims
-            // Most answers are plain acks: written by a statement that reads five columns
-            // instead of thirteen (parsing the text arrays was about 2.5 µs a row), and sets
-            // no column it leaves as it was. Everything else goes through the general one.
-            var plain: (updates: [OutboxUpdate], claims: [Int64]) = ([], [])
-            var other: (updates: [OutboxUpdate], claims: [Int64?]) = ([], [])
-            for (update, claim) in zip(updates, claims) {
-                if let claim, Self.isPlainAck(update, claim: claim) {
-                    plain.updates.append(update)
-                    plain.claims.append(claim)
-                } else {
-                    other.updates.append(update)
-                    other.claims.append(claim)
-                }
-            }
-            if !plain.updates.isEmpty { statements.append(plainAcks(plain.updates, claims: plain.claims)) }
-            if !other.updates.isEmpty { statements.append(general(other.updates, claims: other.claims)) }
+            let split = Self.split(updates, under: plan)
+            if !split.plain.updates.isEmpty { statements.append(plainAcks(split.plain.updates, claims: split.plain.claims)) }
+            if !split.other.updates.isEmpty { statements.append(general(split.other.updates, claims: split.other.claims)) }
             let emptied = plan.emptied
             if !emptied.isEmpty {
                 statements.append(PostgresStatement("DELETE FROM outbox_claims WHERE id = ANY($1::bigint[]) AND worker = $2",
                                                     [.array(emptied.map { .int($0) }), .text(workerID)]))
             }
-            // A row due again (a retry, a hand-back) leaves a claim that lives on, so that a
-            // sweep can take it before the claim's other rows are answered.
-            let emptiedSet = Set(emptied)
-            let dueAgain = zip(updates, claims).filter { update, claim in
-                (update.status == .retry || update.status == .pending) && claim.map { !emptiedSet.contains($0) } == true
-            }
-            if !dueAgain.isEmpty {
+            if !split.dueAgain.rows.isEmpty {
                 statements.append(PostgresStatement("""
                     UPDATE outbox_claims SET row_ids = ARRAY(SELECT r FROM unnest(row_ids) AS r WHERE r <> ALL($1::bigint[]))
                     WHERE id = ANY($2::bigint[]) AND worker = $3
-                    """, [.array(dueAgain.map { .int($0.0.rowID) }), .array(Set(dueAgain.compactMap(\.1)).sorted().map { .int($0) }),
+                    """, [.array(split.dueAgain.rows.map { .int($0) }), .array(Set(split.dueAgain.claims).sorted().map { .int($0) }),
                           .text(workerID)]))
             }
         }
@@ -140,6 +120,47 @@ package struct OutboxStore: Sendable {
             }
         }
         ledger.written(updates, under: plan)
+    }
+
+    /// What a write of `updates` under `plan` sends where.
+    private struct WriteSplit {
+        /// Plain acks (`isPlainAck`), with their claims.
+        var plain: (updates: [OutboxUpdate], claims: [Int64]) = ([], [])
+        /// The other updates, with their claims (nil: no live claim).
+        var other: (updates: [OutboxUpdate], claims: [Int64?]) = ([], [])
+        /// Rows due again (a retry, a hand-back) whose claim lives on, and those claims.
+        var dueAgain: (rows: [Int64], claims: [Int64]) = ([], [])
+    }
+
+    /// Most answers are plain acks: written by a statement that reads five columns instead of
+    /// thirteen (parsing the text arrays was about 2.5 µs a row), and sets no column it leaves
+    /// as it was; everything else goes through the general one. A row due again leaves a
+    /// claim that lives on (not emptied by this write), so that a sweep can take it before
+    /// the claim's other rows are answered: its row is taken out of that claim.
+    ///
+    /// Not async, and each update read where it lies: iterated in the async `write`, each was
+    /// copied whole first (a dozen fields' reference counts up and down).
+    @inline(never)
+    private static func split(_ updates: [OutboxUpdate], under plan: ClaimLedger.WritePlan) -> WriteSplit {
+        var split = WriteSplit()
+        let emptied = Set(plan.emptied)
+        updates.withUnsafeBufferPointer { buffer in
+            for (index, claim) in zip(buffer.indices, plan.claims) {
+                let update = buffer.baseAddress! + index
+                if let claim, isPlainAck(update.pointee, claim: claim) {
+                    split.plain.updates.append(update.pointee)
+                    split.plain.claims.append(claim)
+                } else {
+                    split.other.updates.append(update.pointee)
+                    split.other.claims.append(claim)
+                }
+                if update.pointee.status == .retry || update.pointee.status == .pending, let claim, !emptied.contains(claim) {
+                    split.dueAgain.rows.append(update.pointee.rowID)
+                    split.dueAgain.claims.append(claim)
+                }
+            }
+        }
+        return split
     }
 
     /// Whether `update` is a plain ack of a claimed row (with its `token_results` or
