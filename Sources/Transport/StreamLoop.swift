@@ -64,6 +64,9 @@ package final class StreamLoop: @unchecked Sendable {
     }
 
     package static let recordSize = 16 * 1024
+    /// The largest buffer kept for reuse (`spareBytes`): coalesced chunks stop growing past
+    /// 64 KiB, and one large stanza's buffer is not worth holding on to.
+    private static let largestSpare = 256 * 1024
 
     package let outbound: OutboundBuffer
     let name: String
@@ -85,6 +88,10 @@ package final class StreamLoop: @unchecked Sendable {
     private let driver: any StreamDriver
     private var tls: TLSStream?
     private var pending: [OutboundBuffer.Chunk] = []
+    /// The emptied buffer of the last ordinary chunk written out, for the next one that
+    /// `write(_:)` starts: a read's acks grew a new one from nothing each time (five
+    /// allocations and their copies for a read of fifteen messages).
+    private var spareBytes: [UInt8] = []
     private var pendingOffset = 0
     private var pendingBytes = 0
     private var writeWaitsFor: Int16 = 0
@@ -160,7 +167,10 @@ package final class StreamLoop: @unchecked Sendable {
             pendingBytes += text.utf8.count
             return
         }
-        appendPending(OutboundBuffer.Chunk(bytes: Array(text.utf8), recordSize: Self.recordSize))
+        var bytes: [UInt8] = []
+        swap(&bytes, &spareBytes)
+        bytes.append(contentsOf: text.utf8)
+        appendPending(OutboundBuffer.Chunk(bytes: bytes, recordSize: Self.recordSize))
     }
 
     /// Queues raw bytes cut into TLS records of at most `recordSize` bytes (the simulator's
@@ -383,18 +393,25 @@ package final class StreamLoop: @unchecked Sendable {
         guard let tls else { return }
         writeWaitsFor = 0
         while !pending.isEmpty {
-            let chunk = pending[0]
-            let length = min(chunk.bytes.count - pendingOffset, chunk.recordSize == Self.recordSize ? chunk.bytes.count : chunk.recordSize)
-            let progress = chunk.bytes.withUnsafeBytes { bytes in
+            // Read in place, not copied out: a chunk written out whole gives its buffer back
+            // (`spareBytes`) only if nothing else holds it.
+            let recordSize = pending[0].recordSize
+            let length = min(pending[0].bytes.count - pendingOffset, recordSize == Self.recordSize ? pending[0].bytes.count : recordSize)
+            let progress = pending[0].bytes.withUnsafeBytes { bytes in
                 tls.write(UnsafeRawBufferPointer(rebasing: bytes[pendingOffset..<(pendingOffset + length)]))
             }
             switch progress {
             case .done(let written):
                 pendingOffset += written
                 pendingBytes -= written
-                if pendingOffset == chunk.bytes.count {
-                    pending.removeFirst()
+                if pendingOffset == pending[0].bytes.count {
+                    var done = pending.removeFirst()
                     pendingOffset = 0
+                    if recordSize == Self.recordSize && done.bytes.capacity > spareBytes.capacity
+                        && done.bytes.capacity <= Self.largestSpare {
+                        done.bytes.removeAll(keepingCapacity: true)
+                        spareBytes = done.bytes
+                    }
                 }
             case .wantWrite:
                 writeWaitsFor = Int16(POLLOUT)
@@ -417,6 +434,7 @@ package final class StreamLoop: @unchecked Sendable {
         ended = true
         tls = nil
         pending.removeAll()
+        spareBytes = []
         pendingBytes = 0
         outbound.close(with: reason)
         _ = outbound.takeAll()

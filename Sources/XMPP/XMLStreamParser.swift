@@ -162,6 +162,11 @@ public final class XMLStreamParser {
             return (events, refusal)
         }
         state.pointee.fedBytes += Int(bytes.count)
+        // The last parse's events, emptied now rather than as they were handed over: by now
+        // the caller has let go of them, so the list keeps its buffer instead of allocating
+        // a new one (a read's worth, about 9 KB, each read: a request that size makes glibc
+        // consolidate its fast bins first, a walk of every small block freed since).
+        state.pointee.events.removeAll(keepingCapacity: true)
         // No access to the state is under way here: the callbacks change it.
         let status = bytes.withMemoryRebound(to: CChar.self) { chars in
             XML_Parse(parser, chars.baseAddress, Int32(chars.count), 0)
@@ -259,7 +264,7 @@ public final class XMLStreamParser {
         }
 
         /// After `XML_Parse` returned (`failed` when it reported an error): the failure it
-        /// ended in, if any, and the events it completed (taken: the next parse starts afresh).
+        /// ended in, if any, and the events it completed (the next parse empties them first).
         mutating func finishParse(failed: Bool) -> (events: [XMLStreamEvent], failure: XMLStreamError?) {
             if failure == nil && failed && passedTheLimit {
                 failure = .stanzaTooLarge(limit: maxStanzaBytes)
@@ -280,7 +285,6 @@ public final class XMLStreamParser {
             } else if failure == nil && depth >= 1 && fedBytes - boundary > Int(maxStanzaBytes) {
                 failure = .stanzaTooLarge(limit: maxStanzaBytes)
             }
-            defer { events.removeAll(keepingCapacity: true) }
             return (events, failure)
         }
 
