@@ -219,13 +219,26 @@ final class CCSConnections: Sendable {
         /// Handles a batch in order and hands its upstream work to the pipeline together.
         /// Returns true when it held `CONNECTION_DRAINING` (what follows it was handled too).
         private func handle(_ batch: [CCSInbound], on connection: CCSConnection, link: Int) async -> Bool {
-            var work: [UpstreamWork] = []
-            work.reserveCapacity(batch.count)
-            var draining = false
-            for inbound in batch where handle(inbound, on: connection, link: link, into: &work) { draining = true }
+            let (work, draining) = collect(batch, on: connection, link: link)
             connections.metrics.read(received: work.count, acked: work.count(where: \.isAcked))
             if !work.isEmpty { await connections.pipeline.submit(work) }
             return draining
+        }
+
+        /// The batch's work for the pipeline, and whether CCS said it is draining the
+        /// connection. Not async, and each stanza read where it lies: iterated in the async
+        /// `handle`, each was copied into its frame first.
+        @inline(never)
+        private func collect(_ batch: [CCSInbound], on connection: CCSConnection, link: Int) -> (work: [UpstreamWork], draining: Bool) {
+            var work: [UpstreamWork] = []
+            work.reserveCapacity(batch.count)
+            var draining = false
+            batch.withUnsafeBufferPointer { buffer in
+                for index in buffer.indices where handle((buffer.baseAddress! + index).pointee, on: connection, link: link, into: &work) {
+                    draining = true
+                }
+            }
+            return (work, draining)
         }
 
         private func handle(_ inbound: CCSInbound, on connection: CCSConnection, link: Int, into work: inout [UpstreamWork]) -> Bool {

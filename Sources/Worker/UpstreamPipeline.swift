@@ -58,10 +58,36 @@ final class UpstreamPipeline: Sendable {
     /// full. A cancelled caller's work is queued without waiting (never dropped).
     func submit(_ work: [UpstreamWork]) async {
         guard lanes.count > 1 else { return await lanes[0].queue.push(contentsOf: work) }
-        var byLane = [[UpstreamWork]](repeating: [], count: lanes.count)
-        for item in work { byLane[scheduler.lane(for: item.orderingKey)].append(item) }
-        for (index, items) in byLane.enumerated() where !items.isEmpty {
+        for (index, items) in split(work).enumerated() where !items.isEmpty {
             await lanes[index].queue.push(contentsOf: items)
+        }
+    }
+
+    /// `work` by lane, in its order, each lane's list allocated once at its size: grown one
+    /// piece at a time, a read's work took about three allocations per lane.
+    ///
+    /// Not async, and each piece read where it lies: iterated in the async `submit`, each
+    /// was copied into its frame first.
+    @inline(never)
+    private func split(_ work: [UpstreamWork]) -> [[UpstreamWork]] {
+        withUnsafeTemporaryAllocation(of: Int.self, capacity: work.count) { laneOfWork in
+            var counts = [Int](repeating: 0, count: lanes.count)
+            work.withUnsafeBufferPointer { buffer in
+                for index in buffer.indices {
+                    let lane = scheduler.lane(for: buffer[index].orderingKey)
+                    laneOfWork[index] = lane
+                    counts[lane] += 1
+                }
+            }
+            var byLane = counts.map { count in
+                var items: [UpstreamWork] = []
+                items.reserveCapacity(count)
+                return items
+            }
+            work.withUnsafeBufferPointer { buffer in
+                for index in buffer.indices { byLane[laneOfWork[index]].append(buffer[index]) }
+            }
+            return byLane
         }
     }
 
