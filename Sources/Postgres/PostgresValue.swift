@@ -38,8 +38,19 @@ public enum PostgresValue: Sendable, Equatable {
     /// says). Cast it in SQL (`… ::text[]`). Text holding U+0000 makes its statement fail
     /// before it is sent, as such a parameter does (PostgreSQL's text holds none).
     public var sqlLiteral: String {
-        guard let text = textEncoding else { return "NULL" }
-        if !text.utf8.contains(UInt8(ascii: "$")) { return "$fcm$" + text + "$fcm$" }
+        guard var text = textEncoding else { return "NULL" }
+        let holdsDollar = text.withUTF8 { bytes in
+            bytes.baseAddress.map { memchr($0, Int32(UInt8(ascii: "$")), bytes.count) != nil } ?? false
+        }
+        if !holdsDollar {
+            // Sized once (a batch's ids are a few kilobytes).
+            var literal = ""
+            literal.reserveCapacity(text.utf8.count + 10)
+            literal += "$fcm$"
+            literal += text
+            literal += "$fcm$"
+            return literal
+        }
         var tag = "$fcm$"
         var number = 0
         // The closing tag must first appear where it is put: a text that ends as a tag
@@ -61,34 +72,62 @@ public enum PostgresValue: Sendable, Equatable {
     private static func arrayLiteral(_ values: [PostgresValue]) -> String {
         var literal: [UInt8] = [UInt8(ascii: "{")]
         literal.reserveCapacity(values.count * 24)
-        for (index, value) in values.enumerated() {
-            if index > 0 { literal.append(UInt8(ascii: ",")) }
-            // An integer needs neither quotes nor a String of its own (arrays of ids are
-            // most of what the outbox's write-back sends).
-            if case .int(let number) = value {
-                appendDecimal(number, to: &literal)
-                continue
-            }
-            guard let text = value.textEncoding else {
-                literal.append(contentsOf: "NULL".utf8)
-                continue
-            }
-            literal.append(UInt8(ascii: "\""))
-            var element = text
-            element.withUTF8 { bytes in
-                // Runs without a quote or backslash are copied whole; those two get a backslash.
-                var start = 0
-                for (offset, byte) in bytes.enumerated() where byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") {
-                    literal.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[start..<offset]))
-                    literal.append(UInt8(ascii: "\\"))
-                    start = offset
+        // Each element read where it lies (enumerated, each was copied out first).
+        values.withUnsafeBufferPointer { buffer in
+            for index in buffer.indices {
+                if index > 0 { literal.append(UInt8(ascii: ",")) }
+                switch buffer[index] {
+                case .int(let number):
+                    // An integer needs neither quotes nor a String of its own (arrays of ids
+                    // are most of what the outbox's write-back sends).
+                    appendDecimal(number, to: &literal)
+                case .text(let text), .jsonb(let text):
+                    appendQuotedElement(text, to: &literal)
+                case .null:
+                    literal.append(contentsOf: "NULL".utf8)
+                default:
+                    guard let text = buffer[index].textEncoding else {
+                        literal.append(contentsOf: "NULL".utf8)
+                        continue
+                    }
+                    appendQuotedElement(text, to: &literal)
                 }
-                literal.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[start...]))
             }
-            literal.append(UInt8(ascii: "\""))
         }
         literal.append(UInt8(ascii: "}"))
         return String(decoding: literal, as: UTF8.self)
+    }
+
+    /// Appends `text` as a quoted array element: a quote or backslash gets a backslash before
+    /// it; the runs between them (usually the whole text) are copied whole, found with
+    /// `memchr` rather than a look at every byte.
+    private static func appendQuotedElement(_ text: String, to literal: inout [UInt8]) {
+        literal.append(UInt8(ascii: "\""))
+        var text = text
+        text.withUTF8 { bytes in
+            var start = 0
+            var searchFrom = 0
+            while let special = firstQuoteOrBackslash(in: bytes, from: searchFrom) {
+                literal.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[start..<special]))
+                literal.append(UInt8(ascii: "\\"))
+                // The quote or backslash itself starts the next run.
+                start = special
+                searchFrom = special + 1
+            }
+            literal.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[start...]))
+        }
+        literal.append(UInt8(ascii: "\""))
+    }
+
+    /// The offset of the first `"` or `\` in `bytes` at or after `start`.
+    private static func firstQuoteOrBackslash(in bytes: UnsafeBufferPointer<UInt8>, from start: Int) -> Int? {
+        guard let base = bytes.baseAddress, start < bytes.count else { return nil }
+        let count = bytes.count - start
+        let quote = memchr(base + start, Int32(UInt8(ascii: "\"")), count).map { UnsafeRawPointer(base).distance(to: UnsafeRawPointer($0)) }
+        // A backslash counts only before the quote.
+        let backslash = memchr(base + start, Int32(UInt8(ascii: "\\")), (quote ?? bytes.count) - start)
+            .map { UnsafeRawPointer(base).distance(to: UnsafeRawPointer($0)) }
+        return backslash ?? quote
     }
 
     /// Appends `number` in decimal, as `String(number)` spells it: its digits filled from the

@@ -53,6 +53,36 @@ import Testing
         #expect(decoded.map { $0.int(0) } == [0, -5, .min, .max, nil, 1_764_672_000_123_456])
     }
 
+    /// An array's text elements with quotes and backslashes anywhere (first, last, side by
+    /// side, alone), against the rule written out byte by byte, and through PostgreSQL.
+    @Test func arrayElementsEscapeEveryQuoteAndBackslashWhereverTheyAre() async throws {
+        let pieces = ["a", "\"", "\\", "$", "é", ",", "{", " "]
+        var elements = ["", "\"", "\\", "\\\"", "\"\\", "a\"\"b", "end\\", String(repeating: "x\"y\\", count: 40)]
+        var state: UInt64 = 7
+        for _ in 0..<200 {
+            var element = ""
+            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            for shift in stride(from: 0, to: Int(state >> 61) * 8, by: 3) { element += pieces[Int((state >> UInt64(shift)) & 7)] }
+            elements.append(element)
+        }
+        var expected = "{"
+        for (index, element) in elements.enumerated() {
+            if index > 0 { expected += "," }
+            expected += "\""
+            for character in element { expected += character == "\"" || character == "\\" ? "\\\(character)" : "\(character)" }
+            expected += "\""
+        }
+        expected += "}"
+        let values = elements.map { PostgresValue.text($0) }
+        #expect(PostgresValue.array(values).textEncoding == expected)
+        let connection = try await connect()
+        defer { Task { await connection.close() } }
+        let rows = try await connection.query("SELECT x FROM unnest($1::text[]) AS x", [.array(values)])
+        #expect(rows.map { $0.string(0) } == elements)
+        let spliced = try await connection.query("SELECT x FROM unnest(\(PostgresValue.array(values).sqlLiteral)::text[]) AS x")
+        #expect(spliced.map { $0.string(0) } == elements)
+    }
+
     @Test func aValueHoldingNulIsRefusedBeforeAnythingIsSentNotCutShort() async throws {
         let connection = try await connect()
         defer { Task { await connection.close() } }
