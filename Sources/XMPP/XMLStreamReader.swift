@@ -30,12 +30,18 @@ package final class XMLStreamReader {
     /// on the events completed before it (however the bytes were split into reads).
     package func read(_ bytes: UnsafeRawBufferPointer, on loop: StreamLoop, _ handle: (XMLStreamEvent) -> Void) {
         let parser = self.parser
-        let (events, failure) = parser.parse(bytes)
         let generation = self.generation
-        for event in events {
-            if loop.isEnded || loop.isClosing || self.generation != generation { break }
-            handle(event)
+        let failure: XMLStreamError?
+        do {
+            let (events, parseFailure) = parser.parse(bytes)
+            failure = parseFailure
+            for event in events {
+                if loop.isEnded || loop.isClosing || self.generation != generation { break }
+                handle(event)
+            }
         }
+        // The events are let go of above, so their list keeps its buffer.
+        parser.releaseEvents()
         if let failure, self.generation == generation {
             loop.abort(reason: XMPPError.malformedStream(failure))
         }

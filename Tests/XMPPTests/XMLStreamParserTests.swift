@@ -45,6 +45,24 @@ private func stanzas(_ events: [XMLStreamEvent]) -> [XMLElement] {
         #expect(second.failure == failure)
     }
 
+    /// Each parse's events are its own: emptied by `releaseEvents()` or by the next parse,
+    /// never in a list a caller still holds.
+    @Test func eachParseReturnsOnlyItsOwnEventsAndAHeldListKeepsItsOwn() throws {
+        let parser = XMLStreamParser()
+        let first = try parser.feed(header + "<message id=\"a\"/><message id=\"b\"/>")
+        parser.releaseEvents()
+        let second = try parser.feed("<message id=\"c\"/>")
+        #expect(stanzas(first).map { $0.attribute("id") } == ["a", "b"], "a list held across the release keeps its events")
+        #expect(stanzas(second).map { $0.attribute("id") } == ["c"])
+        // Without a release, the next parse empties the last one's events first.
+        let third = try parser.feed("<message id=\"d\"/><message id=\"e\"/>")
+        #expect(stanzas(third).map { $0.attribute("id") } == ["d", "e"])
+        #expect(stanzas(second).map { $0.attribute("id") } == ["c"])
+        parser.releaseEvents()
+        parser.releaseEvents()
+        #expect(try parser.feed("<message id=\"f\"/>").count == 1)
+    }
+
     /// Bytes UTF-8 never holds end the stream however they arrive: expat alone took a
     /// stream starting "\n\0" for UTF-16 when both bytes came in one read.
     @Test func bytesOutsideUTF8AreRefusedWhateverTheSplit() {
