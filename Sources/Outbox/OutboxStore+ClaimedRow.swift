@@ -11,7 +11,8 @@ extension OutboxStore.ClaimedRow {
     }
 
     /// The row with the message it describes (to the canonical token if its target was
-    /// replaced) and whether its payload names its own `message_id`, or why it is not sent: its token was refused before, its
+    /// replaced) and whether its payload names its own `message_id`, or why it is not sent:
+    /// its token was refused before, its
     /// payload is invalid (checked against every rule of FCM with `validating`), its time to
     /// live has passed (`EXPIRED`), or it was sent before and is older than `maximumAge`
     /// (`--retry-max-age`, `RETRY_MAX_AGE`). `maximumAge` limits retries only: a row never
