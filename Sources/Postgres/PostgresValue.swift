@@ -72,26 +72,16 @@ public enum PostgresValue: Sendable, Equatable {
     private static func arrayLiteral(_ values: [PostgresValue]) -> String {
         var literal: [UInt8] = [UInt8(ascii: "{")]
         literal.reserveCapacity(values.count * 24)
-        // Each element read where it lies (enumerated, each was copied out first).
-        values.withUnsafeBufferPointer { buffer in
-            for index in buffer.indices {
-                if index > 0 { literal.append(UInt8(ascii: ",")) }
-                switch buffer[index] {
-                case .int(let number):
-                    // An integer needs neither quotes nor a String of its own (arrays of ids
-                    // are most of what the outbox's write-back sends).
-                    appendDecimal(number, to: &literal)
-                case .text(let text), .jsonb(let text):
-                    appendQuotedElement(text, to: &literal)
-                case .null:
-                    literal.append(contentsOf: "NULL".utf8)
-                default:
-                    guard let text = buffer[index].textEncoding else {
-                        literal.append(contentsOf: "NULL".utf8)
-                        continue
-                    }
-                    appendQuotedElement(text, to: &literal)
-                }
+        for (index, value) in values.enumerated() {
+            if index > 0 { literal.append(UInt8(ascii: ",")) }
+            // An integer needs neither quotes nor a String of its own (arrays of ids are
+            // most of what the outbox's write-back sends).
+            if case .int(let number) = value {
+                appendDecimal(number, to: &literal)
+            } else if let text = value.textEncoding {
+                appendQuotedElement(text, to: &literal)
+            } else {
+                literal.append(contentsOf: "NULL".utf8)
             }
         }
         literal.append(UInt8(ascii: "}"))
