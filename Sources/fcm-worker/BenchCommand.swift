@@ -102,7 +102,7 @@ enum BenchCommand {
             settings.transport = text
         },
         CommandOption("--reference", placeholder: "N", default: "100000",
-                      help: "upstream messages stored before each run, whose CPU per message the run is compared with (0: none)") { settings, text throws(ConfigurationError) in
+                      help: "upstream messages stored before the first run and after each run; a run's CPU per message is compared with the mean of the two on either side of it (0: none)") { settings, text throws(ConfigurationError) in
             guard let number = Int(text), number >= 0 else { throw ConfigurationError("bench: --reference takes a whole number") }
             settings.reference = number
         },

@@ -1,3 +1,4 @@
+import Benchmarks
 import Foundation
 import Outbox
 import Postgres
@@ -34,7 +35,8 @@ struct DownstreamBench {
     let runs: [Run]
     /// Each run sends about this many seconds' worth of its bound.
     let seconds: Int
-    /// Upstream messages stored before each run, as the reference of its CPU ratios (0: none).
+    /// Upstream messages stored before the first run and after each, as the references of
+    /// the runs' CPU ratios (0: none).
     let referenceMessages: Int
     /// Rows of the HTTP multicast run, each to `multicastTokens` tokens (0: no such run).
     let multicastRows: Int
@@ -49,73 +51,117 @@ struct DownstreamBench {
         say("fcm-worker bench downstream: \(runs.count) run(s) of about \(seconds) s, "
               + "\(ProcessInfo.processInfo.activeProcessorCount) cores; simulator in its own process, TLS on loopback")
         try await BenchDatabase.withSchema(in: databaseURL) { url in
-            // The reference is measured again right before each run: the machine's speed
-            // drifts over minutes, and a ratio should compare like with like.
-            for run in runs { try await report(run, url: url, reference: try await reference(url: url)) }
-            if multicastRows > 0 { try await reportMulticast(url: url, reference: try await reference(url: url)) }
-            if statementRows > 0 { try await reportDatabaseCost(url: url, reference: try await reference(url: url)) }
+            // Each run is compared with the references measured right before and right after
+            // it (`ReferenceBracket`): the machine's speed drifts within minutes, and a
+            // ratio should compare like with like. A run's after is the next run's before.
+            var before = try await reference(url: url)
+            func bracket() async throws -> ReferenceBracket? {
+                let after = try await reference(url: url)
+                defer { before = after }
+                guard let first = before, let second = after else { return nil }
+                return ReferenceBracket(before: first, after: second)
+            }
+            for run in runs {
+                let comparisons = try await report(run, url: url)
+                compare(comparisons, with: try await bracket())
+            }
+            if multicastRows > 0 {
+                let comparison = try await reportMulticast(url: url)
+                compare([comparison], with: try await bracket())
+            }
+            if statementRows > 0 {
+                let costs = try await measureDatabaseCost(url: url)
+                reportDatabaseCost(costs, against: try await bracket())
+            }
         }
         say("peak RSS of the worker process: \(BenchDatabase.peakResidentMegabytes()) MB")
     }
 
     /// Stores `referenceMessages` upstream messages and prints what one cost (nil when off).
-    private func reference(url: String) async throws -> CPUReference? {
+    private func reference(url: String) async throws -> ReferenceBracket.Cost? {
         guard referenceMessages > 0 else { return nil }
         let measured = try await UpstreamBench.storeReference(url: url, messages: referenceMessages)
         say(String(format: "reference: %d upstream messages stored (immediate mode, 4 connections), %.0f msgs/s; "
                        + "CPU per stored message: worker %.1f µs, PostgreSQL %@",
                    measured.messages, measured.persistedPerSecond, measured.spent.worker,
                    measured.spent.postgres.map { String(format: "%.1f µs", $0) } ?? "not measured"))
-        return measured
+        return ReferenceBracket.Cost(worker: measured.spent.worker, postgres: measured.spent.postgres)
+    }
+
+    /// A measured run's CPU, to be set against the references around it once the one after
+    /// it is measured.
+    private struct Comparison {
+        /// What the line names first (`v1 over HTTP/2`), when a run printed more than one.
+        var label: String?
+        let result: Result
+        let units: Int
+        let unit: String
     }
 
     /// HTTP multicast rows of `multicastTokens` tokens each: what a token costs.
-    private func reportMulticast(url: String, reference: CPUReference?) async throws {
+    private func reportMulticast(url: String) async throws -> Comparison {
         let tokens = multicastRows * multicastTokens
         let result = try await measure(connections: 1, rows: multicastRows, tokensPerRow: multicastTokens, url: url)
         say(String(format: "HTTP multicast: %d rows of %d tokens, %.0f tokens/s", multicastRows, multicastTokens,
                    Double(tokens) / result.ackSeconds))
         say("  " + CPUAccount.describe(from: result.before, to: result.after, messages: tokens,
                                        cores: ProcessInfo.processInfo.activeProcessorCount).replacingOccurrences(of: "per message", with: "per token"))
-        compare(result, units: tokens, unit: "token", with: reference)
+        return Comparison(result: result, units: tokens, unit: "token")
     }
 
-    /// What the outbox's statements cost PostgreSQL alone, without the sending, against a
-    /// stored upstream message: the worker's claim and write-back, the two least costs of
-    /// any outbox that keeps each row's status in its row, and reading the rows as a claim does.
-    private func reportDatabaseCost(url: String, reference: CPUReference?) async throws {
+    /// What the outbox's statements cost PostgreSQL alone, without the sending: the worker's
+    /// claim and write-back, the two least costs of any outbox that keeps each row's status
+    /// in its row, and reading the rows as a claim does. PostgreSQL's CPU per row of each
+    /// step (nil when the cluster is not local).
+    private func measureDatabaseCost(url: String) async throws -> [(step: OutboxDatabaseCost, micros: Double?)] {
         let cpu = await CPUAccount.locate(databaseURL: url)
-        say("the outbox's statements alone (\(statementRows) rows, \(OutboxDatabaseCost.batch)-row transactions, "
-              + "one connection, nothing sent), PostgreSQL's CPU per row:")
+        var costs: [(step: OutboxDatabaseCost, micros: Double?)] = []
         for step in OutboxDatabaseCost.allCases {
             try await OutboxDatabaseCost.prepare(rows: statementRows, databaseURL: url)
             let before = cpu.sample()
             let rows = try await step.run(databaseURL: url)
             let after = cpu.sample()
-            guard let micros = CPUAccount.Spent(from: before, to: after, units: rows).postgres else {
+            costs.append((step, CPUAccount.Spent(from: before, to: after, units: rows).postgres))
+        }
+        return costs
+    }
+
+    /// Prints `costs`, each against PostgreSQL's CPU per stored upstream message in `bracket`.
+    private func reportDatabaseCost(_ costs: [(step: OutboxDatabaseCost, micros: Double?)], against bracket: ReferenceBracket?) {
+        say("the outbox's statements alone (\(statementRows) rows, \(OutboxDatabaseCost.batch)-row transactions, "
+              + "one connection, nothing sent), PostgreSQL's CPU per row:")
+        for (step, micros) in costs {
+            guard let micros else {
                 say("  \(step): PostgreSQL not measured (not a local cluster)")
                 continue
             }
             var line = String(format: "  %@: %.1f µs", step.description, micros)
-            if let stored = reference?.spent.postgres { line += String(format: " = %.2f× a stored upstream message", micros / stored) }
+            if let stored = bracket?.mean.postgres { line += String(format: " = %.2f× a stored upstream message", micros / stored) }
             say(line)
         }
+        if let bracket { say("  (stored upstream messages before and after: \(bracket.drift))") }
     }
 
-    /// "per token against a stored upstream message: worker …, PostgreSQL …".
-    private func compare(_ result: Result, units: Int, unit: String, with reference: CPUReference?) {
-        guard let stored = reference?.spent else { return }
-        let spent = CPUAccount.Spent(from: result.before, to: result.after, units: units)
-        var line = String(format: "  per %@ against a stored upstream message: worker %.1f / %.1f µs = %.2f×",
-                          unit, spent.worker, stored.worker, spent.worker / stored.worker)
-        if let postgres = spent.postgres, let storedPostgres = stored.postgres {
-            line += String(format: ", PostgreSQL %.2f / %.1f µs = %.2f×", postgres, storedPostgres, postgres / storedPostgres)
+    /// "per token against a stored upstream message: worker …, PostgreSQL …", against the
+    /// mean of the references before and after the run, then how far they moved.
+    private func compare(_ comparisons: [Comparison], with bracket: ReferenceBracket?) {
+        guard let bracket else { return }
+        let stored = bracket.mean
+        for comparison in comparisons {
+            let spent = CPUAccount.Spent(from: comparison.result.before, to: comparison.result.after, units: comparison.units)
+            var line = "  " + (comparison.label.map { "\($0), " } ?? "")
+            line += String(format: "per %@ against a stored upstream message: worker %.1f / %.1f µs = %.2f×",
+                           comparison.unit, spent.worker, stored.worker, spent.worker / stored.worker)
+            if let postgres = spent.postgres, let storedPostgres = stored.postgres {
+                line += String(format: ", PostgreSQL %.2f / %.1f µs = %.2f×", postgres, storedPostgres, postgres / storedPostgres)
+            }
+            say(line)
         }
-        say(line)
+        say("  (stored upstream messages before and after: \(bracket.drift))")
     }
 
-    private func report(_ run: Run, url: String, reference: CPUReference?) async throws {
-        if transport == "v1" { return try await reportV1(run, url: url, reference: reference) }
+    private func report(_ run: Run, url: String) async throws -> [Comparison] {
+        if transport == "v1" { return try await reportV1(run, url: url) }
         let messages = max(5_000, min(500_000, Int(run.bound) * seconds))
         let result = try await measure(connections: run.connections, roundTripMilliseconds: run.roundTripMilliseconds,
                                        rows: messages, url: url)
@@ -126,12 +172,12 @@ struct DownstreamBench {
         say("  " + CPUAccount.describe(from: result.before, to: result.after, messages: messages,
                                        cores: ProcessInfo.processInfo.activeProcessorCount))
         say("  " + result.database)
-        compare(result, units: messages, unit: "message", with: reference)
+        return [Comparison(result: result, units: messages, unit: "message")]
     }
 
     /// A run over v1 (`run.connections` HTTP/2 connections of 100 streams, the simulator
     /// answering after the run's latency), then the same over XMPP, and how they compare.
-    private func reportV1(_ run: Run, url: String, reference: CPUReference?) async throws {
+    private func reportV1(_ run: Run, url: String) async throws -> [Comparison] {
         let messages = max(5_000, min(500_000, Int(run.bound) * seconds))
         let v1 = try await measure(connections: run.connections, roundTripMilliseconds: run.roundTripMilliseconds, rows: messages,
                                    url: url, transport: "v1")
@@ -144,7 +190,6 @@ struct DownstreamBench {
                        result.p50 * 1000, result.p99 * 1000))
             say("  " + CPUAccount.describe(from: result.before, to: result.after, messages: messages, cores: cores))
             say("  " + result.database)
-            compare(result, units: messages, unit: "message", with: reference)
         }
         let v1Spent = CPUAccount.Spent(from: v1.before, to: v1.after, units: messages)
         let xmppSpent = CPUAccount.Spent(from: xmpp.before, to: xmpp.after, units: messages)
@@ -155,6 +200,8 @@ struct DownstreamBench {
                            (v1Spent.worker + v1Postgres) / (xmppSpent.worker + xmppPostgres))
         }
         say(line)
+        return [Comparison(label: "v1 over HTTP/2", result: v1, units: messages, unit: "message"),
+                Comparison(label: "xmpp", result: xmpp, units: messages, unit: "message")]
     }
 
     struct Result {
