@@ -4,11 +4,12 @@
 /// The stages are listed in stopping order: on shutdown the first stage's services are told
 /// to stop (their `stop` signal, not cancellation) and awaited, then the second stage's, and
 /// so on. Every service runs as a child task of the group's `run()`: cancelling that stops
-/// every service at once. A later stage keeps running
-/// while an earlier one winds down, which is the point: the worker's outbox stops
-/// claiming while its CCS connections are still read (their answers arrive), reading
-/// stops while the pipeline still commits, and the streams close last (after the acks of
-/// what committed). A service that throws requests shutdown for everyone; the first such
+/// every service at once, and each stage's `stop` is still requested only once the earlier
+/// stages have returned (a service may wait for it to know that they are done). A later
+/// stage keeps running while an earlier one winds down, which is the point: the worker's
+/// outbox stops claiming while its CCS connections are still read (their answers arrive),
+/// reading stops while the pipeline still commits, and the streams close last (after the
+/// acks of what committed). A service that throws requests shutdown for everyone; the first such
 /// error is rethrown once every stage has stopped.
 package struct ServiceGroup: Sendable {
     /// Services that stop together.

@@ -145,6 +145,14 @@ final class UpstreamPipeline: Sendable {
         }
     }
 
+    /// What was submitted after cancelled lanes gave up and returned what they held: a
+    /// producer still handing on then (a reading task draining its connection after the
+    /// same cancellation) finds its work accepted but no lane to take it. The caller takes
+    /// it once the producers are done, as it took `run()`'s leftovers.
+    func takeLate() -> [UpstreamWork] {
+        lanes.flatMap { remaining($0) }
+    }
+
     /// Everything the lane still holds: retries, queued work, and what producers wait to queue.
     private func remaining(_ lane: Lane) -> [UpstreamWork] {
         lane.retries.withLock { $0.takeAll() } + lane.queue.takeAll()

@@ -6,6 +6,11 @@ import Runtime
 /// (at once when the shutdown becomes urgent), abandons the rest (a transaction under way included) and writes what was
 /// acked but not committed to the spool, which the next start replays. Work whose ack
 /// waits for its commit (durable mode) is not spooled: CCS redelivers it.
+///
+/// Cancelled, its lanes give up at once, and the reading may still hand on what its
+/// connections received (acked already) after that. So the spool is written only once
+/// `stop` is requested, which the `ServiceGroup` does after the earlier stages (the reading)
+/// have returned, cancelled or not; what they handed on late is spooled with the rest.
 struct UpstreamPipelineService: Service {
     let pipeline: UpstreamPipeline
     let spool: Spool
@@ -22,7 +27,7 @@ struct UpstreamPipelineService: Service {
     func run(until stop: ShutdownSignal) async {
         // The lanes are stopped at once (cancelled) when the shutdown's deadline passes.
         let stopLanes = ShutdownSignal()
-        let leftovers = await withTaskGroup(of: [UpstreamWork]?.self) { group in
+        let lanesLeft = await withTaskGroup(of: [UpstreamWork]?.self) { group in
             group.addTask { [pipeline] in await cancellingOnRequest(stopLanes) { await pipeline.run() } }
             group.addTask { [shutdown, shutdownTimeout, logger, pipeline] in
                 await stop.wait()
@@ -42,6 +47,9 @@ struct UpstreamPipelineService: Service {
             }
             return leftovers
         }
+        // Not cancellable: the producers' end is what is waited for (at once when stopped).
+        await Task { await stop.wait() }.value
+        let leftovers = lanesLeft + pipeline.takeLate()
         guard !leftovers.isEmpty else { return }
         let acked = leftovers.filter(\.isAcked)
         let journaled = leftovers.count { $0.journalSegment != nil }

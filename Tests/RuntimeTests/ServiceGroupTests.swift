@@ -71,6 +71,43 @@ private struct Planned: Error {}
         #expect(Set(journal.all.filter { $0.hasPrefix("a stopped") || $0.hasPrefix("b stopped") }) == ["a stopped at once", "b stopped at once"])
     }
 
+    @Test func cancelledAStagesStopStillComesOnlyAfterTheStagesBeforeItReturned() async throws {
+        let journal = Journal()
+        let shutdown = ShutdownSignal()
+        // Cancelled, "a" still takes a while to return (as a reading task handing on what
+        // it holds); "b" waits for its stop regardless of the cancellation.
+        struct Slow: Service {
+            let journal: Journal
+            var name: String { "a" }
+            func run(until stop: ShutdownSignal) async {
+                journal.append("a started")
+                await stop.wait()
+                await Task { try? await Task.sleep(for: .milliseconds(100)) }.value
+                journal.append("a returned")
+            }
+        }
+        struct Waiting: Service {
+            let journal: Journal
+            var name: String { "b" }
+            func run(until stop: ShutdownSignal) async {
+                journal.append("b started")
+                await stop.wait()
+                journal.append(Task.isCancelled ? "b cancelled" : "b told to stop")
+                await Task { await stop.wait() }.value
+                journal.append("b stop requested")
+            }
+        }
+        let group = ServiceGroup(stages: [.init("first", [Slow(journal: journal)]), .init("second", [Waiting(journal: journal)])],
+                                 shutdown: shutdown, logger: quiet())
+        let running = Task { try await group.run() }
+        while journal.all.filter({ $0.hasSuffix("started") }).count < 2 { await Task.yield() }
+        running.cancel()
+        try await running.value
+        let order = journal.all
+        #expect(order.contains("b cancelled"))
+        #expect((order.firstIndex(of: "a returned") ?? .max) < (order.firstIndex(of: "b stop requested") ?? -1), "\(order)")
+    }
+
     @Test func aPartRunUnderASignalIsCancelledWhenItIsRequestedAndItsResultKept() async {
         let stop = ShutdownSignal()
         let started = ShutdownSignal()
