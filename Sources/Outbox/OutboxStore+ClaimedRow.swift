@@ -12,12 +12,12 @@ extension OutboxStore.ClaimedRow {
 
     /// The row with the message it describes (to the canonical token if its target was
     /// replaced) and whether its payload names its own `message_id`, or why it is not sent:
-    /// its token was refused before, its
-    /// payload is invalid (checked against every rule of FCM with `validating`), its time to
-    /// live has passed (`EXPIRED`), or it was sent before and is older than `maximumAge`
-    /// (`--retry-max-age`, `RETRY_MAX_AGE`). `maximumAge` limits retries only: a row never
-    /// sent (a backlog after a long outage) gets its first attempt while its time to live
-    /// lasts, and `time_to_live: 0` ("now or never") gets its first attempt too.
+    /// its token was refused before, its payload is invalid (checked against every rule of
+    /// FCM with `validating`), its time to live has passed (`EXPIRED`), or it was sent before
+    /// and is older than `maximumAge` (`--retry-max-age`, `RETRY_MAX_AGE`). `maximumAge`
+    /// limits retries only: a row never sent (a backlog after a long outage) gets its first
+    /// attempt while its time to live lasts, and `time_to_live: 0` ("now or never") gets its
+    /// first attempt too.
     /// A `ClaimedMessage` rather than a tuple: a tuple inside a `Result` is copied through
     /// value witnesses looked up at run time.
     package func claimedMessage(id messageID: String, validating: Bool, maximumAge: Duration,

@@ -176,6 +176,10 @@ public final class BoundedQueue<Element: Sendable>: Sendable {
     /// True once `close()` was called.
     @inlinable package var isClosed: Bool { state.withLock { $0.closed } }
 
+    /// True once `takeAll()` emptied it: what is pushed after that is accepted without
+    /// waiting, and only another `takeAll()` takes it.
+    @inlinable package var isDrained: Bool { state.withLock { $0.drained } }
+
     /// Number of queued items (including those producers hold while waiting for room).
     @inlinable package var count: Int { state.withLock { $0.items.count + $0.held.count } }
 

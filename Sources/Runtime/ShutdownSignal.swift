@@ -79,6 +79,14 @@ package final class ShutdownSignal: Sendable {
         await state.suspend(in: \.sleepers, cancelled: ()) { $0.requested ? () : nil }
     }
 
+    /// Waits until shutdown is requested, even in a cancelled task: for a part that must not
+    /// go on before the request comes (the wait ends only then).
+    package func waitIgnoringCancellation() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            onRequest { continuation.resume() }
+        }
+    }
+
     /// Waits until the shutdown is urgent, or the task is cancelled.
     package func waitUntilUrgent() async {
         await state.suspend(in: \.urgentSleepers, cancelled: ()) { $0.urgent ? () : nil }

@@ -91,6 +91,10 @@ final class UpstreamPipeline: Sendable {
         }
     }
 
+    /// True once every lane gave up (`run()` cancelled, what they held returned): from then
+    /// on only `takeLate()` takes what is submitted.
+    var hasGivenUp: Bool { lanes.allSatisfy { $0.queue.isDrained } }
+
     /// Work queued or waiting for a retry, across lanes.
     var backlog: Int { lanes.reduce(0) { $0 + $1.queue.count + $1.retries.withLock { $0.count } } }
 

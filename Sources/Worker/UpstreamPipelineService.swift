@@ -47,8 +47,8 @@ struct UpstreamPipelineService: Service {
             }
             return leftovers
         }
-        // Not cancellable: the producers' end is what is waited for (at once when stopped).
-        await Task { await stop.wait() }.value
+        // Also when cancelled: the producers' end is what is waited for (at once when stopped).
+        await stop.waitIgnoringCancellation()
         let leftovers = lanesLeft + pipeline.takeLate()
         guard !leftovers.isEmpty else { return }
         let acked = leftovers.filter(\.isAcked)

@@ -10,8 +10,8 @@ private struct IgnoringHandler: UpstreamHandler {
     func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws {}
 }
 
-/// A reading stage as a cancelled worker's is: it hands `early` on while running, and
-/// `late` once cancelled, after the pipeline's lanes have given up (a reading task still
+/// A reading stage as a cancelled worker's can be: it hands `early` on while running, and
+/// `late` once cancelled and the pipeline's lanes have given up (a reading task still
 /// handing on what its connection had received and acked).
 private struct LateReading: Service {
     let pipeline: UpstreamPipeline
@@ -22,8 +22,7 @@ private struct LateReading: Service {
     func run(until stop: ShutdownSignal) async {
         await pipeline.submit(early)
         await stop.wait()
-        // Not cancellable: this stands for the reading task's own slowness.
-        await Task { try? await Task.sleep(for: .milliseconds(300)) }.value
+        while !pipeline.hasGivenUp { await Task.yield() }
         await pipeline.submit(late)
     }
 }

@@ -74,15 +74,15 @@ private struct Planned: Error {}
     @Test func cancelledAStagesStopStillComesOnlyAfterTheStagesBeforeItReturned() async throws {
         let journal = Journal()
         let shutdown = ShutdownSignal()
-        // Cancelled, "a" still takes a while to return (as a reading task handing on what
-        // it holds); "b" waits for its stop regardless of the cancellation.
-        struct Slow: Service {
+        // Cancelled, "a" returns only once "b" waits for its stop regardless of the
+        // cancellation (as a reading task still handing on what it holds would).
+        struct Lingering: Service {
             let journal: Journal
             var name: String { "a" }
             func run(until stop: ShutdownSignal) async {
                 journal.append("a started")
                 await stop.wait()
-                await Task { try? await Task.sleep(for: .milliseconds(100)) }.value
+                while !journal.all.contains("b cancelled") { await Task.yield() }
                 journal.append("a returned")
             }
         }
@@ -93,11 +93,11 @@ private struct Planned: Error {}
                 journal.append("b started")
                 await stop.wait()
                 journal.append(Task.isCancelled ? "b cancelled" : "b told to stop")
-                await Task { await stop.wait() }.value
+                await stop.waitIgnoringCancellation()
                 journal.append("b stop requested")
             }
         }
-        let group = ServiceGroup(stages: [.init("first", [Slow(journal: journal)]), .init("second", [Waiting(journal: journal)])],
+        let group = ServiceGroup(stages: [.init("first", [Lingering(journal: journal)]), .init("second", [Waiting(journal: journal)])],
                                  shutdown: shutdown, logger: quiet())
         let running = Task { try await group.run() }
         while journal.all.filter({ $0.hasSuffix("started") }).count < 2 { await Task.yield() }
