@@ -24,14 +24,17 @@ final class FaultProxy: Sendable {
         var mode = Mode.pass
         /// Connections whose bytes are held (open when a stall began).
         var stalled: Set<Int> = []
-        var open: [Int: (client: Int32, server: Int32)] = [:]
+        var open: [Int: (client: OwnedSocket, server: OwnedSocket)] = [:]
         var nextID = 0
         var stopped = false
         var accepted = 0
+        /// The listening socket until `stop()` (the accept loop holds it while it runs).
+        var listener: OwnedSocket?
+        /// Called by `cut()` between taking the open connections and shutting them down.
+        var cutTookConnections: (@Sendable () -> Void)?
     }
 
     let port: Int
-    private let listener: Int32
     private let targetPort: Int
     private let state = BlockingLock(State())
 
@@ -39,6 +42,7 @@ final class FaultProxy: Sendable {
         self.targetPort = targetPort
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw ProxyError("socket: \(String(cString: strerror(errno)))") }
+        let listener = OwnedSocket(fd)
         var one: Int32 = 1
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
         var address = sockaddr_in()
@@ -53,9 +57,9 @@ final class FaultProxy: Sendable {
         _ = withUnsafeMutablePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
         }
-        listener = fd
         port = Int(UInt16(bigEndian: address.sin_port))
-        let thread = Thread { [self] in acceptLoop() }
+        state.withLock { $0.listener = listener }
+        let thread = Thread { [self] in acceptLoop(on: listener) }
         thread.name = "fault proxy"
         thread.start()
     }
@@ -73,24 +77,44 @@ final class FaultProxy: Sendable {
     }
 
     /// Closes every open connection at once (both sides see the connection drop).
+    ///
+    /// The sockets are shut down through the references taken here, which keep them open
+    /// until this is done: a connection whose forwarding ends meanwhile closes its sockets
+    /// only afterwards, so the shutdown never reaches a descriptor number the process has
+    /// given to another socket since (another test's PostgreSQL connection, say).
     func cut() {
-        let open = state.withLock { state -> [(Int32, Int32)] in
+        let (open, tookConnections) = state.withLock { state in
             defer { state.stalled.removeAll() }
-            return Array(state.open.values.map { ($0.client, $0.server) })
+            return (Array(state.open.values), state.cutTookConnections)
         }
+        tookConnections?()
         for (client, server) in open {
-            shutdown(client, Int32(SHUT_RDWR))
-            shutdown(server, Int32(SHUT_RDWR))
+            client.shutDown()
+            server.shutDown()
         }
     }
 
     /// Connections accepted so far.
     var acceptedCount: Int { state.withLock { $0.accepted } }
 
+    /// Connections being forwarded now.
+    var openCount: Int { state.withLock { $0.open.count } }
+
+    /// Runs `body` in each later `cut()` after it took the open connections and before it
+    /// shuts them down (for the proxy's own tests).
+    func whenCutTookConnections(_ body: @escaping @Sendable () -> Void) {
+        state.withLock { $0.cutTookConnections = body }
+    }
+
+    /// Stops accepting and cuts every open connection. The listening socket closes once the
+    /// accept loop has let go of it, so that loop never accepts on a reused number.
     func stop() {
-        state.withLock { $0.stopped = true }
-        shutdown(listener, Int32(SHUT_RDWR))
-        close(listener)
+        let listener = state.withLock { state -> OwnedSocket? in
+            state.stopped = true
+            defer { state.listener = nil }
+            return state.listener
+        }
+        listener?.shutDown()
         cut()
     }
 
@@ -99,56 +123,50 @@ final class FaultProxy: Sendable {
         url.replacingOccurrences(of: ":\(targetPort)/", with: ":\(port)/")
     }
 
-    private func acceptLoop() {
+    private func acceptLoop(on listener: OwnedSocket) {
         while true {
-            let client = accept(listener, nil, nil)
-            if client < 0 {
+            let accepted = accept(listener.fd, nil, nil)
+            if accepted < 0 {
                 if errno == EINTR { continue }
                 return
             }
+            let client = OwnedSocket(accepted)
             let (mode, stopped) = state.withLock { state -> (Mode, Bool) in
                 state.accepted += 1
                 return (state.mode, state.stopped)
             }
-            if stopped || mode == .refuse {
-                close(client)
-                if stopped { return }
-                continue
-            }
-            let server = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            if stopped { return }
+            if mode == .refuse { continue }
+            let server = OwnedSocket(socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0))
             var address = sockaddr_in()
             address.sin_family = sa_family_t(AF_INET)
             address.sin_addr.s_addr = inet_addr("127.0.0.1")
             address.sin_port = UInt16(targetPort).bigEndian
             let connected = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(server, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(server.fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
             }
-            guard connected == 0 else {
-                close(client)
-                close(server)
-                continue
-            }
+            guard connected == 0 else { continue }
             let id = state.withLock { state -> Int in
                 state.nextID += 1
                 state.open[state.nextID] = (client, server)
                 if case .stall(newConnectionsWork: false) = state.mode { state.stalled.insert(state.nextID) }
                 return state.nextID
             }
-            let thread = Thread { [self] in forward(id: id, client: client, server: server) }
+            let thread = Thread { [self] in forward(id: id, client: client.fd, server: server.fd, keeping: (client, server)) }
             thread.name = "fault proxy connection"
             thread.start()
         }
     }
 
-    /// Copies bytes both ways until either side closes; while stalled, holds them.
-    private func forward(id: Int, client: Int32, server: Int32) {
+    /// Copies bytes both ways until either side closes; while stalled, holds them. The
+    /// sockets close when the last of this and a `cut()` under way lets go of `sockets`.
+    private func forward(id: Int, client: Int32, server: Int32, keeping sockets: (OwnedSocket, OwnedSocket)) {
         defer {
             state.withLock { state in
                 state.open[id] = nil
                 state.stalled.remove(id)
             }
-            close(client)
-            close(server)
+            withExtendedLifetime(sockets) {}
         }
         var buffer = [UInt8](repeating: 0, count: 64 * 1024)
         while true {
@@ -183,6 +201,18 @@ final class FaultProxy: Sendable {
 extension FaultProxy {
     /// POLLRDHUP (Linux): the peer closed its side.
     fileprivate static let peerClosed = Int16(0x2000)
+}
+
+/// A socket descriptor closed when its last reference goes: whoever holds one can shut
+/// it down without racing the thread that finishes with it.
+private final class OwnedSocket: Sendable {
+    let fd: Int32
+
+    init(_ fd: Int32) { self.fd = fd }
+
+    deinit { if fd >= 0 { close(fd) } }
+
+    func shutDown() { _ = shutdown(fd, Int32(SHUT_RDWR)) }
 }
 
 struct ProxyError: Error, CustomStringConvertible {
