@@ -203,18 +203,6 @@ extension FaultProxy {
     fileprivate static let peerClosed = Int16(0x2000)
 }
 
-/// A socket descriptor closed when its last reference goes: whoever holds one can shut
-/// it down without racing the thread that finishes with it.
-private final class OwnedSocket: Sendable {
-    let fd: Int32
-
-    init(_ fd: Int32) { self.fd = fd }
-
-    deinit { if fd >= 0 { close(fd) } }
-
-    func shutDown() { _ = shutdown(fd, Int32(SHUT_RDWR)) }
-}
-
 struct ProxyError: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }

@@ -13,7 +13,9 @@ import Glibc
 final class TestHTTPServer: Sendable {
     let authority: CertificateAuthority
     let port: Int
-    private let listenFD: Int32
+    /// The listening socket until `stop()`; the accept thread holds it while it runs, so it
+    /// never accepts on a number the process has given to another socket since.
+    private let listener: BlockingLock<OwnedSocket?>
     private let stopped = AtomicFlag(false)
     private let counts = BlockingLock((connections: 0, requests: [HTTPServerRequest]()))
 
@@ -21,12 +23,13 @@ final class TestHTTPServer: Sendable {
          handler: @escaping @Sendable (HTTPServerRequest, Int) -> HTTPServerAction) throws {
         authority = try CertificateAuthority()
         let context = try TLSContext.server(identity: try authority.issueServerIdentity(), offersHTTP2: offersHTTP2)
-        let listener = try TCPListener.open(host: "127.0.0.1", port: 0, nonBlocking: false)
-        (listenFD, port) = (listener.fd, listener.port)
-        let (fd, counts, stopped) = (listenFD, counts, stopped)
+        let bound = try TCPListener.open(host: "127.0.0.1", port: 0, nonBlocking: false)
+        let socket = OwnedSocket(bound.fd)
+        (listener, port) = (BlockingLock(socket), bound.port)
+        let (counts, stopped) = (counts, stopped)
         let thread = Thread {
             while !stopped.value {
-                let accepted = accept(fd, nil, nil)
+                let accepted = accept(socket.fd, nil, nil)
                 guard accepted >= 0 else { if errno == EINTR { continue }; return }
                 let connection = counts.withLock { counts -> Int in
                     counts.connections += 1
@@ -46,10 +49,13 @@ final class TestHTTPServer: Sendable {
         thread.start()
     }
 
+    /// Stops accepting; the listening socket closes once the accept thread has ended.
     func stop() {
         stopped.value = true
-        shutdown(listenFD, Int32(SHUT_RDWR))
-        close(listenFD)
+        listener.withLock { listener in
+            defer { listener = nil }
+            return listener
+        }?.shutDown()
     }
 
     var connections: Int { counts.withLock { $0.connections } }
