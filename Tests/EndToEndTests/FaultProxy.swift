@@ -1,6 +1,7 @@
 import Runtime
 import Foundation
 import Synchronization
+import Transport
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -40,24 +41,9 @@ final class FaultProxy: Sendable {
 
     init(targetPort: Int) throws {
         self.targetPort = targetPort
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw ProxyError("socket: \(String(cString: strerror(errno)))") }
-        let listener = OwnedSocket(fd)
-        var one: Int32 = 1
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        address.sin_port = 0
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard bound == 0, listen(fd, 128) == 0 else { throw ProxyError("bind/listen: \(String(cString: strerror(errno)))") }
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
-        }
-        port = Int(UInt16(bigEndian: address.sin_port))
+        let bound = try TCPListener.open(host: "127.0.0.1", port: 0, nonBlocking: false, backlog: 128)
+        let listener = OwnedSocket(bound.fd)
+        port = bound.port
         state.withLock { $0.listener = listener }
         let thread = Thread { [self] in acceptLoop(on: listener) }
         thread.name = "fault proxy"
@@ -152,21 +138,22 @@ final class FaultProxy: Sendable {
                 if case .stall(newConnectionsWork: false) = state.mode { state.stalled.insert(state.nextID) }
                 return state.nextID
             }
-            let thread = Thread { [self] in forward(id: id, client: client.fd, server: server.fd, keeping: (client, server)) }
+            let thread = Thread { [self] in forward(id: id, client: client, server: server) }
             thread.name = "fault proxy connection"
             thread.start()
         }
     }
 
     /// Copies bytes both ways until either side closes; while stalled, holds them. The
-    /// sockets close when the last of this and a `cut()` under way lets go of `sockets`.
-    private func forward(id: Int, client: Int32, server: Int32, keeping sockets: (OwnedSocket, OwnedSocket)) {
+    /// sockets close when the last of this and a `cut()` under way lets go of them.
+    private func forward(id: Int, client clientSocket: OwnedSocket, server serverSocket: OwnedSocket) {
+        let (client, server) = (clientSocket.fd, serverSocket.fd)
         defer {
             state.withLock { state in
                 state.open[id] = nil
                 state.stalled.remove(id)
             }
-            withExtendedLifetime(sockets) {}
+            withExtendedLifetime((clientSocket, serverSocket)) {}
         }
         var buffer = [UInt8](repeating: 0, count: 64 * 1024)
         while true {

@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import Testing
+import Transport
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -73,40 +74,24 @@ private func waitBlocking(_ what: String, _ condition: () -> Bool) throws {
 
 /// A listening TCP socket on 127.0.0.1 and an ephemeral port, for the proxy to forward to.
 private final class LoopbackListener {
-    let fd: Int32
+    let socket: OwnedSocket
     let port: Int
 
     init() throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw ProxyError("socket: \(String(cString: strerror(errno)))") }
-        var address = Self.loopback(port: 0)
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard bound == 0, listen(fd, 16) == 0 else {
-            close(fd)
-            throw ProxyError("bind/listen: \(String(cString: strerror(errno)))")
-        }
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
-        }
-        self.fd = fd
-        port = Int(UInt16(bigEndian: address.sin_port))
+        let bound = try TCPListener.open(host: "127.0.0.1", port: 0, nonBlocking: false)
+        (socket, port) = (OwnedSocket(bound.fd), bound.port)
     }
-
-    deinit { close(fd) }
 
     /// The next connection (blocking).
     func accept() throws -> Int32 {
-        let connection = Glibc.accept(fd, nil, nil)
+        let connection = Glibc.accept(socket.fd, nil, nil)
         guard connection >= 0 else { throw ProxyError("accept: \(String(cString: strerror(errno)))") }
         return connection
     }
 
     /// A connected socket to 127.0.0.1:`port` (blocking).
     static func connect(to port: Int) throws -> Int32 {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let fd = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw ProxyError("socket: \(String(cString: strerror(errno)))") }
         var address = loopback(port: port)
         let connected = withUnsafePointer(to: &address) {
