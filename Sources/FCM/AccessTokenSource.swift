@@ -7,6 +7,12 @@ import Transport
 /// wait for it, refreshed once less than `refreshAhead` of it is left (callers go on with
 /// the current one meanwhile), and at once after FCM refused it (`invalidate`).
 ///
+/// The token endpoint is treated as google-auth treats it: a 408, a 429, a 5xx, a 400 whose
+/// `error` is `internal_failure`, `server_error` or `temporarily_unavailable`, and a
+/// connection that fails are transient, tried again within one fetch (`retryDelays`, with
+/// jitter) and then reported as `unreachable`; only the other refusals (`invalid_grant`,
+/// `invalid_client`, `unauthorized_client`, a key that cannot sign) are `refused`.
+///
 /// Neither the key nor a token is ever logged or part of an error's description.
 public final class AccessTokenSource: Sendable {
     /// Why no token could be had.
@@ -39,6 +45,11 @@ public final class AccessTokenSource: Sendable {
 
     /// How long before expiry a token is replaced.
     public let refreshAhead: Duration
+    /// The waits before the second and later tries of one fetch after a transient failure
+    /// (google-auth tries three times); each is stretched by up to a quarter at random.
+    public let retryDelays: [Duration]
+    /// The `error` values of a 400 that google-auth retries.
+    public static let transientErrors: Set<String> = ["internal_failure", "server_error", "temporarily_unavailable"]
     private let file: ServiceAccountFile?
     private let fixed: ServiceAccount?
     private let trust: TLSTrust
@@ -48,20 +59,24 @@ public final class AccessTokenSource: Sendable {
 
     /// Tokens for `account`.
     /// - Parameter trust: how the token endpoint's certificate is verified.
-    public init(account: ServiceAccount, trust: TLSTrust, refreshAhead: Duration = .seconds(300)) {
+    public init(account: ServiceAccount, trust: TLSTrust, refreshAhead: Duration = .seconds(300),
+                retryDelays: [Duration] = [.seconds(1), .seconds(2)]) {
         self.fixed = account
         self.file = nil
         self.trust = trust
         self.refreshAhead = refreshAhead
+        self.retryDelays = retryDelays
     }
 
     /// Tokens for the account `file` holds when each is fetched (a key rotated by
     /// replacing the file is used from the next token on).
-    public init(file: ServiceAccountFile, trust: TLSTrust, refreshAhead: Duration = .seconds(300)) {
+    public init(file: ServiceAccountFile, trust: TLSTrust, refreshAhead: Duration = .seconds(300),
+                retryDelays: [Duration] = [.seconds(1), .seconds(2)]) {
         self.fixed = nil
         self.file = file
         self.trust = trust
         self.refreshAhead = refreshAhead
+        self.retryDelays = retryDelays
     }
 
     /// The account last used.
@@ -112,6 +127,19 @@ public final class AccessTokenSource: Sendable {
         }
     }
 
+    /// The account as its key file holds it now (read again if it changed), nil when the
+    /// changed file cannot be used.
+    public func currentAccount() -> ServiceAccount? {
+        if let fixed { return fixed }
+        return try? file!.current()
+    }
+
+    /// Drops the current token whatever it is: the next call fetches one (reading the key
+    /// file again).
+    public func invalidateAll() {
+        state.withLock { $0.current = nil }
+    }
+
     /// FCM refused `token` (401): the next call fetches a new one.
     public func invalidate(_ token: String) {
         state.withLock { state in
@@ -136,7 +164,21 @@ public final class AccessTokenSource: Sendable {
         return (client, path)
     }
 
+    /// One fetch: tried again after each transient failure while `retryDelays` last.
     private func fetch() async throws -> Token {
+        var delays = retryDelays[...]
+        while true {
+            do {
+                return try await fetchOnce()
+            } catch Failure.unreachable(let reason) {
+                guard let delay = delays.popFirst() else { throw Failure.unreachable(reason) }
+                let stretch = Double.random(in: 0...0.25)
+                try await Task.sleep(for: delay + delay * stretch)
+            }
+        }
+    }
+
+    private func fetchOnce() async throws -> Token {
         let account: ServiceAccount
         let assertion: String
         do {
@@ -162,7 +204,7 @@ public final class AccessTokenSource: Sendable {
         guard response.status == 200 else {
             let error = answer?["error"]?.stringValue ?? "HTTP \(response.status)"
             let detail = answer?["error_description"]?.stringValue.map { ": \($0)" } ?? ""
-            if (400..<500).contains(response.status) && response.status != 429 {
+            if Self.isRefusal(status: response.status, error: answer?["error"]?.stringValue) {
                 throw Failure.refused("\(error)\(detail)")
             }
             throw Failure.unreachable("\(account.tokenURI) answered \(response.status) (\(error)\(detail))")
@@ -172,6 +214,13 @@ public final class AccessTokenSource: Sendable {
             throw Failure.unreachable("\(account.tokenURI) answered without access_token and expires_in")
         }
         return Token(value: value, expiresAt: started + .seconds(seconds))
+    }
+
+    /// True when the token endpoint's answer refuses the grant for good (google-auth's
+    /// rule): a 4xx other than 408 and 429, unless its `error` is a transient one.
+    public static func isRefusal(status: Int, error: String?) -> Bool {
+        guard (400..<500).contains(status), status != 408, status != 429 else { return false }
+        return !transientErrors.contains(error ?? "")
     }
 
     /// `application/x-www-form-urlencoded` escaping.

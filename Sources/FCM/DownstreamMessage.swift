@@ -101,9 +101,25 @@ public struct DownstreamMessage: Sendable, Equatable {
     /// True for messages to a topic or a condition (the smaller payload limit applies).
     public var isTopicMessage: Bool { condition != nil || to?.hasPrefix("/topics/") == true }
 
-    /// Checks every rule of section 3.
+    /// Which `data` keys a send refuses.
+    public enum DataKeyRule: Sendable {
+        /// The legacy APIs' (CCS, legacy HTTP): FCM's own keys and every option's name.
+        case legacy
+        /// HTTP v1's: `from`, `message_type` and keys starting with `google` or `gcm` only
+        /// (an option's name, such as `priority` or `collapse_key`, is an ordinary key there).
+        case v1
+    }
+
+    /// True for a `data` key HTTP v1 keeps for itself: empty, `from`, `message_type`, or
+    /// starting with `google` or `gcm`, in any case.
+    public static func isReservedV1DataKey(_ key: String) -> Bool {
+        let lower = key.lowercased()
+        return key.isEmpty || lower == "from" || lower == "message_type" || lower.hasPrefix("google") || lower.hasPrefix("gcm")
+    }
+
+    /// Checks every rule of section 3 (`dataKeys`: whose reserved `data` keys apply).
     /// - Throws: `DownstreamValidationError` naming the first offending field.
-    public func validate() throws(DownstreamValidationError) {
+    public func validate(dataKeys: DataKeyRule = .legacy) throws(DownstreamValidationError) {
         switch (to, condition) {
         case (nil, nil): throw .init("to", "a message needs a target: set to or condition")
         case (.some, .some): throw .init("condition", "set either to or condition, not both")
@@ -126,11 +142,13 @@ public struct DownstreamMessage: Sendable, Equatable {
         if let data {
             // The first reserved key in key order, found without sorting every message's keys.
             var reserved: String?
-            for key in data.keys where Self.isReservedDataKey(key) {
+            let isReserved = dataKeys == .legacy ? Self.isReservedDataKey : Self.isReservedV1DataKey
+            for key in data.keys where isReserved(key) {
                 if reserved.map({ key < $0 }) ?? true { reserved = key }
             }
             if let reserved {
-                throw .init("data.\(reserved)", "is a reserved key (from, message_type, google…, gcm…, or an option name)")
+                throw .init("data.\(reserved)", dataKeys == .legacy ? "is a reserved key (from, message_type, google…, gcm…, or an option name)"
+                                                                     : "is a reserved key (from, message_type, google…, gcm…)")
             }
         }
         if let notification {

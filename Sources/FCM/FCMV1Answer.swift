@@ -28,6 +28,7 @@ public enum FCMV1Answer: Sendable, Equatable {
         let error = json?["error"]
         var errorCode: String?
         var violations: [FCMV1Error.FieldViolation] = []
+        var quotaScope: FCMV1Error.QuotaScope?
         for detail in error?["details"]?.arrayValue ?? [] {
             let type = detail["@type"]?.stringValue ?? ""
             if type.hasSuffix("google.firebase.fcm.v1.FcmError"), let code = detail["errorCode"]?.stringValue { errorCode = code }
@@ -36,12 +37,34 @@ public enum FCMV1Answer: Sendable, Equatable {
                     violations.append(.init(field: violation["field"]?.stringValue ?? "", description: violation["description"]?.stringValue ?? ""))
                 }
             }
+            if type.hasSuffix("google.rpc.QuotaFailure") {
+                for violation in detail["violations"]?.arrayValue ?? [] {
+                    let text = (violation["subject"]?.stringValue ?? "") + " " + (violation["description"]?.stringValue ?? "")
+                    quotaScope = Self.quotaScope(in: text) ?? quotaScope ?? .project
+                }
+            }
+            if type.hasSuffix("google.rpc.ErrorInfo"), quotaScope == nil {
+                // RATE_LIMIT_EXCEEDED with the quota's metric: the project's, unless the metric names a device or topic.
+                let metric = detail["metadata"]?["quota_metric"]?.stringValue ?? ""
+                quotaScope = Self.quotaScope(in: metric) ?? .project
+            }
         }
         let canonical = error?["status"]?.stringValue ?? FCMV1Error.canonicalStatus(forHTTP: status)
-        self = .refused(FCMV1Error(httpStatus: status, status: canonical, errorCode: errorCode,
-                                   message: error?["message"]?.stringValue ?? String(body.prefix(200)),
+        let message = error?["message"]?.stringValue ?? String(body.prefix(200))
+        if quotaScope == nil, status == 429 || errorCode == "QUOTA_EXCEEDED" { quotaScope = Self.quotaScope(in: message) }
+        self = .refused(FCMV1Error(httpStatus: status, status: canonical, errorCode: errorCode, message: message,
                                    fieldViolations: violations,
-                                   retryAfter: headers["retry-after"].flatMap { LegacyHTTPResponse.parseRetryAfter($0) }))
+                                   retryAfter: headers["retry-after"].flatMap { LegacyHTTPResponse.parseRetryAfter($0) },
+                                   quotaScope: quotaScope))
+    }
+
+    /// The rate a quota refusal's text names (`device`, `topic`, `project`), if any.
+    static func quotaScope(in text: String) -> FCMV1Error.QuotaScope? {
+        let lower = text.lowercased()
+        if lower.contains("device") { return .device }
+        if lower.contains("topic") { return .topic }
+        if lower.contains("project") { return .project }
+        return nil
     }
 
     /// The name in a success as FCM writes it, `{"name": "projects/…"}` (any whitespace),

@@ -22,6 +22,9 @@ public final class FCMV1Client: Sendable {
         public var maximumConnections = 2
         public var maximumStreamsPerConnection = 100
         public var requestTimeout: Duration = .seconds(30)
+        /// What the client calls itself in `User-Agent` and `X-Firebase-Client`
+        /// (`fcm-worker/VERSION`), as Google's Admin SDKs name themselves there.
+        public var clientName = "fcm-worker"
 
         public init() {}
     }
@@ -42,28 +45,29 @@ public final class FCMV1Client: Sendable {
         }
     }
 
-    public let projectID: String
+    /// The project messages are sent for: `Settings.projectID`, else the project of the
+    /// account the current access token was granted to (it follows a replaced key file).
+    public var projectID: String { fixedProjectID ?? tokens.account.projectID }
+    private let fixedProjectID: String?
     public let tokens: AccessTokenSource
     private let client: HTTP2Client
-    private let path: String
-    private let requestHeaders = BlockingLock<(token: String, headers: [(name: String, value: String)])?>(nil)
+    private let clientName: String
+    private let requestHeaders = BlockingLock<(token: String, path: String, headers: [(name: String, value: String)])?>(nil)
 
     /// A client for `account`.
     /// - Throws: `Failure` when the TLS settings are unusable.
     public convenience init(account: ServiceAccount, settings: Settings) throws(Failure) {
-        try self.init(tokens: AccessTokenSource(account: account, trust: settings.trust), projectID: settings.projectID ?? account.projectID,
-                      settings: settings)
+        try self.init(tokens: AccessTokenSource(account: account, trust: settings.trust), projectID: settings.projectID, settings: settings)
     }
 
     /// A client for the account of a key file, read again when it changes.
     /// - Throws: `Failure` when the TLS settings are unusable.
     public convenience init(file: ServiceAccountFile, settings: Settings) throws(Failure) {
-        try self.init(tokens: AccessTokenSource(file: file, trust: settings.trust), projectID: settings.projectID ?? file.lastRead.projectID,
-                      settings: settings)
+        try self.init(tokens: AccessTokenSource(file: file, trust: settings.trust), projectID: settings.projectID, settings: settings)
     }
 
-    private init(tokens: AccessTokenSource, projectID: String, settings: Settings) throws(Failure) {
-        self.projectID = projectID
+    private init(tokens: AccessTokenSource, projectID: String?, settings: Settings) throws(Failure) {
+        self.fixedProjectID = projectID
         self.tokens = tokens
         do {
             client = try HTTP2Client(host: settings.host, port: settings.port, trust: settings.trust,
@@ -73,7 +77,7 @@ public final class FCMV1Client: Sendable {
         } catch {
             throw .transport(error)
         }
-        path = "/v1/projects/\(projectID)/messages:send"
+        clientName = settings.clientName
     }
 
     /// Requests sent whose outcome is unknown (a stream or connection broke after sending).
@@ -104,7 +108,8 @@ public final class FCMV1Client: Sendable {
     /// (`tokens.invalidate`, `tokens.token()`) and submits again.
     /// `body` is a request body as `FCMV1Message.wireBody` writes it.
     public func submit(body: [UInt8], token: String, complete: @escaping @Sendable (Result<FCMV1Answer, Failure>) -> Void) {
-        client.submit(method: "POST", path: path, headers: headers(token: token), body: body) { result in
+        let (path, headers) = request(token: token)
+        client.submit(method: "POST", path: path, headers: headers, body: body) { result in
             switch result {
             case .success(let response): complete(.success(FCMV1Answer(status: response.status, headers: response.headers, body: response.body)))
             case .failure(let error): complete(.failure(.transport(error)))
@@ -113,12 +118,16 @@ public final class FCMV1Client: Sendable {
     }
 
     /// A request's headers with `token`: built once per access token, not per request.
-    private func headers(token: String) -> [(name: String, value: String)] {
+    /// Beside the token and the type, what Google's Admin SDKs send: the API format version
+    /// 2 (errors with `details`) and the client's name.
+    private func request(token: String) -> (path: String, headers: [(name: String, value: String)]) {
         requestHeaders.withLock { cached in
-            if let cached, cached.token == token { return cached.headers }
-            let headers = [("authorization", "Bearer \(token)"), ("content-type", "application/json; charset=UTF-8")]
-            cached = (token, headers)
-            return headers
+            if let cached, cached.token == token { return (cached.path, cached.headers) }
+            let path = "/v1/projects/\(projectID)/messages:send"
+            let headers = [("authorization", "Bearer \(token)"), ("content-type", "application/json; charset=UTF-8"),
+                           ("x-goog-api-format-version", "2"), ("x-firebase-client", clientName), ("user-agent", clientName)]
+            cached = (token, path, headers)
+            return (path, headers)
         }
     }
 
@@ -143,7 +152,8 @@ public final class FCMV1Client: Sendable {
             }
             let response: HTTPSClient.Response
             do {
-                response = try await client.send(method: "POST", path: path, headers: headers(token: token), body: body)
+                let (path, headers) = request(token: token)
+                response = try await client.send(method: "POST", path: path, headers: headers, body: body)
             } catch let error as TransportError {
                 throw .transport(error)
             } catch {

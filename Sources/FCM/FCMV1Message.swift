@@ -48,10 +48,15 @@ public struct FCMV1Message: Sendable, Equatable {
 
     /// The requests for an outbox row: one, or one per token of `registrationIDs` (those in
     /// `skipping` left out: tokens with a final outcome from an earlier attempt).
+    ///
+    /// A time to live counts from `queuedAt` (when the row was queued; `now` when nil):
+    /// `android.ttl` and web push's `TTL` are what is left of it `now`, and `apns-expiration`
+    /// is `queuedAt` plus the time to live, so that a retried message never outlives it.
     /// - Throws: `DownstreamValidationError` naming the field that is invalid or that v1
     ///   cannot carry.
     public static func requests(target: String?, condition: String?, registrationIDs: [String]?, payload: JSONValue,
-                                skipping: Set<String> = [], now: Date = Date()) throws(DownstreamValidationError) -> [FCMV1Message] {
+                                skipping: Set<String> = [], queuedAt: Date? = nil,
+                                now: Date = Date()) throws(DownstreamValidationError) -> [FCMV1Message] {
         guard case .object(let members) = payload else { throw .init("payload", "must be a JSON object") }
         let targets: [(String?, String?)]
         if let registrationIDs {
@@ -67,9 +72,10 @@ public struct FCMV1Message: Sendable, Equatable {
             if members["message"] != nil {
                 request = try asIs(members, target: to, condition: condition)
                 try request.validate()
+                if let queuedAt { request.shortenTimeToLive(by: now.timeIntervalSince(queuedAt)) }
             } else {
                 // Checked as a legacy message already, field by field, before it was built.
-                request = try translated(members, target: to, condition: condition, now: now)
+                request = try translated(members, target: to, condition: condition, queuedAt: queuedAt ?? now, now: now)
                 request.targetIsDevice = request.message["token"] != nil
             }
             request.target = request.targetKey
@@ -113,7 +119,8 @@ public struct FCMV1Message: Sendable, Equatable {
 
     // MARK: - Translation from the legacy shape
 
-    private static func translated(_ members: [String: JSONValue], target: String?, condition: String?, now: Date) throws(DownstreamValidationError) -> FCMV1Message {
+    private static func translated(_ members: [String: JSONValue], target: String?, condition: String?, queuedAt: Date,
+                                   now: Date) throws(DownstreamValidationError) -> FCMV1Message {
         var legacy = members
         var packageName: String?
         if let value = legacy.removeValue(forKey: "restricted_package_name") {
@@ -121,7 +128,8 @@ public struct FCMV1Message: Sendable, Equatable {
             packageName = text
         }
         let parsed = try DownstreamMessage(target: target, condition: condition, payload: .object(legacy), messageID: "v1")
-        try parsed.validate()
+        // v1's own rule for data keys: an option's name (priority, collapse_key…) is a key like any other there.
+        try parsed.validate(dataKeys: .v1)
         if parsed.deliveryReceiptRequested == true {
             throw .init("delivery_receipt_requested", "FCM's v1 API has no delivery receipts (send over xmpp for them)")
         }
@@ -167,14 +175,25 @@ public struct FCMV1Message: Sendable, Equatable {
         }
         if parsed.contentAvailable == true { aps["content-available"] = 1 }
         if parsed.mutableContent == true { aps["mutable-content"] = 1 }
+        // Priority per platform: Android's as given; Apple's 10 only for a message that
+        // alerts the user (Apple and FCM refuse 10 for a background push with
+        // INVALID_ARGUMENT), 5 with the background push type for content_available, and no
+        // APNs priority for a data message that does neither.
+        let alerts = message["notification"] != nil || aps["alert"] != nil || aps["sound"] != nil || aps["badge"] != nil
         if let priority = parsed.priority {
             android["priority"] = priority == .high ? "HIGH" : "NORMAL"
-            apnsHeaders["apns-priority"] = priority == .high ? "10" : "5"
+            if alerts { apnsHeaders["apns-priority"] = priority == .high ? "10" : "5" }
+        }
+        if !alerts, parsed.contentAvailable == true {
+            apnsHeaders["apns-priority"] = "5"
+            apnsHeaders["apns-push-type"] = "background"
         }
         if let seconds = parsed.timeToLive {
-            android["ttl"] = .string("\(seconds)s")
-            apnsHeaders["apns-expiration"] = .string(seconds == 0 ? "0" : String(Int(now.timeIntervalSince1970) + seconds))
-            webpushHeaders["TTL"] = .string(String(seconds))
+            // Counted from when the row was queued, not from this attempt.
+            let left = seconds == 0 ? 0 : max(0, seconds - Int(now.timeIntervalSince(queuedAt)))
+            android["ttl"] = .string("\(left)s")
+            apnsHeaders["apns-expiration"] = .string(seconds == 0 ? "0" : String(Int(queuedAt.timeIntervalSince1970) + seconds))
+            webpushHeaders["TTL"] = .string(String(left))
         }
         if let collapseKey = parsed.collapseKey {
             android["collapse_key"] = .string(collapseKey)
@@ -188,6 +207,24 @@ public struct FCMV1Message: Sendable, Equatable {
         if !apns.isEmpty { message["apns"] = .object(apns) }
         if !webpushHeaders.isEmpty { message["webpush"] = ["headers": .object(webpushHeaders)] }
         return FCMV1Message(message: message, validateOnly: parsed.dryRun == true, target: "", targetIsDevice: false)
+    }
+
+    /// A v1 message sent `elapsed` seconds after it was queued: its relative times to live
+    /// (`android.ttl`, web push's `TTL` header) shortened by that much (not below 0).
+    mutating func shortenTimeToLive(by elapsed: TimeInterval) {
+        let spent = Int(elapsed)
+        guard spent >= 1 else { return }
+        if case .object(var android)? = message["android"], let ttl = android["ttl"]?.stringValue, Self.isDuration(ttl),
+           let seconds = Double(ttl.dropLast()), seconds > 0 {
+            android["ttl"] = .string("\(max(0, Int(seconds) - spent))s")
+            message["android"] = .object(android)
+        }
+        if case .object(var webpush)? = message["webpush"], case .object(var headers)? = webpush["headers"],
+           let ttl = headers["TTL"]?.stringValue, let seconds = Int(ttl), seconds > 0 {
+            headers["TTL"] = .string(String(max(0, seconds - spent)))
+            webpush["headers"] = .object(headers)
+            message["webpush"] = .object(webpush)
+        }
     }
 
     // MARK: - Rules

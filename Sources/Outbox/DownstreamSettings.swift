@@ -24,6 +24,14 @@ public struct DownstreamSettings: Sendable {
     /// times a stored upstream message, `bench downstream --runs 1@20`, paired). Each
     /// claimed row waits in memory until sent, and other workers cannot take it meanwhile.
     public var readAheadPerConnection = 600
+    /// The first pause of v1 sending after FCM refused the project's quota (`QUOTA_EXCEEDED`
+    /// without `Retry-After`, or with a shorter one): Google asks for at least a minute. It
+    /// doubles with each pause that follows another (to 5 minutes), and a topic's own quota
+    /// holds its rows as long.
+    public var v1QuotaPause: Duration = .seconds(60)
+    /// FCM's quota window (a minute): after a pause, v1 sending resumes at the rate FCM
+    /// accepted over it, 25 % faster with each window that passes without another refusal.
+    public var v1QuotaWindow: Duration = .seconds(60)
 
     public init() {}
 

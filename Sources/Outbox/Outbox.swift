@@ -37,7 +37,9 @@ package final class Outbox: Sendable {
     /// - Parameter onListening: called each time the LISTEN for new rows is (re)established.
     /// - Parameter v1: FCM's HTTP v1 client; without one, rows with transport `v1` wait for a
     ///   worker that has one.
+    /// - Parameter reloads: raised on SIGHUP; v1 sending stopped for a sender mismatch resumes.
     package init(pool: PostgresPool, listenTarget: PostgresConnectionString?, client: FCMHTTPClient, v1: FCMV1Client? = nil,
+                 reloads: ReloadGeneration = ReloadGeneration(),
                  settings: DownstreamSettings, logger: Logger, metrics: any OutboxMetrics, onListening: @escaping @Sendable () -> Void) {
         let ledger = ClaimLedger()
         func store(_ transport: String) -> OutboxStore {
@@ -65,7 +67,8 @@ package final class Outbox: Sendable {
         ]
         if let v1 {
             let v1Recorder = OutboxRecorder(transport: "v1", writeBack: writeBack, metrics: metrics, doorbell: Doorbell())
-            let transport = V1Transport(client: v1, recorder: v1Recorder, settings: settings, logger: logger.labeled("v1"))
+            let transport = V1Transport(client: v1, recorder: v1Recorder, settings: settings, logger: logger.labeled("v1"),
+                                        metrics: metrics, reloads: reloads)
             loops.append(OutboxClaimLoop(transport: transport, store: store("v1"), recorder: v1Recorder, settings: settings,
                                          logger: logger.labeled("v1")))
         }
@@ -142,6 +145,10 @@ package final class Outbox: Sendable {
                         stopTransports[index].request()
                     }
                 }
+            }
+            // XMPP's transport says its own (with what CCS nacked and what was resent).
+            for loop in outbox.loops where loop.transport.name != "xmpp" {
+                outbox.logger.info("outbox over \(loop.transport.name): \(loop.recorder.summary)")
             }
             stopRenewing.request()
             outbox.writeBack.stop()

@@ -24,7 +24,10 @@ extension OutboxSettlement {
     /// `retry`) while some got `UNAVAILABLE`, `INTERNAL`, `QUOTA_EXCEEDED` or no answer, no
     /// sooner than the longest `Retry-After` (capped at `maximumRetryAfter`). Tokens FCM
     /// reports gone, of another sender or malformed are marked.
-    package static func v1(_ outcome: [(target: String, isDevice: Bool, outcome: V1Outcome)], fanOut: Bool, earlier: [String: JSONValue],
+    /// `notBefore`: the earliest a retry may go (the end of a quota pause that covers it).
+    /// `SENDER_ID_MISMATCH` fails the target and keeps its token.
+    package static func v1(_ outcome: [(target: String, isDevice: Bool, outcome: V1Outcome)], fanOut: Bool, notBefore quotaEnd: Date? = nil,
+                           earlier: [String: JSONValue],
                            rowID: Int64, attempt: Int, age: Duration, timeToLive: Int?, policy: DownstreamRetryPolicy,
                            maximumRetryAfter: Duration, sentAt: Date, now: Date,
                            using generator: inout some RandomNumberGenerator) -> OutboxSettlement {
@@ -52,9 +55,9 @@ extension OutboxSettlement {
                         marks.append(TokenMark(token: target, state: state == .invalid ? .invalid : .unregistered,
                                                canonicalToken: nil, errorCode: error.code))
                     }
-                case .fail, .stopSending:
+                case .fail, .stopSending, .failForSenderMismatch:
                     break
-                case .retry, .slowDownProject, .refreshToken:
+                case .retry, .slowDownProject, .slowDownTarget, .refreshToken:
                     entry["retry"] = true
                     retryable = true
                     if let after = error.retryAfter { notBefore = max(notBefore, min(after, maximumRetryAfter)) }
@@ -78,7 +81,7 @@ extension OutboxSettlement {
             switch policy.decide(attempt: attempt, age: age, timeToLive: timeToLive, using: &generator) {
             case .retry(let delay):
                 update.status = .retry
-                update.availableAt = now.addingTimeInterval(max(delay, notBefore).seconds)
+                update.availableAt = max(now.addingTimeInterval(max(delay, notBefore).seconds), quotaEnd ?? .distantPast)
             case .giveUp:
                 update.status = .expired
                 update.errorDescription = "retries ran out: \(firstError?.description ?? "")"

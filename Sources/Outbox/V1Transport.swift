@@ -16,25 +16,38 @@ import Transport
 ///
 /// Each answer is settled (`OutboxSettlement.v1`) and written through the same write-back as
 /// the other transports: the message's name to `message_name` (a fan-out's, per token, to
-/// `token_results`), tokens FCM reports gone or of another sender marked, retries with the
+/// `token_results`), tokens FCM reports gone or malformed marked, retries with the
 /// downstream backoff no sooner than `Retry-After`. An access token FCM refuses is replaced
-/// and the request submitted once more (`run` does that). `QUOTA_EXCEEDED` holds the whole
-/// project back (no request goes out, no row is claimed) until its `Retry-After` or a
-/// second. A refused grant or a 403 without an FCM code (the account may not send for the
-/// project) holds v1 sending for a minute, its rows waiting, said as an error; then the key
-/// file is read again (if it was replaced) and sending tried again. A request whose outcome is unknown (a reset
-/// stream, a broken connection) is sent again: a duplicate is possible only then, never
-/// after an answer was read.
+/// and the request submitted once more (`run` does that).
+///
+/// What FCM's rules ask of a sender in production (docs/protocol.md's v1 section):
+/// - **Quota.** A project's `QUOTA_EXCEEDED` pauses every v1 send (from a minute, doubling,
+///   `Retry-After` when longer) and then paces sending (`QuotaPacer`); a device's or a
+///   topic's holds only the rows to that target.
+/// - **`SENDER_ID_MISMATCH`** fails the row and keeps its token; when many distinct tokens
+///   get it (`SenderMismatchWatch`) the credentials send for the wrong project: sending
+///   stops, said once as an error and in a metric, rows wait, until the key file changes or
+///   the worker gets SIGHUP (`reloads`).
+/// - **Credentials.** A refused grant or a 403 without an FCM code holds v1 sending for a
+///   minute, its rows waiting, said as an error; then the key file is read again and sending
+///   tried again. A token endpoint that cannot be reached holds sending with backoff (1 s
+///   doubling to a minute); its rows go back without an attempt counted, as nothing was sent.
+///
+/// A request whose outcome is unknown (a reset stream, a broken connection) is sent again: a
+/// duplicate is possible only then, never after an answer was read.
 package final class V1Transport: DownstreamTransport {
     private let client: FCMV1Client
     private let recorder: OutboxRecorder
     private let settings: DownstreamSettings
     private let logger: Logger
-    private let state = BlockingLock(State())
+    private let state = BlockingLock(State(pacer: QuotaPacer()))
     private let failureWarnings = WarningThrottle()
     /// Requests whose access token FCM refused, for `run` to submit again with a new one.
     private let refreshes = BlockingLock([(request: V1Request, row: RowProgress, token: String)]())
     private let refreshDoorbell = Doorbell()
+    private let metrics: (any OutboxMetrics)?
+    /// Raised (SIGHUP) to resume sending stopped for a sender mismatch.
+    private let reloads: ReloadGeneration
     /// The longest `Retry-After` honoured.
     package static let maximumRetryAfter: Duration = .seconds(300)
 
@@ -49,9 +62,18 @@ package final class V1Transport: DownstreamTransport {
         var submitted = 0
         var idle = Waiters<Bool>()
         var taking = true
-        /// Until when nothing is sent: the project's quota ran out (`QUOTA_EXCEEDED`), or the
-        /// credentials were refused.
+        /// Until when nothing is sent or claimed: the credentials were refused, or the token
+        /// endpoint cannot be reached.
         var heldUntil: ContinuousClock.Instant?
+        /// Token-endpoint outages in a row (their holds grow).
+        var tokenOutages = 0
+        /// The project's quota: its pause and the pacing after it.
+        var pacer: QuotaPacer
+        /// Devices and topics whose own rate FCM refused, until when.
+        var targetPauses: [String: ContinuousClock.Instant] = [:]
+        var mismatchWatch = SenderMismatchWatch()
+        /// Set while sending is stopped for a sender mismatch: the credentials then.
+        var mismatchStop: (account: String, reload: Int)?
     }
 
     /// One row's requests under way and the outcomes so far.
@@ -80,11 +102,15 @@ package final class V1Transport: DownstreamTransport {
         }
     }
 
-    package init(client: FCMV1Client, recorder: OutboxRecorder, settings: DownstreamSettings, logger: Logger) {
+    package init(client: FCMV1Client, recorder: OutboxRecorder, settings: DownstreamSettings, logger: Logger,
+                 metrics: (any OutboxMetrics)? = nil, reloads: ReloadGeneration = ReloadGeneration()) {
         self.client = client
         self.recorder = recorder
         self.settings = settings
         self.logger = logger
+        self.metrics = metrics
+        self.reloads = reloads
+        state.withLock { $0.pacer = QuotaPacer(initialPause: settings.v1QuotaPause, window: settings.v1QuotaWindow) }
     }
 
     package var name: String { "v1" }
@@ -105,7 +131,7 @@ package final class V1Transport: DownstreamTransport {
             let final = row.registrationIDs == nil ? []
                 : Set(Self.tokenResults(row.tokenResults).filter { $0.value["retry"] != .bool(true) }.keys)
             requests = try FCMV1Message.requests(target: row.sendTarget, condition: row.condition, registrationIDs: row.registrationIDs,
-                                                 payload: payload, skipping: final, now: now).map(V1Request.init)
+                                                 payload: payload, skipping: final, queuedAt: row.createdAt, now: now).map(V1Request.init)
         } catch {
             return .failure(.init(status: .failed, errorCode: "INVALID_MESSAGE", description: "cannot be sent over v1: \(error)"))
         }
@@ -128,8 +154,9 @@ package final class V1Transport: DownstreamTransport {
     /// less what it holds.
     package func wantedRows() -> Int {
         state.withLock { state in
-            if !state.taking { return 0 }
+            if !state.taking || state.mismatchStop != nil { return 0 }
             if let until = state.heldUntil, until > .now { return 0 }
+            if let until = state.pacer.pausedUntil, until > .now { return 0 }
             return max(0, room - state.sending)
         }
     }
@@ -148,46 +175,74 @@ package final class V1Transport: DownstreamTransport {
     package var isStopped: Bool { false }
 
     package func tick() {
+        let now = ContinuousClock.now
         state.withLock { state in
-            if let until = state.heldUntil, until <= .now { state.heldUntil = nil }
+            if let until = state.heldUntil, until <= now { state.heldUntil = nil }
+            if state.targetPauses.count > 0 { state.targetPauses = state.targetPauses.filter { $0.value > now } }
         }
+        resumeIfCredentialsChanged()
+    }
+
+    /// The credentials' identity: what a sender mismatch is blamed on.
+    private func credentialsIdentity() -> String {
+        let account = client.tokens.currentAccount()
+        return "\(account?.clientEmail ?? "?") \(account?.privateKeyID ?? "?") \(account?.projectID ?? "?") \(client.projectID)"
+    }
+
+    /// Sending stopped for a sender mismatch resumes once the key file names other
+    /// credentials or SIGHUP came.
+    private func resumeIfCredentialsChanged() {
+        guard let stop = state.withLock({ $0.mismatchStop }) else { return }
+        let reload = reloads.value
+        let identity = credentialsIdentity()
+        guard reload != stop.reload || identity != stop.account else { return }
+        state.withLock { state in
+            state.mismatchStop = nil
+            state.mismatchWatch.reset()
+        }
+        client.tokens.invalidateAll()
+        metrics?.v1SendingStopped(false)
+        logger.notice("v1 sending resumes: \(reload != stop.reload ? "SIGHUP received" : "the service-account key file changed") "
+                      + "(project \(client.projectID))")
+        recorder.doorbell.ring()
     }
 
     /// Submits the rows' requests with the current access token and returns.
     package func send(_ messages: [ClaimedMessage]) async {
-        if let until = state.withLock({ $0.heldUntil }), until > .now {
+        let resumes = state.withLock { state -> Date? in
+            let now = ContinuousClock.now
+            if state.mismatchStop != nil { return Date() }
+            guard let until = state.heldUntil, until > now else { return nil }
+            return Date().addingTimeInterval((until - now).seconds)
+        }
+        if let resumes {
             // Held back: not sent, not counted as an attempt.
-            let resumes = Date().addingTimeInterval((until - .now).seconds)
-            recorder.record(messages.map { OutboxUpdate(rowID: $0.row.id, status: $0.row.attempts > 0 ? .retry : .pending, availableAt: resumes) })
+            putBack(messages, until: resumes)
             return
         }
         state.withLock { $0.sending += messages.count }
         let token: String
         do {
             token = try await client.tokens.token()
+            state.withLock { $0.tokenOutages = 0 }
         } catch {
-            let failure = error as? AccessTokenSource.Failure
-            switch failure {
-            case .refused(let reason)?: holdForCredentials("the token endpoint refused the service account's grant: \(reason)")
-            case .unreachable?: warn(.credentials(failure!), kind: "token")
-            case nil: break
+            // Nothing went out: the rows go back whole, no attempt counted.
+            let until: Date
+            switch error as? AccessTokenSource.Failure {
+            case .refused(let reason)?:
+                holdForCredentials("the token endpoint refused the service account's grant: \(reason)")
+                until = heldUntilDate()
+            case .unreachable(let reason)?:
+                until = holdForTokenOutage(reason)
+            case nil:
+                until = Date()
             }
-            let now = Date()
-            // Settled at once, as if submitted.
-            state.withLock { $0.submitted += messages.count }
-            for claimed in messages {
-                let progress = RowProgress(claimed, sentAt: now)
-                if claimed.v1Requests.isEmpty { settle(progress, outcomes: [], handBack: false) }
-                for request in claimed.v1Requests {
-                    if case .unreachable? = failure {
-                        finished(progress, with: (request.target, request.targetIsDevice,
-                                                  .unanswered(code: "TOKEN_UNAVAILABLE", description: "\(failure!)")))
-                    } else {
-                        // Cancelled, or the grant was refused: handed back.
-                        finished(progress, with: nil)
-                    }
-                }
+            putBack(messages, until: until)
+            let idle = state.withLock { state -> [CheckedContinuation<Bool, Never>] in
+                state.sending -= messages.count
+                return state.sending == 0 ? state.idle.removeAll() : []
             }
+            for waiter in idle { waiter.resume(returning: true) }
             return
         }
         state.withLock { state in
@@ -196,27 +251,76 @@ package final class V1Transport: DownstreamTransport {
         startWaiting()
     }
 
+    /// Rows not sent go back, due at `until`, with no attempt counted.
+    private func putBack(_ messages: [ClaimedMessage], until: Date) {
+        guard !messages.isEmpty else { return }
+        recorder.record(messages.map { OutboxUpdate(rowID: $0.row.id, status: $0.row.attempts > 0 ? .retry : .pending, availableAt: until) })
+    }
+
+    /// When the credentials' hold ends, as a date (now when none).
+    private func heldUntilDate() -> Date {
+        let until = state.withLock { $0.heldUntil }
+        guard let until, until > .now else { return Date() }
+        return Date().addingTimeInterval((until - .now).seconds)
+    }
+
+    /// The token endpoint cannot be reached (after the token source's own tries): v1
+    /// sending holds for 1 s, doubling with each outage in a row to a minute; said once a
+    /// minute.
+    private func holdForTokenOutage(_ reason: String) -> Date {
+        let wait = state.withLock { state -> Duration in
+            let wait = min(Self.credentialsHold, .seconds(1) * Double(1 << min(state.tokenOutages, 6)))
+            state.tokenOutages += 1
+            let until = ContinuousClock.now + wait
+            state.heldUntil = max(state.heldUntil ?? until, until)
+            return wait
+        }
+        warn(.credentials(.unreachable(reason)), kind: "token")
+        return Date().addingTimeInterval(wait.seconds)
+    }
+
     /// Submits waiting rows while the client has free streams, and a quarter as many more
     /// (queued in the client, they fill a stream the moment it frees, a few milliseconds
-    /// after they were counted as sent).
+    /// after they were counted as sent), as fast as the quota's pacing admits. A row to a
+    /// device or topic whose own rate FCM refused goes back until that pause ends.
     private func startWaiting() {
         let capacity = client.capacity + client.capacity / 4
-        while let (claimed, token) = state.withLock({ state -> (ClaimedMessage, String)? in
-            guard state.submitted < capacity, let next = state.waiting.popFirst() else { return nil }
+        enum Next { case submit(ClaimedMessage, String), putBack(ClaimedMessage, ContinuousClock.Instant) }
+        while let next = state.withLock({ state -> Next? in
+            guard state.submitted < capacity, let first = state.waiting.first else { return nil }
+            let now = ContinuousClock.now
+            if !state.targetPauses.isEmpty, first.claimed.v1Requests.count == 1,
+               let until = state.targetPauses[first.claimed.v1Requests[0].target], until > now {
+                _ = state.waiting.popFirst()
+                state.sending -= 1
+                return .putBack(first.claimed, until)
+            }
+            guard state.pacer.admit(at: now) else { return nil }
+            _ = state.waiting.popFirst()
             state.submitted += 1
-            return next
+            return .submit(first.claimed, first.token)
         }) {
-            let progress = RowProgress(claimed, sentAt: Date())
-            // A multicast whose tokens all have their final answer already is settled as it is.
-            if claimed.v1Requests.isEmpty { settle(progress, outcomes: [], handBack: false) }
-            for request in claimed.v1Requests { submit(request, for: progress, token: token, refreshed: false) }
+            switch next {
+            case .putBack(let claimed, let until):
+                putBack([claimed], until: Date().addingTimeInterval((until - .now).seconds))
+            case .submit(let claimed, let token):
+                let progress = RowProgress(claimed, sentAt: Date())
+                // A multicast whose tokens all have their final answer already is settled as it is.
+                if claimed.v1Requests.isEmpty { settle(progress, outcomes: [], handBack: false) }
+                for request in claimed.v1Requests { submit(request, for: progress, token: token, refreshed: false) }
+            }
         }
     }
 
     /// Submits the access-token refreshes' requests again, until cancelled.
     package func run() async {
         while !Task.isCancelled {
-            await refreshDoorbell.wait(timeout: .seconds(1))
+            // Wakes when the pacing admits the next waiting row, at the latest in a second.
+            let now = ContinuousClock.now
+            let paced = state.withLock { $0.waiting.isEmpty ? nil : $0.pacer.nextAdmission(at: now) }
+            await refreshDoorbell.wait(timeout: paced.map { max(.milliseconds(1), min(.seconds(1), $0 - now)) } ?? .seconds(1))
+            startWaiting()
+            resumeIfCredentialsChanged()
             let waiting = refreshes.withLock { list -> [(request: V1Request, row: RowProgress, token: String)] in
                 defer { list.removeAll() }
                 return list
@@ -295,8 +399,10 @@ package final class V1Transport: DownstreamTransport {
         }
         switch answer {
         case .sent(let name):
+            observe(request, mismatch: false)
             finished(row, with: (request.target, request.targetIsDevice, .sent(name: name)))
         case .refused(let error):
+            if request.targetIsDevice, !error.isQuota { observe(request, mismatch: error.action == .failForSenderMismatch) }
             switch error.action {
             case .refreshToken where !refreshed:
                 // FCM did not process it: sent again once with a new token.
@@ -308,6 +414,13 @@ package final class V1Transport: DownstreamTransport {
                 return finished(row, with: nil)
             case .slowDownProject:
                 holdProject(retryAfter: error.retryAfter)
+            case .slowDownTarget:
+                holdTarget(request.target, scope: error.quotaScope ?? .device, retryAfter: error.retryAfter)
+            case .failForSenderMismatch where state.withLock({ $0.mismatchStop != nil }):
+                // The credentials are wrong, not the token: the row waits for them to change.
+                return finished(row, with: nil)
+            case .failForSenderMismatch:
+                break
             case .refreshToken:
                 warn(.credentials(.refused("\(error)")), kind: "unauthenticated")
             case .retry:
@@ -331,12 +444,11 @@ package final class V1Transport: DownstreamTransport {
         if handBack {
             // Cancelled (shutdown), or the credentials were refused: the row goes back whole,
             // due when sending resumes (a retry: whether FCM took what went out is unknown).
-            let resumes = state.withLock { $0.heldUntil }.map { $0 > .now ? Date().addingTimeInterval(($0 - .now).seconds) : Date() } ?? Date()
-            recorder.record([OutboxUpdate(rowID: claimed.row.id, status: .retry, availableAt: resumes)])
+            recorder.record([OutboxUpdate(rowID: claimed.row.id, status: .retry, availableAt: heldUntilDate())])
         } else {
             var generator = SystemRandomGenerator()
             let fanOut = claimed.row.registrationIDs != nil
-            let settlement = OutboxSettlement.v1(outcomes, fanOut: fanOut,
+            let settlement = OutboxSettlement.v1(outcomes, fanOut: fanOut, notBefore: notBefore(outcomes),
                                                  earlier: fanOut ? Self.tokenResults(claimed.row.tokenResults) : [:],
                                                  rowID: claimed.row.id, attempt: claimed.row.attempts + 1,
                                                  age: .seconds(row.sentAt.timeIntervalSince(claimed.row.createdAt)),
@@ -357,15 +469,66 @@ package final class V1Transport: DownstreamTransport {
         startWaiting()
     }
 
-    /// `QUOTA_EXCEEDED`: nothing goes out until `Retry-After` (capped), or a second if none.
+    /// The project's quota ran out: nothing goes out for the pacer's pause (a minute,
+    /// doubling, `Retry-After` when longer), then sending resumes paced.
     private func holdProject(retryAfter: Duration?) {
-        let wait = min(retryAfter ?? .seconds(1), Self.maximumRetryAfter)
-        let first = state.withLock { state -> Bool in
-            let until = ContinuousClock.now + wait
-            defer { state.heldUntil = max(state.heldUntil ?? until, until) }
-            return state.heldUntil == nil
+        let wait = state.withLock { $0.pacer.pause(retryAfter: retryAfter, at: .now, random: Double.random(in: 0...1)) }
+        if let wait {
+            logger.warning("FCM's quota for project \(client.projectID) is exceeded: v1 sending pauses for \(wait.formattedSeconds), "
+                           + "then resumes paced at the rate FCM accepted")
         }
-        if first { logger.warning("FCM's quota for project \(client.projectID) is exceeded: v1 sending pauses for \(wait.formattedSeconds)") }
+    }
+
+    /// A device's or a topic's own rate was exceeded: rows to it wait (a device
+    /// `Retry-After` or the retry base, a topic as long as a project pause), the others go on.
+    private func holdTarget(_ target: String, scope: FCMV1Error.QuotaScope, retryAfter: Duration?) {
+        let minimum = scope == .topic ? settings.v1QuotaPause : settings.retry.base
+        let wait = min(Self.maximumRetryAfter, max(minimum, retryAfter ?? .zero))
+        state.withLock { state in
+            let until = ContinuousClock.now + wait
+            state.targetPauses[target] = max(state.targetPauses[target] ?? until, until)
+        }
+    }
+
+    /// The earliest a row whose answers included a quota refusal may go again: the end of
+    /// the project's pause or of its target's.
+    private func notBefore(_ outcomes: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)]) -> Date? {
+        let quota = outcomes.filter { if case .refused(let error) = $0.outcome { return error.isQuota } else { return false } }
+        guard !quota.isEmpty else { return nil }
+        let now = ContinuousClock.now
+        let latest = state.withLock { state -> ContinuousClock.Instant? in
+            ([state.pacer.pausedUntil] + quota.map { state.targetPauses[$0.target] }).compactMap { $0 }.max()
+        }
+        guard let latest, latest > now else { return nil }
+        return Date().addingTimeInterval((latest - now).seconds)
+    }
+
+    /// Counts a device answer for the sender-mismatch rule, and stops sending when it fires.
+    private func observe(_ request: V1Request, mismatch: Bool) {
+        let now = ContinuousClock.now
+        let stopped = state.withLock { state -> Bool in
+            if !mismatch { state.pacer.accepted(at: now) }
+            guard request.targetIsDevice, state.mismatchStop == nil else { return false }
+            return state.mismatchWatch.record(token: request.target, mismatch: mismatch, at: now)
+        }
+        guard stopped else { return }
+        let identity = credentialsIdentity()
+        let waiting = state.withLock { state -> [ClaimedMessage] in
+            state.mismatchStop = (identity, reloads.value)
+            defer {
+                state.sending -= state.waiting.count
+                state.waiting = FIFO()
+            }
+            return state.waiting.elements.map(\.claimed)
+        }
+        putBack(waiting, until: Date())
+        metrics?.v1SendingStopped(true)
+        let watch = SenderMismatchWatch()
+        logger.error("FCM answered SENDER_ID_MISMATCH for \(watch.distinctTokens) or more distinct tokens within "
+                     + "\(watch.window.formattedSeconds), most of its answers: the credentials (\(client.tokens.account)) send for project "
+                     + "\(client.projectID), not the one these tokens' app belongs to. v1 sending stopped; rows with transport v1 wait "
+                     + "(their tokens are kept). Check --project-id and the key file's project_id against the app's Firebase project; "
+                     + "sending resumes when the key file changes or on SIGHUP")
     }
 
     /// Refused credentials (a revoked key, an account without the permission to send for

@@ -17,10 +17,17 @@ import Glibc
 ///   `invalid_grant` as Google's.
 /// - `POST /v1/projects/{project}/messages:send`: a valid, unexpired token (else 401
 ///   `UNAUTHENTICATED`), the account's project (else 403 `PERMISSION_DENIED`), a message FCM
-///   would accept (else 400 `INVALID_ARGUMENT` with the field violation), then each target as
-///   `targetAnswer` says (success with the message's name, `UNREGISTERED`,
-///   `SENDER_ID_MISMATCH`, `THIRD_PARTY_AUTH_ERROR`, `INVALID_ARGUMENT`). A project quota
-///   (`quotaPerMinute`) answers 429 `QUOTA_EXCEEDED` with `Retry-After` beyond it.
+///   would accept (else 400 `INVALID_ARGUMENT` with the field violation; to an Apple token,
+///   `isAppleToken`, `apns-priority: 10` on a message that does not alert the user is
+///   refused as Apple and FCM refuse it), then each target as `targetAnswer` says (success
+///   with the message's name, `UNREGISTERED`, `SENDER_ID_MISMATCH`, `THIRD_PARTY_AUTH_ERROR`,
+///   `APNS_AUTH_ERROR`, `INVALID_ARGUMENT`, a device's or the project's quota). A project
+///   quota (`quotaPerMinute` per `quotaWindow`) and a device quota (`deviceQuota`) answer
+///   429 as Google does: `RESOURCE_EXHAUSTED` with a `google.rpc.QuotaFailure` naming the
+///   project or the device, and either FCM's `QUOTA_EXCEEDED` or (`quotaShape`) a
+///   `google.rpc.ErrorInfo`; with `Retry-After` or (`quotaRetryAfter` off) without.
+/// - The token endpoint can be told to fail transiently (`scriptTokenEndpoint`): 5xx, 408,
+///   429 or a 400 `temporarily_unavailable`, as Google's does under load.
 ///   `validate_only` is checked like a send and answered with `…/messages/fake_message_id`,
 ///   delivering nothing.
 /// - Tests queue whole-request outcomes ahead (`scriptNext`): a status (5xx bursts, 429), a
@@ -37,8 +44,21 @@ public final class FCMV1Simulator: Sendable {
         case invalidToken
         /// 401 `THIRD_PARTY_AUTH_ERROR`: APNs or web push refused the project's credentials.
         case thirdPartyAuthError
+        /// 401 `APNS_AUTH_ERROR`: the older name of the same refusal.
+        case apnsAuthError
         /// 429 `QUOTA_EXCEEDED` with `Retry-After: 1`: the device's message rate was exceeded.
         case quotaExceeded
+        /// 429 `QUOTA_EXCEEDED` for the project's message rate (no `Retry-After`).
+        case projectQuotaExceeded
+    }
+
+    /// How a project-quota 429 is written.
+    public enum QuotaShape: Sendable, Equatable {
+        /// `RESOURCE_EXHAUSTED` with FCM's `QUOTA_EXCEEDED` and a `google.rpc.QuotaFailure`.
+        case fcmError
+        /// `RESOURCE_EXHAUSTED` with a `google.rpc.ErrorInfo` (`RATE_LIMIT_EXCEEDED`) and a
+        /// `google.rpc.QuotaFailure`, no FCM code: as Google's API front end answers.
+        case errorInfo
     }
 
     /// A whole request's outcome, ahead of the normal answer.
@@ -65,6 +85,15 @@ public final class FCMV1Simulator: Sendable {
         public let validateOnly: Bool
         /// `h2` or `http/1.1`.
         public let protocolName: String
+        /// The request's headers but `authorization` (names lower-cased).
+        public let headers: [String: String]
+    }
+
+    /// A token-endpoint answer ahead of the normal one.
+    public enum TokenScripted: Sendable, Equatable {
+        /// This status, with `{"error": error}` when given (a 400 `temporarily_unavailable`,
+        /// `internal_failure`, `server_error`, or a refusal such as `invalid_grant`).
+        case status(Int, error: String? = nil)
     }
 
     /// What the simulator counted.
@@ -74,10 +103,16 @@ public final class FCMV1Simulator: Sendable {
         public var sendRequests = 0
         public var delivered = 0
         public var connections = 0
+        /// 429s answered for a quota (the project's or a device's).
+        public var quotaRefusals = 0
+        /// Token-endpoint requests answered with a scripted failure.
+        public var tokenFailures = 0
     }
 
     private struct State {
         var scripted: [Scripted] = []
+        var tokenScripted: [TokenScripted] = []
+        var deviceWindows: [String: (start: Date, count: Int)] = [:]
         var deliveries: [Delivery] = []
         var tokens: [String: Date] = [:]
         var counters = Counters()
@@ -112,8 +147,17 @@ public final class FCMV1Simulator: Sendable {
         /// Every answer waits this long.
         public var latency: Duration = .zero
         public var tokenLifetime: Duration = .seconds(3600)
-        /// Sends accepted per minute before 429 `QUOTA_EXCEEDED` (nil: no quota).
+        /// Sends accepted per `quotaWindow` for the project before 429 `QUOTA_EXCEEDED` (nil:
+        /// no quota).
         public var quotaPerMinute: Int?
+        /// The project quota's window (FCM's: a minute, not aligned to the clock).
+        public var quotaWindow: Duration = .seconds(60)
+        /// Sends accepted per `quotaWindow` to one device before 429 (nil: no device quota).
+        public var deviceQuota: Int?
+        /// Whether quota 429s carry `Retry-After` (the seconds left in the window).
+        public var quotaRetryAfter = true
+        /// How a project-quota 429 is written.
+        public var quotaShape: QuotaShape = .fcmError
         /// A GOAWAY after every this many requests on a connection (nil: never).
         public var goAwayEvery: Int?
         public var targetAnswer: @Sendable (String) -> TargetAnswer = FCMV1Simulator.answerByName
@@ -127,10 +171,13 @@ public final class FCMV1Simulator: Sendable {
     }
 
     /// `unregistered-…` UNREGISTERED, `mismatch-…` SENDER_ID_MISMATCH, `invalid-…` an
-    /// invalid token, `apns-refused-…` THIRD_PARTY_AUTH_ERROR, `quota-…` QUOTA_EXCEEDED, the
-    /// rest success.
+    /// invalid token, `apns-refused-…` THIRD_PARTY_AUTH_ERROR, `apns-auth-error-…`
+    /// APNS_AUTH_ERROR, `quota-…` a device's QUOTA_EXCEEDED, `project-quota-…` the project's,
+    /// the rest success.
     public static let answerByName: @Sendable (String) -> TargetAnswer = { target in
         if target.hasPrefix("quota-") { return .quotaExceeded }
+        if target.hasPrefix("project-quota-") { return .projectQuotaExceeded }
+        if target.hasPrefix("apns-auth-error-") { return .apnsAuthError }
         if target.hasPrefix("unregistered-") { return .unregistered }
         if target.hasPrefix("mismatch-") { return .senderMismatch }
         if target.hasPrefix("invalid-") { return .invalidToken }
@@ -158,6 +205,17 @@ public final class FCMV1Simulator: Sendable {
     /// Stops accepting connections (open ones go on); once it returns, the port is free.
     public func stop() {
         acceptLoop.stop()
+    }
+
+    /// True for a token the simulator treats as an Apple device's (APNs rules apply): one
+    /// that starts with `ios-` or `apns-`.
+    public static func isAppleToken(_ token: String) -> Bool {
+        token.hasPrefix("ios-") || token.hasPrefix("apns-")
+    }
+
+    /// Queues answers for the next token-endpoint requests, in order.
+    public func scriptTokenEndpoint(_ answers: [TokenScripted]) {
+        state.withLock { $0.tokenScripted += answers }
     }
 
     /// Queues outcomes for the next send requests, in order.
@@ -253,6 +311,19 @@ public final class FCMV1Simulator: Sendable {
     // MARK: - The token endpoint
 
     private func grant(_ request: HTTPServerRequest) -> HTTPServerResponse {
+        if let scripted = state.withLock({ state -> TokenScripted? in
+            guard !state.tokenScripted.isEmpty else { return nil }
+            state.counters.tokenFailures += 1
+            return state.tokenScripted.removeFirst()
+        }) {
+            switch scripted {
+            case .status(let status, let error?):
+                return Self.json(status, ["error": .string(error), "error_description": .string("scripted")])
+            case .status(let status, nil):
+                return HTTPServerResponse(status: status, headers: [("content-type", "text/html; charset=UTF-8")],
+                                          body: Array("<html><body>Error \(status)</body></html>".utf8))
+            }
+        }
         var fields: [String: String] = [:]
         for pair in request.bodyText.split(separator: "&") {
             let parts = pair.split(separator: "=", maxSplits: 1).map {
@@ -348,17 +419,32 @@ public final class FCMV1Simulator: Sendable {
         let target = message["token"]?.stringValue ?? message["fid"]?.stringValue
             ?? message["topic"].flatMap(\.stringValue).map { "/topics/\($0)" } ?? message["condition"]?.stringValue ?? ""
         if let quota = settings.quotaPerMinute {
+            let window = settings.quotaWindow.seconds
             let waited = state.withLock { state -> Int? in
-                if now.timeIntervalSince(state.quotaWindow.start) >= 60 { state.quotaWindow = (now, 0) }
-                guard state.quotaWindow.count < quota else { return max(1, Int(60 - now.timeIntervalSince(state.quotaWindow.start))) }
+                if now.timeIntervalSince(state.quotaWindow.start) >= window { state.quotaWindow = (now, 0) }
+                guard state.quotaWindow.count < quota else {
+                    state.counters.quotaRefusals += 1
+                    return max(1, Int((window - now.timeIntervalSince(state.quotaWindow.start)).rounded(.up)))
+                }
                 state.quotaWindow.count += 1
                 return nil
             }
-            if let waited {
-                var response = Self.fcmError(429, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED", "Quota exceeded for quota metric 'Send requests'.")
-                response.headers.append(("retry-after", String(waited)))
-                return (response, target)
+            if let waited { return (quotaRefusal(.project, subject: "project_number:\(projectNumber)", retryAfter: waited), target) }
+        }
+        if let quota = settings.deviceQuota, let token = message["token"]?.stringValue {
+            let window = settings.quotaWindow.seconds
+            let waited = state.withLock { state -> Int? in
+                var entry = state.deviceWindows[token] ?? (now, 0)
+                if now.timeIntervalSince(entry.start) >= window { entry = (now, 0) }
+                defer { state.deviceWindows[token] = entry }
+                guard entry.count < quota else {
+                    state.counters.quotaRefusals += 1
+                    return max(1, Int((window - now.timeIntervalSince(entry.start)).rounded(.up)))
+                }
+                entry.count += 1
+                return nil
             }
+            if let waited { return (quotaRefusal(.device, subject: "device:\(token)", retryAfter: waited), target) }
         }
         if message["token"] != nil || message["fid"] != nil {
             switch settings.targetAnswer(target) {
@@ -370,10 +456,14 @@ public final class FCMV1Simulator: Sendable {
                                         errorCode: "INVALID_ARGUMENT"), target)
             case .thirdPartyAuthError:
                 return (Self.fcmError(401, "UNAUTHENTICATED", "THIRD_PARTY_AUTH_ERROR", "Auth error from APNS or Web Push Service"), target)
+            case .apnsAuthError:
+                return (Self.fcmError(401, "UNAUTHENTICATED", "APNS_AUTH_ERROR", "Auth error from APNS or Web Push Service"), target)
             case .quotaExceeded:
-                var response = Self.fcmError(429, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED", "Message rate exceeded for this device.")
-                response.headers.append(("retry-after", "1"))
-                return (response, target)
+                state.withLock { $0.counters.quotaRefusals += 1 }
+                return (quotaRefusal(.device, subject: "device:\(target)", retryAfter: 1, alwaysRetryAfter: true), target)
+            case .projectQuotaExceeded:
+                state.withLock { $0.counters.quotaRefusals += 1 }
+                return (quotaRefusal(.project, subject: "project_number:\(projectNumber)", retryAfter: nil), target)
             }
         }
         let name = state.withLock { state -> String in
@@ -382,7 +472,8 @@ public final class FCMV1Simulator: Sendable {
             // As FCM writes them: 0:MICROSECONDS%SENDERHASH.
             let name = "projects/\(project)/messages/0:\(Int64(now.timeIntervalSince1970 * 1_000_000) + state.nextMessageID)%\(senderHash)"
             if settings.recordsDeliveries {
-                state.deliveries.append(Delivery(name: name, message: .object(message), validateOnly: false, protocolName: request.protocolName))
+                state.deliveries.append(Delivery(name: name, message: .object(message), validateOnly: false, protocolName: request.protocolName,
+                                                 headers: request.headers.filter { $0.key != "authorization" }))
             }
             state.counters.delivered += 1
             return name
@@ -433,14 +524,60 @@ public final class FCMV1Simulator: Sendable {
         }
         let size = message["data"]?.wireBytes.count ?? 0
         if size > 4096 + 64 { return ("message", "Message is too big") }
+        if let token = message["token"]?.stringValue, isAppleToken(token), let problem = apnsPriorityProblem(message) { return problem }
         return nil
+    }
+
+    /// Apple's rule, which FCM passes on as `INVALID_ARGUMENT`: `apns-priority: 10` only for
+    /// a notification that alerts the user (a title or body, an `aps` alert, sound or
+    /// badge), never for a background push (data only or `content-available` without an
+    /// alert, or `apns-push-type: background`).
+    static func apnsPriorityProblem(_ message: [String: JSONValue]) -> (field: String, description: String)? {
+        let headers = message["apns"]?["headers"]
+        guard headers?["apns-priority"]?.stringValue == "10" else { return nil }
+        let aps = message["apns"]?["payload"]?["aps"]
+        let alerts = message["notification"]?["title"] != nil || message["notification"]?["body"] != nil
+            || aps?["alert"] != nil || aps?["sound"] != nil || aps?["badge"] != nil
+        guard !alerts || headers?["apns-push-type"]?.stringValue == "background" else { return nil }
+        return ("message.apns.headers",
+                "apns-priority 10 is not allowed for a background notification (no alert, or content-available): use 5")
     }
 
     // MARK: - Answers as Google writes them
 
+    /// The project's number, as Google's quota answers name it (the simulator's project has one number).
+    private var projectNumber: String { "100000000001" }
+
+    /// A quota 429 as Google writes it: `RESOURCE_EXHAUSTED`, a `QuotaFailure` naming what
+    /// was exceeded, FCM's code or an `ErrorInfo` (`quotaShape`, the project's only), and
+    /// `Retry-After` unless `quotaRetryAfter` is off (a device's `quota-` token always has it).
+    private func quotaRefusal(_ scope: FCMV1Error.QuotaScope, subject: String, retryAfter: Int?,
+                              alwaysRetryAfter: Bool = false) -> HTTPServerResponse {
+        let description = scope == .device ? "Device message rate exceeded." : "Message rate quota exceeded for the project."
+        let quotaFailure: JSONValue = ["@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                                       "violations": [["subject": .string(subject), "description": .string(description)]]]
+        var details: [JSONValue]
+        if scope == .project, settings.quotaShape == .errorInfo {
+            details = [["@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "RATE_LIMIT_EXCEEDED", "domain": "googleapis.com",
+                        "metadata": ["service": "fcm.googleapis.com", "quota_metric": "fcm.googleapis.com/fcm_message_requests",
+                                     "consumer": .string("projects/\(projectNumber)")]], quotaFailure]
+        } else {
+            details = [["@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError", "errorCode": "QUOTA_EXCEEDED"], quotaFailure]
+        }
+        var response = Self.googleError(429, "RESOURCE_EXHAUSTED",
+                                        scope == .device ? "Message rate exceeded for this device." : "Quota exceeded for quota metric 'Send requests'.",
+                                        details: details)
+        if let retryAfter, settings.quotaRetryAfter || alwaysRetryAfter { response.headers.append(("retry-after", String(retryAfter))) }
+        return response
+    }
+
     private static func scriptedError(_ status: Int) -> HTTPServerResponse {
         switch status {
-        case 429: fcmError(429, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED", "Quota exceeded.")
+        case 429: googleError(429, "RESOURCE_EXHAUSTED", "Quota exceeded.", details: [
+            ["@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError", "errorCode": "QUOTA_EXCEEDED"],
+            ["@type": "type.googleapis.com/google.rpc.QuotaFailure",
+             "violations": [["subject": "project_number:1000", "description": "Message rate quota exceeded for the project."]]],
+        ])
         case 500: fcmError(500, "INTERNAL", "INTERNAL", "Internal error encountered.")
         case 503: fcmError(503, "UNAVAILABLE", "UNAVAILABLE", "The service is currently unavailable.")
         case 401: googleError(401, "UNAUTHENTICATED", "Request had invalid authentication credentials.")

@@ -40,6 +40,8 @@ public struct FCMWorker: Sendable {
     private let misconfiguration = BlockingLock<ConfigurationError?>(nil)
     /// What `/metrics` shows (also without `--metrics-address`, for embedding applications).
     let metrics = WorkerMetrics()
+    /// Reload requests (SIGHUP): v1 sending stopped for a sender mismatch resumes.
+    private let reloads = ReloadGeneration()
 
     /// The Prometheus text `/metrics` would serve now (for applications that embed the
     /// worker and export metrics their own way, and for the benchmarks).
@@ -57,6 +59,14 @@ public struct FCMWorker: Sendable {
     /// waited for: what is uncommitted is spooled at once).
     public func requestShutdown() {
         shutdown.request()
+    }
+
+    /// Asks the worker to take its credentials again (what SIGHUP does): v1 sending stopped
+    /// because FCM answered `SENDER_ID_MISMATCH` for most tokens resumes, with the service
+    /// account's key file read again.
+    public func reloadCredentials() {
+        logger.info("reloading the credentials (SIGHUP): the service-account key file is read again for the next access token")
+        reloads.request()
     }
 
     /// Runs until `requestShutdown()` has shut the worker down gracefully, or until cancelled,
@@ -146,7 +156,8 @@ public struct FCMWorker: Sendable {
             logger.notice("behind a transaction pooler without --database-direct-url: no LISTEN, new outbox rows are found by the sweep "
                           + "every \(configuration.downstream.sweepInterval.formattedSeconds)")
         }
-        let outbox = Outbox(pool: pools.outbox, listenTarget: listenTarget, client: httpClient, v1: v1Client, settings: configuration.downstream,
+        let outbox = Outbox(pool: pools.outbox, listenTarget: listenTarget, client: httpClient, v1: v1Client, reloads: reloads,
+                            settings: configuration.downstream,
                             logger: logger.labeled("outbox"), metrics: metrics, onListening: { observer?(.outboxListening) })
         let ccs = CCSConnections(configuration: configuration, tls: tls, logger: logger, observer: observer,
                                  pipeline: pipeline, sender: outbox.xmpp, metrics: metrics)
@@ -155,6 +166,7 @@ public struct FCMWorker: Sendable {
             sources.windows = { outbox.xmpp.windows }
             sources.queueDepth = { pipeline.backlog }
             sources.databaseConnections = { (pools.upstream.openCount, pools.outbox.openCount) }
+            sources.sendableTransports = v1Client == nil ? ["xmpp", "http"] : ["xmpp", "http", "v1"]
         }
         let group = ServiceGroup(stages: [
             .init("outbox", [outbox.service(shutdownTimeout: configuration.shutdownTimeout, shutdown: shutdown)]),

@@ -30,6 +30,9 @@ struct ObservabilityService: Service {
     /// 240,000 of them, and 5–10 µs per message sent at the benchmark's rates when it ran
     /// with every probe), so the probes between read `SELECT 1`.
     static let backlogInterval: Duration = .seconds(10)
+    /// How often rows this worker cannot send (v1 without a service account) are looked
+    /// for and, while there are any, said at warning.
+    static let unsendableInterval: Duration = .seconds(60)
 
     func run(until stop: ShutdownSignal) async throws {
         let heartbeat = Heartbeat()
@@ -88,9 +91,13 @@ struct ObservabilityService: Service {
             case backlog([WorkerMetrics.Backlog], DatabaseServer)
         }
         var backlogReadAt: ContinuousClock.Instant?
+        var unsendableCheckedAt: ContinuousClock.Instant?
+        let sendable = metrics.sources.withLock { $0.sendableTransports }
+        let checksUnsendable = sendable.count < WorkerMetrics.transports.count
         while !Task.isCancelled {
             let now = ContinuousClock.now
-            let readsBacklog = address != nil && backlogReadAt.map { now - $0 >= Self.backlogInterval } ?? true
+            let unsendableDue = checksUnsendable && unsendableCheckedAt.map { now - $0 >= Self.unsendableInterval } ?? checksUnsendable
+            let readsBacklog = unsendableDue || (address != nil && backlogReadAt.map { now - $0 >= Self.backlogInterval } ?? true)
             let answer = await withTaskGroup(of: Answer.self) { group in
                 group.addTask {
                     do {
@@ -122,8 +129,21 @@ struct ObservabilityService: Service {
                 metrics.databaseReachable.store(true, ordering: .relaxed)
                 metrics.backlog.withLock { $0 = backlog }
                 backlogReadAt = now
+                if unsendableDue {
+                    unsendableCheckedAt = now
+                    warnOfUnsendableRows(backlog, sendable: sendable)
+                }
             }
             guard await sleepUnlessCancelled(for: Self.probeInterval) else { return }
+        }
+    }
+
+    /// Says at warning which rows wait for a transport this worker cannot send.
+    private func warnOfUnsendableRows(_ backlog: [WorkerMetrics.Backlog], sendable: Set<String>) {
+        for (transport, rows) in WorkerMetrics.unsendable(backlog, sendable: sendable) where rows > 0 {
+            let missing = transport == "v1" ? "no service account (--service-account-file or GOOGLE_APPLICATION_CREDENTIALS)" : "no credentials for it"
+            logger.warning("\(rows) outbox row(s) with transport \(transport) wait: this worker cannot send them (\(missing)); "
+                           + "give it one and restart, or run a worker that has one")
         }
     }
 

@@ -446,6 +446,7 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         settings.trust = caFile.map { .caFile($0) } ?? .systemDefault
         settings.projectID = projectID
         settings.maximumConnections = v1Connections
+        settings.clientName = "fcm-worker/\(WorkerMain.version)"
         return settings
     }
 

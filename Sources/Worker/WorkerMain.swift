@@ -172,7 +172,9 @@ public enum WorkerMain {
     static func serve(_ configuration: WorkerConfiguration, handlers: UpstreamHandlers, context: WorkerCommandContext) async -> Int32 {
         let worker = FCMWorker(configuration: configuration, handlers: handlers,
                                logger: Logger(label: context.program, minimumLevel: configuration.logLevel, format: configuration.logFormat))
-        ProcessSignals.ignoreSIGHUP()
+        // SIGHUP: take the credentials again (the service-account key file); never ends the process.
+        let reload = SignalTrap([SIGHUP]) { _ in worker.reloadCredentials() }
+        defer { withExtendedLifetime(reload) {} }
         for warning in configuration.warnings { worker.logger.warning(warning) }
         worker.logger.info("handlers: \(handlers.names.joined(separator: ", "))")
         let signals = Atomic(0)

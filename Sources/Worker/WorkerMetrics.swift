@@ -60,6 +60,19 @@ final class WorkerMetrics: OutboxMetrics {
         var windows: @Sendable () -> [ConnectionWindow] = { [] }
         var queueDepth: @Sendable () -> Int = { 0 }
         var databaseConnections: @Sendable () -> (upstream: Int, outbox: Int) = { (0, 0) }
+        /// The transports this worker can send (v1 only with a service account).
+        var sendableTransports: Set<String> = ["xmpp", "http", "v1"]
+    }
+
+    /// Transports whose rows this worker cannot send: v1 without a service account.
+    static let transports = ["xmpp", "http", "v1"]
+
+    /// Rows of the backlog that this worker cannot send, by transport (every transport
+    /// named, 0 for those it can send).
+    static func unsendable(_ groups: [Backlog], sendable: Set<String>) -> [(transport: String, rows: Int)] {
+        transports.map { transport in
+            (transport, sendable.contains(transport) ? 0 : groups.filter { $0.transport == transport }.reduce(0) { $0 + $1.rows })
+        }
     }
 
     let upstream = BlockingLock(Upstream())
@@ -68,6 +81,8 @@ final class WorkerMetrics: OutboxMetrics {
     let downstream = BlockingLock([DownstreamKey: Int]())
     let downstreamErrors = BlockingLock([DownstreamKey: Int]())
     let downstreamRoundTrip = BlockingLock(Histogram.seconds)
+    /// v1 sending stopped for a sender mismatch (1), and how often it stopped.
+    let v1Stopped = BlockingLock((now: false, times: 0))
     /// Journal mode: each group write and its `fdatasync`, and the messages it carried.
     let journalFlushes = BlockingLock((seconds: Histogram.seconds, sizes: Histogram.sizes, failures: 0))
     /// Journal mode: why the journal cannot be written now (nil while it can), for `/readyz`.
@@ -196,6 +211,13 @@ final class WorkerMetrics: OutboxMetrics {
         }
     }
 
+    func v1SendingStopped(_ stopped: Bool) {
+        v1Stopped.withLock { state in
+            if stopped && !state.now { state.times += 1 }
+            state.now = stopped
+        }
+    }
+
     func connectFailed() { connections.withLock { $0.connectFailures += 1 } }
     func drained() { connections.withLock { $0.drains += 1 } }
 
@@ -271,6 +293,14 @@ final class WorkerMetrics: OutboxMetrics {
         page.gauge("fcm_worker_outbox_oldest_due_age_seconds", "how long the oldest due outbox row has waited, by transport",
                    Dictionary(grouping: groups, by: \.transport).sorted { $0.key < $1.key }
                        .map { ([("transport", $0.key)], $0.value.map(\.oldestDueAge).max() ?? 0) })
+        page.gauge("fcm_worker_outbox_unsendable_rows",
+                   "outbox rows still to send over a transport this worker cannot send (v1 without a service account), by transport",
+                   Self.unsendable(groups, sendable: sources.sendableTransports).map { ([("transport", $0.transport)], Double($0.rows)) })
+        let v1 = v1Stopped.withLock { $0 }
+        page.gauge("fcm_worker_v1_sending_stopped",
+                   "1 while v1 sending is stopped because FCM answers SENDER_ID_MISMATCH for most tokens (the credentials' project is wrong)",
+                   v1.now ? 1 : 0)
+        page.counter("fcm_worker_v1_sender_mismatch_stops_total", "times v1 sending stopped for a sender mismatch", v1.times)
 
         let pools = sources.databaseConnections()
         page.gauge("fcm_worker_database_connections", "open database connections, by pool",

@@ -110,7 +110,11 @@ import Transport
             return nil
         }
         #expect(action(answer(404, fcm(404, "NOT_FOUND", "UNREGISTERED"))) == .failAndMarkToken(.unregistered))
-        #expect(action(answer(403, fcm(403, "PERMISSION_DENIED", "SENDER_ID_MISMATCH"))) == .failAndMarkToken(.unregistered))
+        // Not a dead token: the credentials' project differs from the token's (Google drops tokens only for the two above).
+        #expect(action(answer(403, fcm(403, "PERMISSION_DENIED", "SENDER_ID_MISMATCH"))) == .failForSenderMismatch)
+        // THIRD_PARTY_AUTH_ERROR by its older name: never an access-token refresh.
+        #expect(action(answer(401, fcm(401, "UNAUTHENTICATED", "APNS_AUTH_ERROR"))) == .fail)
+        #expect(action(answer(403, fcm(403, "PERMISSION_DENIED", "APNS_AUTH_ERROR"))) == .fail)
         #expect(action(answer(429, fcm(429, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED"))) == .slowDownProject)
         #expect(action(answer(503, fcm(503, "UNAVAILABLE", "UNAVAILABLE"))) == .retry)
         #expect(action(answer(500, fcm(500, "INTERNAL", "INTERNAL"))) == .retry)
@@ -128,6 +132,79 @@ import Transport
             #expect(error.retryAfter == .seconds(30))
         }
         #expect(action(answer(200, "{}")) == .retry, "a 200 without a name is no delivery")
+    }
+
+    @Test func quotaRefusalsAreReadInBothOfGooglesShapesAndSayWhoseRateRanOut() {
+        func error(_ status: Int, _ body: String) -> FCMV1Error? {
+            if case .refused(let error) = FCMV1Answer(status: status, headers: [:], body: body) { return error }
+            return nil
+        }
+        let quotaFailure = { (subject: String, description: String) in
+            #"{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"subject":"\#(subject)","description":"\#(description)"}]}"#
+        }
+        // The API front end's shape: RESOURCE_EXHAUSTED with ErrorInfo, no FcmError.
+        let errorInfo = error(429, #"{"error":{"code":429,"message":"Quota exceeded","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"RATE_LIMIT_EXCEEDED","domain":"googleapis.com","metadata":{"quota_metric":"fcm.googleapis.com/fcm_message_requests"}}]}}"#)
+        #expect(errorInfo?.isQuota == true && errorInfo?.quotaScope == .project && errorInfo?.action == .slowDownProject)
+        // FCM's shape with a QuotaFailure naming a device: that device slows down, not the project.
+        let device = error(429, #"{"error":{"code":429,"message":"m","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.firebase.fcm.v1.FcmError","errorCode":"QUOTA_EXCEEDED"},\#(quotaFailure("device:abc", "Device message rate exceeded."))]}}"#)
+        #expect(device?.quotaScope == .device && device?.action == .slowDownTarget)
+        let topic = error(429, #"{"error":{"code":429,"message":"m","status":"RESOURCE_EXHAUSTED","details":[\#(quotaFailure("topic:news", "Topic message rate exceeded."))]}}"#)
+        #expect(topic?.quotaScope == .topic && topic?.action == .slowDownTarget)
+        let project = error(429, #"{"error":{"code":429,"message":"m","status":"RESOURCE_EXHAUSTED","details":[\#(quotaFailure("project_number:1", "Message rate quota exceeded for the project."))]}}"#)
+        #expect(project?.quotaScope == .project && project?.action == .slowDownProject)
+        // A bare 429 is the project's.
+        #expect(error(429, "Too Many Requests")?.action == .slowDownProject)
+    }
+
+    @Test func highPriorityMapsPerPlatformAndApplesTenIsOnlyForAlerts() throws {
+        // Data only: Android's HIGH, no APNs priority (10 would be refused for a background push).
+        let data = try request(["data": ["k": "v"], "priority": "high"]).message
+        #expect(data["android"]?["priority"] == "HIGH")
+        #expect(data["apns"]?["headers"]?["apns-priority"] == nil)
+        // content_available without an alert: a background push, priority 5.
+        let background = try request(["data": ["k": "v"], "priority": "high", "content_available": true]).message
+        #expect(background["apns"]?["headers"] == ["apns-priority": "5", "apns-push-type": "background"])
+        // An alert: 10 for high, 5 for normal.
+        #expect(try request(["notification": ["title": "T"], "priority": "high"]).message["apns"]?["headers"]?["apns-priority"] == "10")
+        #expect(try request(["notification": ["sound": "ping"], "priority": "high"]).message["apns"]?["headers"]?["apns-priority"] == "10")
+        #expect(try request(["notification": ["title": "T"], "priority": "normal"]).message["apns"]?["headers"]?["apns-priority"] == "5")
+    }
+
+    @Test func aTranslatedRowIsCheckedByV1sDataKeyRule() throws {
+        // Option names of the legacy API are ordinary data keys in v1.
+        let message = try request(["data": ["priority": "p", "to": "t", "collapse_key": "c", "notification": "n"]]).message
+        #expect(message["data"] == ["priority": "p", "to": "t", "collapse_key": "c", "notification": "n"])
+        for reserved in ["from", "message_type", "google.x", "gcm.y"] {
+            #expect(throws: DownstreamValidationError.self) { _ = try request(["data": [reserved: "v"]]) }
+        }
+    }
+
+    @Test func aTimeToLiveCountsFromWhenTheRowWasQueued() throws {
+        let queued = Date(timeIntervalSince1970: 1_000_000)
+        let now = queued.addingTimeInterval(250)
+        let translated = try FCMV1Message.requests(target: "t", condition: nil, registrationIDs: nil, payload: ["data": ["k": "v"], "time_to_live": 600],
+                                                   queuedAt: queued, now: now)[0].message
+        #expect(translated["android"]?["ttl"] == "350s")
+        #expect(translated["apns"]?["headers"]?["apns-expiration"] == "1000600")
+        #expect(translated["webpush"]?["headers"]?["TTL"] == "350")
+        let asIs = try FCMV1Message.requests(target: "t", condition: nil, registrationIDs: nil,
+                                             payload: ["message": ["android": ["ttl": "600s"], "webpush": ["headers": ["TTL": "600"]]]],
+                                             queuedAt: queued, now: now)[0].message
+        #expect(asIs["android"]?["ttl"] == "350s" && asIs["webpush"]?["headers"]?["TTL"] == "350")
+        // "Now or never" stays 0.
+        let now0 = try FCMV1Message.requests(target: "t", condition: nil, registrationIDs: nil, payload: ["data": ["k": "v"], "time_to_live": 0],
+                                             queuedAt: queued, now: now)[0].message
+        #expect(now0["android"]?["ttl"] == "0s" && now0["apns"]?["headers"]?["apns-expiration"] == "0")
+    }
+
+    @Test func theTokenEndpointsTransientAnswersAreNotRefusals() {
+        for (status, error) in [(408, nil), (429, nil), (500, nil), (503, nil), (400, "internal_failure"), (400, "server_error"),
+                                (400, "temporarily_unavailable")] as [(Int, String?)] {
+            #expect(!AccessTokenSource.isRefusal(status: status, error: error), "\(status) \(error ?? "")")
+        }
+        for (status, error) in [(400, "invalid_grant"), (401, "invalid_client"), (400, "unauthorized_client"), (403, nil)] as [(Int, String?)] {
+            #expect(AccessTokenSource.isRefusal(status: status, error: error), "\(status) \(error ?? "")")
+        }
     }
 
     @Test func theAssertionIsAnRS256JWTWithGooglesClaimsAndTheKeyIsNeverShown() throws {
