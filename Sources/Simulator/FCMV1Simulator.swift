@@ -164,6 +164,9 @@ public final class FCMV1Simulator: Sendable {
         /// Keeps every accepted message for `deliveries` (tests read them). A long-running
         /// simulator (`fcm-worker simulate`) turns it off: it would grow without end.
         public var recordsDeliveries = true
+        /// Called with each message accepted for delivery (not a `validate_only` one), on a
+        /// connection's thread (the test kit's fixture awaits them).
+        public var onDelivery: (@Sendable (Delivery) -> Void)?
         /// Called with each send's path, status and target (the `simulate` command logs them).
         public var onAnswer: (@Sendable (_ target: String, _ status: Int, _ protocolName: String) -> Void)?
 
@@ -466,18 +469,22 @@ public final class FCMV1Simulator: Sendable {
                 return (quotaRefusal(.project, subject: "project_number:\(projectNumber)", retryAfter: nil), target)
             }
         }
+        var delivered: Delivery?
         let name = state.withLock { state -> String in
             guard !validateOnly else { return "projects/\(project)/messages/fake_message_id" }
             state.nextMessageID += 1
             // As FCM writes them: 0:MICROSECONDS%SENDERHASH.
             let name = "projects/\(project)/messages/0:\(Int64(now.timeIntervalSince1970 * 1_000_000) + state.nextMessageID)%\(senderHash)"
-            if settings.recordsDeliveries {
-                state.deliveries.append(Delivery(name: name, message: .object(message), validateOnly: false, protocolName: request.protocolName,
-                                                 headers: request.headers.filter { $0.key != "authorization" }))
+            if settings.recordsDeliveries || settings.onDelivery != nil {
+                let delivery = Delivery(name: name, message: .object(message), validateOnly: false, protocolName: request.protocolName,
+                                        headers: request.headers.filter { $0.key != "authorization" })
+                if settings.recordsDeliveries { state.deliveries.append(delivery) }
+                delivered = delivery
             }
             state.counters.delivered += 1
             return name
         }
+        if let delivered { settings.onDelivery?(delivered) }
         return (Self.success(name: name), target)
     }
 

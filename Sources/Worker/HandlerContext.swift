@@ -145,9 +145,12 @@ public final class HandlerContext: BatchContext {
     override var sourceMessageID: String? { message.messageID }
 
     /// Queues a downstream message to the sender of this message. `options` are FCM's
-    /// fields such as `time_to_live`, `priority` or `notification`.
+    /// fields such as `time_to_live`, `priority` or `notification`; `transport` the one that
+    /// carries it (nil: the outbox's default; `.v1` for FCM's HTTP v1 API, the one that
+    /// reaches devices today).
     /// - Throws: `DownstreamValidationError` naming the field FCM would refuse (nothing is queued).
-    public func reply(data: [String: JSONValue], options: [String: JSONValue] = [:]) throws(DownstreamValidationError) {
-        try send(to: message.from, data: data, options: options)
+    public func reply(data: [String: JSONValue], options: [String: JSONValue] = [:],
+                      transport: OutgoingMessage.Transport? = nil) throws(DownstreamValidationError) {
+        try send(to: message.from, data: data, options: options, transport: transport)
     }
 }

@@ -83,7 +83,8 @@ public struct OutgoingMessage: Sendable, Equatable {
             }
             message = try DownstreamMessage(target: tokens[0], condition: nil, payload: payload, messageID: "check")
         }
-        try message.validate()
+        // A v1 send is checked by v1's rule for data keys (an option's name is an ordinary key there).
+        try message.validate(dataKeys: effectiveTransport == .v1 ? .v1 : .legacy)
         if effectiveTransport == .http, options["delivery_receipt_requested"] == .bool(true) {
             throw DownstreamValidationError("delivery_receipt_requested", "is an XMPP option: legacy HTTP has no delivery receipts")
         }

@@ -26,6 +26,9 @@ public final class WorkerFixture: Sendable {
     public let simulator: CCSSimulator
     /// The simulated legacy HTTP API (multicast, device groups): its `requests`.
     public let http: FCMHTTPSimulator
+    /// The simulated FCM HTTP v1 API and its token endpoint, whose service account the
+    /// worker sends rows with transport `v1` with: script its answers, read its counters.
+    public let v1: FCMV1Simulator
     /// The settings the worker runs with.
     public let configuration: WorkerConfiguration
     /// The database URL of the fixture's schema (for your own queries).
@@ -74,6 +77,7 @@ public final class WorkerFixture: Sendable {
         }
         let simulator = try CCSSimulator(configuration: simulatorSettings)
         let http: FCMHTTPSimulator
+        let v1: FCMV1Simulator
         do {
             http = try FCMHTTPSimulator(senderID: senderID, serverKey: serverKey, identity: identity,
                                         onAnswer: { request, _ in events.record(request) })
@@ -81,12 +85,23 @@ public final class WorkerFixture: Sendable {
             simulator.stop()
             throw error
         }
+        do {
+            var v1Settings = FCMV1Simulator.Settings()
+            v1Settings.onDelivery = { events.record($0) }
+            v1 = try FCMV1Simulator(identity: identity, settings: v1Settings)
+        } catch {
+            simulator.stop()
+            http.stop()
+            throw error
+        }
         let caFile = FileManager.default.temporaryDirectory.appendingPathComponent("fixture-ca-\(UUID()).pem").path
+        let accountFile = FileManager.default.temporaryDirectory.appendingPathComponent("fixture-account-\(UUID()).json").path
         let spoolFile = FileManager.default.temporaryDirectory.appendingPathComponent("fixture-\(UUID()).spool").path
         var schema: String?
         var url = databaseURL
         do {
             try authority.rootCertificatePEM.write(toFile: caFile, atomically: true, encoding: .utf8)
+            try v1.account.keyFileJSON.write(toFile: accountFile, atomically: true, encoding: .utf8)
             if isolated {
                 let name = "fixture_" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "").prefix(16)
                 let admin = try await PostgresConnection.connect(databaseURL)
@@ -103,12 +118,15 @@ public final class WorkerFixture: Sendable {
         } catch {
             simulator.stop()
             http.stop()
+            v1.stop()
             throw error
         }
         var configuration = WorkerConfiguration(senderID: senderID, serverKey: serverKey)
         configuration.host = "127.0.0.1"
         configuration.port = simulator.port
         configuration.httpEndpoint = "127.0.0.1:\(http.port)"
+        configuration.v1Endpoint = "127.0.0.1:\(v1.port)"
+        configuration.serviceAccountFile = accountFile
         configuration.caFile = caFile
         configuration.databaseURL = url
         configuration.migrate = true
@@ -121,10 +139,10 @@ public final class WorkerFixture: Sendable {
                                logger: Logger(label: "fixture worker", minimumLevel: logLevel),
                                observer: { events.record($0) })
         let task = Task { try await worker.run() }
-        let fixture = WorkerFixture(simulator: simulator, http: http, configuration: configuration, databaseURL: url,
+        let fixture = WorkerFixture(simulator: simulator, http: http, v1: v1, configuration: configuration, databaseURL: url,
                                     category: category ?? handlers.categories.first ?? "com.example.app",
                                     allowsProtocolViolations: allowsProtocolViolations, schema: schema,
-                                    baseURL: databaseURL, worker: worker, task: task, events: events, files: [caFile, spoolFile])
+                                    baseURL: databaseURL, worker: worker, task: task, events: events, files: [caFile, spoolFile, accountFile])
         do {
             try await events.wait(for: "the worker to connect and its outbox to listen", timeout: .seconds(30), failing: task) {
                 $0.connected && $0.outboxListening
@@ -136,11 +154,12 @@ public final class WorkerFixture: Sendable {
         return fixture
     }
 
-    private init(simulator: CCSSimulator, http: FCMHTTPSimulator, configuration: WorkerConfiguration, databaseURL: String,
+    private init(simulator: CCSSimulator, http: FCMHTTPSimulator, v1: FCMV1Simulator, configuration: WorkerConfiguration, databaseURL: String,
                  category: String, allowsProtocolViolations: Bool, schema: String?, baseURL: String, worker: FCMWorker,
                  task: Task<Void, any Error>, events: FixtureEvents, files: [String]) {
         self.simulator = simulator
         self.http = http
+        self.v1 = v1
         self.configuration = configuration
         self.databaseURL = databaseURL
         self.category = category
@@ -228,6 +247,24 @@ public final class WorkerFixture: Sendable {
         return events.snapshot.httpRequests.filter(matching)
     }
 
+    /// Waits until FCM's HTTP v1 API (the fixture's v1 simulator, which the worker sends
+    /// rows with transport `v1` to, with its service account) has accepted at least `count`
+    /// messages to `token` that `matching` accepts, and returns those so far, in order, each
+    /// as FCM got it (`message`, the v1 `Message` object):
+    /// `v1Deliveries(to: "phone-1") { $0.message["data"]?["text"] != nil }`.
+    public func v1Deliveries(to token: String, count: Int = 1, timeout: Duration = .seconds(10),
+                             matching: @escaping @Sendable (FCMV1Simulator.Delivery) -> Bool = { _ in true }) async throws
+        -> [FCMV1Simulator.Delivery] {
+        let selected: @Sendable (FCMV1Simulator.Delivery) -> Bool = { $0.message["token"]?.stringValue == token && matching($0) }
+        try await events.wait(for: "\(count) v1 message(s) to \(token)", timeout: timeout, failing: task) { state in
+            state.v1Deliveries.count(where: selected) >= count
+        }
+        return events.snapshot.v1Deliveries.filter(selected)
+    }
+
+    /// Every message FCM's v1 API accepted, in order.
+    public var allV1Deliveries: [FCMV1Simulator.Delivery] { events.snapshot.v1Deliveries }
+
     /// Every downstream message CCS received, in order.
     public var allDownstream: [DownstreamRequest] { events.snapshot.downstream }
 
@@ -254,6 +291,7 @@ public final class WorkerFixture: Sendable {
         let outcome = await task.result
         simulator.stop()
         http.stop()
+        v1.stop()
         if let schema {
             if let admin = try? await PostgresConnection.connect(baseURL) {
                 _ = try? await admin.execute("DROP SCHEMA \(schema) CASCADE")
@@ -279,6 +317,7 @@ final class FixtureEvents: Sendable {
         var deadLettered = Set<String>()
         var downstream: [DownstreamRequest] = []
         var httpRequests: [FCMHTTPSimulator.Request] = []
+        var v1Deliveries: [FCMV1Simulator.Delivery] = []
     }
 
     private struct Waiter {
@@ -318,6 +357,10 @@ final class FixtureEvents: Sendable {
 
     func record(_ request: FCMHTTPSimulator.Request) {
         update { $0.httpRequests.append(request) }
+    }
+
+    func record(_ delivery: FCMV1Simulator.Delivery) {
+        update { $0.v1Deliveries.append(delivery) }
     }
 
     private func update(_ change: (inout State) -> Void) {

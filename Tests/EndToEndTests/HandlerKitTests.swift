@@ -213,3 +213,43 @@ final class Announcements: Sendable {
         #expect(try back[0].decode(Back.self) == Back(joined: profile.joined, avatar: profile.avatar, id: profile.id, tags: profile.tags))
     }
 }
+
+/// The test kit's v1 side, as docs/handlers.md shows it: a handler that replies over FCM's
+/// HTTP v1 API, run in a fixture whose worker holds the simulated v1 API's service account.
+@Suite struct HandlerKitV1Tests {
+    private struct PingOverV1: UpstreamHandler {
+        func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws {
+            try context.reply(data: ["pong": .string(message.data["ping"] ?? "")], options: ["priority": "high"], transport: .v1)
+        }
+    }
+
+    @Test func aReplyOverV1IsAwaitedAndInspectedAsFCMGotIt() async throws {
+        var handlers = UpstreamHandlers()
+        handlers.register("ping", PingOverV1())
+        let fixture = try await WorkerFixture.start(handlers: handlers, databaseURL: try TestDatabase.baseURL)
+        let id = fixture.sendUpstream(from: "ios-phone-1", data: ["ping": "42"])
+        try await fixture.committed(id)
+        let sent = try await fixture.v1Deliveries(to: "ios-phone-1") { $0.message["data"]?["pong"] == "42" }
+        #expect(sent.count == 1)
+        #expect(sent.first?.message["android"]?["priority"] == "HIGH")
+        #expect(sent.first?.message["apns"] == nil)
+        #expect(sent.first?.headers["x-goog-api-format-version"] == "2")
+        #expect(fixture.allV1Deliveries.count == 1 && fixture.allDownstream.isEmpty, "nothing went over CCS")
+        try await fixture.waitForAckedV1Row()
+        try await fixture.stop()
+    }
+}
+
+private extension WorkerFixture {
+    /// Waits for the v1 row's answer to be written back.
+    func waitForAckedV1Row() async throws {
+        let deadline = ContinuousClock.now + .seconds(10)
+        while try await query("SELECT count(*) FROM downstream_messages WHERE transport = 'v1' AND status = 'acked'").first?.int(0) != 1 {
+            guard ContinuousClock.now < deadline else {
+                Issue.record("the v1 row was not acked within 10 s")
+                return
+            }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+}
