@@ -91,7 +91,8 @@ struct MaintenanceCommands<Application: Sendable>: Sendable {
 
     /// `status`: what the database says about the worker.
     var statusCommand: WorkerCommand {
-        let options = table([workerOption("--database-url"), workerOption("--database-url-file"), workerOption("--migrations-dir"), workerOption("--spool-file"), Self.json])
+        let options = table([workerOption("--database-url"), workerOption("--database-url-file"), workerOption("--migrations-dir"), workerOption("--spool-file"),
+                             workerOption("--service-account-file"), Self.json])
         let initial = self.initial
         return WorkerCommand(name: "status", summary: "print pending migrations, the outbox by transport and status, dead letters, "
                                  + "token states and the spool (database only; --json for scripts)",
@@ -101,7 +102,9 @@ struct MaintenanceCommands<Application: Sendable>: Sendable {
             if let extra = positional.first { return context.fail("status: unexpected argument \(extra)") }
             return await Self.running("status", context) {
                 let migrator = try settings.worker.migrator()
-                let report = try await Self.withDatabase(settings) { try await StatusReport.read(from: $0, migrator: migrator) }
+                var report = try await Self.withDatabase(settings) { try await StatusReport.read(from: $0, migrator: migrator) }
+                // Rows a worker with these settings could not send: v1 without a service account.
+                report.sendableTransports = settings.worker.serviceAccountFile == nil ? ["xmpp", "http"] : ["xmpp", "http", "v1"]
                 let spool = StatusReport.spool(at: settings.worker.spoolFile)
                 if settings.json {
                     var object = report.json

@@ -23,6 +23,17 @@ struct StatusReport: Sendable {
     /// Reason → (not replayed, all).
     var deadLetters: [String: (open: Int, all: Int)]
     var tokens: [String: Int]
+    /// The transports a worker with the same settings can send (v1 needs a service account).
+    var sendableTransports: Set<String> = ["xmpp", "http", "v1"]
+
+    /// Rows still to send over a transport those settings cannot send, by transport.
+    var unsendable: [String: Int] {
+        var rows: [String: Int] = [:]
+        for group in outbox where !sendableTransports.contains(group.transport) && ["pending", "retry", "sending"].contains(group.status) {
+            rows[group.transport, default: 0] += group.rows
+        }
+        return rows
+    }
 
     static func read(from connection: PostgresConnection, migrator: Migrator) async throws -> StatusReport {
         let database = try await DatabaseServer.identify(on: connection)
@@ -73,6 +84,7 @@ struct StatusReport: Sendable {
                  "oldest_due_age_seconds": group.oldestDueAge.map { JSONValue($0) } ?? .null]
             }),
             "default_transport": defaultTransport.map { .string($0) } ?? .null,
+            "unsendable": .object(unsendable.mapValues { JSONValue($0) }),
             "dead_letters": .object(deadLetters.mapValues { ["not_replayed": JSONValue($0.open), "all": JSONValue($0.all)] }),
             "tokens": .object(tokens.mapValues { JSONValue($0) }),
         ]
@@ -90,6 +102,10 @@ struct StatusReport: Sendable {
             for group in outbox {
                 let due = group.oldestDueAge.map { String(format: ", oldest due %.0f s ago", $0) } ?? ""
                 lines.append("  \(group.transport) \(group.status): \(group.rows)\(due)")
+            }
+            for (transport, rows) in unsendable.sorted(by: { $0.key < $1.key }) {
+                lines.append("  UNSENDABLE: \(rows) \(transport) row(s) wait, and a worker with these settings cannot send them "
+                             + "(\(transport == "v1" ? "no --service-account-file or GOOGLE_APPLICATION_CREDENTIALS" : "no credentials"))")
             }
         }
         lines.append(deadLetters.isEmpty ? "dead letters: none"

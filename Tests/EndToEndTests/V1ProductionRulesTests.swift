@@ -241,6 +241,14 @@ extension V1TransportTests {
         #expect(worker.metricsPage.contains(#"fcm_worker_outbox_unsendable_rows{transport="xmpp"} 0"#))
         worker.requestShutdown()
         try await task.value
+        // `status` with the same settings says so too; with a service account it does not.
+        let status = try await MaintenanceCommandTests.fcmWorker(["status", "--database-url", setup.database.url])
+        #expect(status.output.contains("UNSENDABLE: 2 v1 row(s) wait"), "\(status)")
+        let json = try await MaintenanceCommandTests.fcmWorker(["status", "--json", "--database-url", setup.database.url])
+        #expect(try JSONValue.parse(json.output)["unsendable"] == ["v1": 2], "\(json)")
+        let able = try await MaintenanceCommandTests.fcmWorker(["status", "--database-url", setup.database.url,
+                                                                "--service-account-file", setup.accountFile])
+        #expect(able.status == 0 && !able.output.contains("UNSENDABLE"), "\(able)")
         // A worker that has one sends them, and says so at its shutdown.
         let (sender, senderTask, senderLines) = launchLogged(setup.configuration)
         try await setup.database.waitForOutbox("status = 'acked'", count: 2)
