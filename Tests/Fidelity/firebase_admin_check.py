@@ -75,6 +75,26 @@ expect_error("THIRD_PARTY_AUTH_ERROR raises ThirdPartyAuthError", messaging.Thir
              messaging.Message(token="apns-refused-1"))
 expect_error("QUOTA_EXCEEDED raises QuotaExceededError", messaging.QuotaExceededError,
              messaging.Message(token="quota-1"))
+# The project's quota, in Google's shape (RESOURCE_EXHAUSTED, FcmError, QuotaFailure, no Retry-After).
+error = expect_error("a project-quota 429 raises QuotaExceededError", messaging.QuotaExceededError,
+                     messaging.Message(token="project-quota-1"))
+if error is not None:
+    details = (error.http_response.json().get("error") or {}).get("details") or []
+    check("the project-quota 429 names the project in a QuotaFailure",
+          any(d.get("@type", "").endswith("google.rpc.QuotaFailure") and "project" in str(d.get("violations")) for d in details),
+          details)
+# Apple refuses apns-priority 10 for a data-only (background) message, and FCM passes that on.
+expect_error("apns-priority 10 on a data-only message to an Apple token raises InvalidArgumentError",
+             firebase_admin.exceptions.InvalidArgumentError,
+             messaging.Message(token="ios-1", data={"k": "v"}, apns=messaging.APNSConfig(headers={"apns-priority": "10"})))
+check("a high-priority alert to an Apple token is sent",
+      messaging.send(messaging.Message(token="ios-2", notification=messaging.Notification(title="Hi"),
+                                       apns=messaging.APNSConfig(headers={"apns-priority": "10"}))).startswith("projects/"))
+check("a background push to an Apple token at priority 5 is sent",
+      messaging.send(messaging.Message(token="ios-3", data={"k": "v"},
+                                       apns=messaging.APNSConfig(headers={"apns-priority": "5", "apns-push-type": "background"},
+                                                                 payload=messaging.APNSPayload(aps=messaging.Aps(content_available=True)))
+                                       )).startswith("projects/"))
 
 batch = messaging.send_each([messaging.Message(token="device-%d" % n, data={"n": str(n)}) for n in range(5)]
                             + [messaging.Message(token="unregistered-2")])
