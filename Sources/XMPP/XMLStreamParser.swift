@@ -121,6 +121,10 @@ public final class XMLStreamParser {
         state.initialize(to: State(parser: parser, maxStanzaBytes: maxStanzaBytes, maxDepth: maxDepth,
                                    skipsOversizedStanzas: skipsOversizedStanzas))
         XML_SetUserData(parser, UnsafeMutableRawPointer(state))
+        // Every stanza as soon as its last byte is read: expat's reparse deferral (a guard
+        // against re-parsing one huge token fed in tiny pieces, which the stanza size limit
+        // bounds here) would hold a stanza back until more bytes came.
+        _ = shim_disable_reparse_deferral(parser)
         XML_SetElementHandler(parser, { user, name, attributes in
             State.at(user).pointee.startElement(name, attributes)
         }, { user, name in
