@@ -59,15 +59,7 @@ import Worker
         let database = try await TestDatabase.make()
         var configuration = try ccs.downstreamWorker(database: database)
         configuration.httpEndpoint = "no-such-host.invalid:443"
-        let lines = BlockingLock<[String]>([])
-        var handlers = UpstreamHandlers()
-        handlers.register("store", StoreHandler())
-        let worker = FCMWorker(configuration: configuration, handlers: handlers,
-                               logger: Logger(label: "test", minimumLevel: .info) { line in
-                                   TestLog.record(line)
-                                   lines.withLock { $0.append(line) }
-                               })
-        let task = Task { try await worker.run() }
+        let (_, task, lines) = launchLoggedWorker(configuration)
         defer { task.cancel() }
         try await ccs.simulator.waitForBoundSessions(1)
         _ = try await database.query("""
@@ -99,15 +91,7 @@ import Worker
                 ('short-lived', '{"data":{"k":"v"},"time_to_live":60}', now() - interval '2 minutes', 0, 'pending')
             RETURNING id
             """).compactMap { $0.int(0) }
-        let lines = BlockingLock<[String]>([])
-        var handlers = UpstreamHandlers()
-        handlers.register("store", StoreHandler())
-        let worker = FCMWorker(configuration: try ccs.downstreamWorker(database: database), handlers: handlers,
-                               logger: Logger(label: "test", minimumLevel: .info) { line in
-                                   TestLog.record(line)
-                                   lines.withLock { $0.append(line) }
-                               })
-        let task = Task { try await worker.run() }
+        let (_, task, lines) = launchLoggedWorker(try ccs.downstreamWorker(database: database))
         defer { task.cancel() }
         try await database.waitForOutbox("status IN ('acked', 'expired')", count: 3)
         #expect(try await database.outboxRow(rows[0])["status"] == "acked", "a first send is limited by its time to live only")

@@ -112,3 +112,17 @@ extension Array where Element == SimulatorEvent {
     var violations: [ProtocolViolation] { compactMap { if case .violation(_, let v) = $0 { v } else { nil } } }
     func count(_ predicate: (SimulatorEvent) -> Bool) -> Int { filter(predicate).count }
 }
+
+/// A worker running the `store` handler whose log lines are kept (and go to the sweep), with
+/// the worker itself (for `metricsPage`, `requestShutdown`, `reloadCredentials`).
+func launchLoggedWorker(_ configuration: WorkerConfiguration) -> (FCMWorker, Task<Void, any Error>, BlockingLock<[String]>) {
+    let lines = BlockingLock<[String]>([])
+    var handlers = UpstreamHandlers()
+    handlers.register("store", StoreHandler())
+    let worker = FCMWorker(configuration: configuration, handlers: handlers,
+                           logger: Logger(label: "test", minimumLevel: .info) { line in
+                               TestLog.record(line)
+                               lines.withLock { $0.append(line) }
+                           })
+    return (worker, Task { try await worker.run() }, lines)
+}

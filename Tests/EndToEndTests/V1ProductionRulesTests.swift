@@ -13,20 +13,6 @@ import Worker
 /// errors, `APNS_AUTH_ERROR`, v1's data keys, time to live from queueing, the client
 /// headers, and rows the worker cannot send.
 extension V1TransportTests {
-    /// A worker whose log lines are kept, with the worker itself (for its metrics page and
-    /// SIGHUP's `reloadCredentials`).
-    func launchLogged(_ configuration: WorkerConfiguration) -> (FCMWorker, Task<Void, any Error>, BlockingLock<[String]>) {
-        let lines = BlockingLock<[String]>([])
-        var handlers = UpstreamHandlers()
-        handlers.register("store", StoreHandler())
-        let worker = FCMWorker(configuration: configuration, handlers: handlers,
-                               logger: Logger(label: "test", minimumLevel: .info) { line in
-                                   TestLog.record(line)
-                                   lines.withLock { $0.append(line) }
-                               })
-        return (worker, Task { try await worker.run() }, lines)
-    }
-
     /// The number of rows matching `condition` once it stops moving (the write-back of
     /// answers already read lands within a moment).
     func settledCount(_ database: TestDatabase, _ condition: String) async throws -> Int {
@@ -92,7 +78,7 @@ extension V1TransportTests {
         defer { setup.stop() }
         var configuration = setup.configuration
         configuration.v1Connections = 1
-        let (worker, task, lines) = launchLogged(configuration)
+        let (worker, task, lines) = launchLoggedWorker(configuration)
         defer { task.cancel() }
         for index in 0..<40 { _ = try await insert(setup.database, target: "device-\(index)") }
         try await waitUntil("sending stops", within: .seconds(20)) { worker.metricsPage.contains("fcm_worker_v1_sending_stopped 1") }
@@ -139,7 +125,7 @@ extension V1TransportTests {
         var configuration = setup.configuration
         configuration.downstream.v1QuotaPause = .seconds(1)
         configuration.downstream.v1QuotaWindow = .seconds(1)
-        let (_, task, lines) = launchLogged(configuration)
+        let (_, task, lines) = launchLoggedWorker(configuration)
         defer { task.cancel() }
         _ = try await setup.database.query("""
             INSERT INTO downstream_messages (target, transport, payload)
@@ -161,7 +147,7 @@ extension V1TransportTests {
             settings.quotaWindow = .seconds(20)
         }
         defer { setup.stop() }
-        let (_, task, lines) = launchLogged(setup.configuration)
+        let (_, task, lines) = launchLoggedWorker(setup.configuration)
         defer { task.cancel() }
         let busy = try await insert(setup.database, target: "busy-phone")
         try await setup.database.waitForOutbox("status = 'acked' AND id = \(busy)", count: 1)
@@ -182,7 +168,7 @@ extension V1TransportTests {
         setup.v1.scriptTokenEndpoint([.status(400, error: "temporarily_unavailable"), .status(503), .status(408),
                                       .status(429), .status(400, error: "internal_failure"), .status(500)])
         let id = try await insert(setup.database, target: "device-1")
-        let (_, task, lines) = launchLogged(setup.configuration)
+        let (_, task, lines) = launchLoggedWorker(setup.configuration)
         defer { task.cancel() }
         try await setup.database.waitForOutbox("status = 'acked'", count: 1, within: .seconds(40))
         let row = try await setup.database.outboxRow(id)
@@ -233,7 +219,7 @@ extension V1TransportTests {
         configuration.serviceAccountFile = nil
         _ = try await insert(setup.database, target: "device-1")
         _ = try await insert(setup.database, target: "device-2")
-        let (worker, task, lines) = launchLogged(configuration)
+        let (worker, task, lines) = launchLoggedWorker(configuration)
         try await waitUntil("the waiting rows are said", within: .seconds(20)) {
             lines.withLock { $0 }.contains { $0.contains("2 outbox row(s) with transport v1 wait") && $0.contains("no service account") }
         }
@@ -250,7 +236,7 @@ extension V1TransportTests {
                                                                 "--service-account-file", setup.accountFile])
         #expect(able.status == 0 && !able.output.contains("UNSENDABLE"), "\(able)")
         // A worker that has one sends them, and says so at its shutdown.
-        let (sender, senderTask, senderLines) = launchLogged(setup.configuration)
+        let (sender, senderTask, senderLines) = launchLoggedWorker(setup.configuration)
         try await setup.database.waitForOutbox("status = 'acked'", count: 2)
         sender.requestShutdown()
         try await senderTask.value
