@@ -119,7 +119,7 @@ final class ConnectionHandle: @unchecked Sendable {
                 throw connectionError("sending a preparation failed")
             }
             try flush(deadline)
-            _ = try results(for: 0, deadline: deadline)
+            _ = try results(for: 0, deadline: deadline, byName: true)
             preparedNames[statement.sql] = candidate
             name = candidate
         }
@@ -129,7 +129,7 @@ final class ConnectionHandle: @unchecked Sendable {
         guard sent == 1 else { throw connectionError("sending a statement failed") }
         try flush(deadline)
         do {
-            return try results(for: 0, deadline: deadline) ?? PostgresResult(rows: [], affectedRows: 0)
+            return try results(for: 0, deadline: deadline, byName: name != nil) ?? PostgresResult(rows: [], affectedRows: 0)
         } catch {
             forgetIfStale(statement.sql, after: error)
             throw error
@@ -144,7 +144,7 @@ final class ConnectionHandle: @unchecked Sendable {
         defer { statementInFlight = false; noteTransactionStatus() }
         guard PQsendQuery(connection, sql) == 1 else { throw connectionError("sending a query failed") }
         try flush(deadline)
-        _ = try results(for: 0, deadline: deadline)
+        _ = try results(for: 0, deadline: deadline, byName: false)
     }
 
     func pipeline(_ statements: [PostgresStatement], deadline: ContinuousClock.Instant?) throws(PostgresError) -> [PostgresResult] {
@@ -207,7 +207,7 @@ final class ConnectionHandle: @unchecked Sendable {
             }
             position += 1
             do {
-                results.append(try decodeStatus(status, of: result, statement: numbers[index]))
+                results.append(try decodeStatus(status, of: result, statement: numbers[index], byName: false))
             } catch {
                 if firstError == nil { firstError = error }
             }
@@ -267,6 +267,8 @@ final class ConnectionHandle: @unchecked Sendable {
         // its generic plan proves as good, plans it once too).
         var preparing: [Int: String] = [:]
         var preparingNames: [String: String] = [:]
+        // The statements sent by a prepared name (their errors can say the pooler lost it).
+        var byName = [Bool](repeating: true, count: statements.count)
         for (index, statement) in statements.enumerated() {
             let sent: Int32
             let values = encoded[index].values
@@ -280,6 +282,7 @@ final class ConnectionHandle: @unchecked Sendable {
                 preparing[index] = name
                 sent = PQsendQueryPrepared(connection, name, Int32(values.count), values, nil, nil, 0)
             } else {
+                byName[index] = false
                 sent = PQsendQueryParams(connection, statement.sql, Int32(values.count), nil, values, nil, nil, 0)
             }
             guard sent == 1 else { throw connectionError("sending a pipelined statement failed") }
@@ -299,7 +302,7 @@ final class ConnectionHandle: @unchecked Sendable {
                     if PQresultStatus(result) == PGRES_COMMAND_OK {
                         prepared = true
                     } else if PQresultStatus(result) != PGRES_PIPELINE_ABORTED {
-                        do { _ = try decode(result, statement: numbers[index]) } catch {
+                        do { _ = try decode(result, statement: numbers[index], byName: true) } catch {
                             if firstError == nil { firstError = error }
                         }
                     }
@@ -311,7 +314,7 @@ final class ConnectionHandle: @unchecked Sendable {
                 defer { PQclear(result) }
                 if PQresultStatus(result) == PGRES_PIPELINE_ABORTED { continue }
                 do {
-                    outcome = try decode(result, statement: numbers[index])
+                    outcome = try decode(result, statement: numbers[index], byName: byName[index])
                 } catch {
                     forgetIfStale(statements[index].sql, after: error)
                     if firstError == nil { firstError = error }
@@ -380,13 +383,13 @@ final class ConnectionHandle: @unchecked Sendable {
     }
 
     /// Every result of the statement sent last; the last one decoded (errors thrown).
-    private func results(for index: Int, deadline: ContinuousClock.Instant?) throws(PostgresError) -> PostgresResult? {
+    private func results(for index: Int, deadline: ContinuousClock.Instant?, byName: Bool) throws(PostgresError) -> PostgresResult? {
         var outcome: PostgresResult?
         var firstError: PostgresError?
         while let result = try nextResult(deadline) {
             defer { PQclear(result) }
             do {
-                outcome = try decode(result, statement: index)
+                outcome = try decode(result, statement: index, byName: byName)
             } catch {
                 if firstError == nil { firstError = error }
             }
@@ -532,12 +535,15 @@ final class ConnectionHandle: @unchecked Sendable {
         return PostgresError(kind: .connection, message: target.redact("\(what): \(detail)"))
     }
 
-    private func decode(_ result: OpaquePointer?, statement index: Int) throws(PostgresError) -> PostgresResult {
+    /// `byName`: the result is of a statement run by one of this connection's prepared
+    /// names, or of its preparation.
+    private func decode(_ result: OpaquePointer?, statement index: Int, byName: Bool) throws(PostgresError) -> PostgresResult {
         guard let result else { throw connectionError("no result") }
-        return try decodeStatus(PQresultStatus(result), of: result, statement: index)
+        return try decodeStatus(PQresultStatus(result), of: result, statement: index, byName: byName)
     }
 
-    private func decodeStatus(_ status: ExecStatusType, of result: OpaquePointer, statement index: Int) throws(PostgresError) -> PostgresResult {
+    private func decodeStatus(_ status: ExecStatusType, of result: OpaquePointer, statement index: Int,
+                              byName: Bool) throws(PostgresError) -> PostgresResult {
         switch status {
         case PGRES_TUPLES_OK, PGRES_COMMAND_OK, PGRES_EMPTY_QUERY:
             let rowCount = PQntuples(result), columnCount = PQnfields(result)
@@ -568,10 +574,12 @@ final class ConnectionHandle: @unchecked Sendable {
                 healthy.value = false
                 throw PostgresError(kind: .connection, sqlState: sqlState, message: message)
             }
-            let error = PostgresError(kind: .statement, sqlState: sqlState, message: message, statementIndex: index)
             // The server does not hold what this connection prepared (or holds it already):
             // the names this connection knows are wrong, so it is replaced after this call.
-            if error.meansPreparedStatementsAreNotKept {
+            let notKept = byName && (sqlState == "26000" || sqlState == "42P05")
+            let error = PostgresError(kind: .statement, sqlState: sqlState, message: message, statementIndex: index,
+                                      preparedStatementNotKept: notKept)
+            if notKept {
                 // Not `healthy`: the call reads its remaining results first.
                 lostPreparedStatements.value = true
                 preparedStatementsNotKept.withLock { if $0 == nil { $0 = error } }

@@ -51,14 +51,13 @@ public struct PostgresConnectionString: Sendable, CustomStringConvertible {
         }.joined(separator: " ")
     }
 
-    /// `text` with this string's password, and any URL or keyword password, replaced by
-    /// `***`, on one line.
+    /// `text` with any URL or keyword password (`://user:secret@`, `password=secret`)
+    /// replaced by `***`, on one line. Only where a password is written as part of a
+    /// connection string: the password's characters elsewhere are left alone, so that a
+    /// short one (`fcm`) cannot mangle a server's message, a statement's name or a label.
+    /// libpq's and the server's messages never quote the password itself.
     public func redact(_ text: String) -> String {
-        var redacted = Self.redactPatterns(text)
-        if let password = self["password"], !password.isEmpty {
-            redacted = redacted.replacingOccurrences(of: password, with: "***")
-        }
-        return redacted
+        Self.redactPatterns(text)
     }
 
     /// Replaces URL and keyword passwords in `text` (`://user:secret@`, `password=secret`,

@@ -232,7 +232,7 @@ struct UpstreamDispatcher: Sendable {
                         }
                     }
                 }
-            } catch let error as PostgresError where error.kind == .connection {
+            } catch let error as PostgresError where error.isDatabaseState {
                 metrics.handler(route.name, runs: matching.count, failed: true)
                 throw error
             } catch let error as Refusal {

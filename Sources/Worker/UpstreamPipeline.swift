@@ -184,7 +184,7 @@ final class UpstreamPipeline: Sendable {
                              metadata: ["message_id": refusal.messageID, "handler": refusal.route])
                 batch[index] = UpstreamDispatcher.deadLetter(batch[index], message, error: refusal.description, handler: refusal.route,
                                                              code: UpstreamDispatcher.code(of: refusal.error))
-            } catch let error as PostgresError where error.kind == .connection {
+            } catch let error as PostgresError where error.isDatabaseState {
                 if Task.isCancelled { return batch }
                 metrics.databaseErrors.add(1, ordering: .relaxed)
                 let delay = outage.next()

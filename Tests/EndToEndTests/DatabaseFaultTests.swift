@@ -1,6 +1,7 @@
 import FCM
 import Foundation
 import Postgres
+import Runtime
 import Simulator
 import Testing
 import Worker
@@ -184,5 +185,47 @@ import Worker
         let lost = ackedBeforeRestart.subtracting(try await database.storedMessageIDs())
         #expect(lost.isEmpty, "\(lost.count) acked message(s) lost, e.g. \(lost.prefix(5)); \(secondLog.suffix(2000))")
         #expect(try await database.count("upstream_messages") == 5_000)
+    }
+}
+
+/// Errors that are the database's state, not the message's (too many connections, a server
+/// shutting down, disk full, a read-only server), raised inside a handler's transaction:
+/// the batch waits as in an outage and is tried again, and no attempt of the message is
+/// spent on them (each once consumed an attempt: two of them dead-lettered a message).
+@Suite struct DatabaseStateErrorTests {
+    /// Raises `states` in order, one per run, then stores the message.
+    private struct FailingWithState: UpstreamHandler {
+        let states: [String]
+        let runs = BlockingLock(0)
+
+        func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws {
+            let run = runs.withLock { runs in
+                defer { runs += 1 }
+                return runs
+            }
+            if run < states.count {
+                _ = try await context.query("DO $$ BEGIN RAISE EXCEPTION 'the database''s state' USING ERRCODE = '\(states[run])'; END $$")
+            }
+            context.execute("INSERT INTO upstream_messages (message_id, from_token, category, received_at) VALUES ($1, $2, $3, now())",
+                            [.text(message.messageID), .text(message.from), .text(message.category ?? "")])
+        }
+    }
+
+    @Test func theDatabasesStateNeverSpendsAMessagesAttempts() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        var configuration = try ccs.worker(database: database)
+        configuration.maxAttempts = 2
+        let handler = FailingWithState(states: ["53300", "57P03", "53100", "25006"])
+        var handlers = UpstreamHandlers()
+        handlers.register("state", handler)
+        let (task, _) = startWorker(configuration, handlers: handlers)
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        ccs.simulator.injectUpstream(from: "phone-1", messageID: "waits-out-the-state")
+        await database.waitForRows(in: "upstream_messages", count: 1, within: .seconds(30))
+        #expect(try await database.count("dead_letters") == 0)
+        #expect(handler.runs.withLock { $0 } == 5)
     }
 }

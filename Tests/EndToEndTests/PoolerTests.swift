@@ -16,10 +16,11 @@ private let pgbouncerPort = ProcessInfo.processInfo.environment["FCM_TEST_PGBOUN
 struct PoolerTests {
     /// A database of its own (PgBouncer cannot pass the schema option the other tests use),
     /// and its URL through PgBouncer.
-    private static func pooledDatabase() async throws -> (direct: TestDatabase, pooled: String) {
+    /// `password`: carried in the pooled URL (PgBouncer here takes any).
+    private static func pooledDatabase(password: String? = nil) async throws -> (direct: TestDatabase, pooled: String) {
         let (database, name) = try await TestDatabase.makeDedicated()
         let port = try #require(pgbouncerPort)
-        return (database, "postgresql://postgres@127.0.0.1:\(port)/\(name)")
+        return (database, "postgresql://postgres\(password.map { ":\($0)" } ?? "")@127.0.0.1:\(port)/\(name)")
     }
 
     /// Upstream messages stored once each, and outbox rows (a handler's replies and rows
@@ -63,10 +64,17 @@ struct PoolerTests {
     /// part of what it acked); nothing it acked is lost: what it could not commit is
     /// spooled, and a start with the setting stores it. `migrate` through the pooler needs
     /// the direct URL.
-    @Test func withoutTheSettingAWorkerBehindATransactionPoolerStopsNamingIt() async throws {
+    ///
+    /// The detection keys on the SQLSTATE of a statement run by its prepared name, never on
+    /// the message's text: with the password `fcm`, the log's redaction once turned the
+    /// statement's name into `***_…`, the detection never fired, and the worker dead-lettered
+    /// message after message for good (`does`: a password inside the server's message).
+    /// Those errors are the database's state, not the messages': none is dead-lettered.
+    @Test(arguments: ["fcm", "does"])
+    func withoutTheSettingAWorkerBehindATransactionPoolerStopsNamingIt(password: String) async throws {
         let ccs = try TestCCS(configure: { $0.recordsEvents = true })
         defer { ccs.simulator.stop() }
-        let (database, pooled) = try await Self.pooledDatabase()
+        let (database, pooled) = try await Self.pooledDatabase(password: password)
         let spool = FileManager.default.temporaryDirectory.appendingPathComponent("spool-\(UUID())").path
         let (worker, errors) = try WorkerProcess.start(ccs, databaseURL: pooled, spool: spool, ["--shutdown-timeout", "3"])
         defer { if worker.isRunning { worker.terminate() } }
@@ -79,6 +87,9 @@ struct PoolerTests {
         #expect(worker.terminationStatus == 2, "\(output.suffix(3000))")
         let last = output.split(separator: "\n").last.map(String.init) ?? ""
         #expect(last.contains("--database-pooler transaction") && last.contains("--database-direct-url"), "\(last)")
+        #expect(last.contains("\"fcm_") && (last.contains("does not exist") || last.contains("already exists")),
+                "the server's message as it was: \(last)")
+        #expect(try await database.count("dead_letters") == 0, "\(output.suffix(3000))")
 
         // What it acked is stored once, by a start with the setting.
         let (second, secondErrors) = try WorkerProcess.start(ccs, databaseURL: pooled, spool: spool,

@@ -275,6 +275,31 @@ import Testing
         #expect(!first.isHealthy)
     }
 
+    @Test func theSameSQLSTATEFromAStatementNotRunByNameSaysNothingAboutPreparedStatements() async throws {
+        let connection = try await PostgresConnection.connect(try testDatabaseURL())
+        defer { Task { await connection.close() } }
+        // 26000 raised by a statement that has no parameters (so is not prepared), whose
+        // message even names an fcm_ statement: not the pooler's doing.
+        await #expect { try await connection.execute(#"DO $$ BEGIN RAISE EXCEPTION 'prepared statement "fcm_0" does not exist' USING ERRCODE = '26000'; END $$"#) } throws: {
+            let error = $0 as? PostgresError
+            return error?.sqlState == "26000" && error?.meansPreparedStatementsAreNotKept == false && error?.isDatabaseState == false
+        }
+        #expect(connection.preparedStatementsNotKept == nil)
+        #expect(connection.isHealthy)
+    }
+
+    @Test func errorsOfTheDatabasesStateAreToldFromTheStatementsOwn() {
+        func error(_ state: String) -> PostgresError { PostgresError(kind: .statement, sqlState: state, message: "m") }
+        for state in ["08006", "57P01", "57P03", "53300", "53100", "58030", "25006"] {
+            #expect(error(state).isDatabaseState, "\(state)")
+        }
+        for state in ["23505", "22P02", "42P01", "40001", "26000", "42P05", "XX000"] {
+            #expect(!error(state).isDatabaseState, "\(state)")
+        }
+        #expect(PostgresError(kind: .connection, message: "gone").isDatabaseState)
+        #expect(PostgresError(kind: .statement, sqlState: "26000", message: "m", preparedStatementNotKept: true).isDatabaseState)
+    }
+
     @Test func aConnectionThatDoesNotPrepareLeavesNoPreparedStatements() async throws {
         let connection = try await PostgresConnection.connect(try testDatabaseURL(), preparesStatements: false)
         defer { Task { await connection.close() } }

@@ -51,8 +51,13 @@ func testDatabaseURL() throws -> String {
         let url = try PostgresConnectionString("postgresql://:s3cret@db.internal:6432/fcm?sslmode=require")
         #expect(!url.description.contains("s3cret"))
         #expect(url.description.contains("host=db.internal") && url.description.contains("port=6432"))
-        // Any text that carries the password, such as a server's message, is redacted too.
-        #expect(url.redact("failed for postgresql://:s3cret@db.internal/fcm, password s3cret") == "failed for postgresql://:***@db.internal/fcm, password ***")
+        // A password written as part of a connection string is left out of any text...
+        #expect(url.redact("failed for postgresql://:s3cret@db.internal/fcm") == "failed for postgresql://:***@db.internal/fcm")
+        // ...and its characters elsewhere are left alone: a short one cannot mangle a
+        // message, a statement's name or a label (password `fcm`: once `***_cc7e…`).
+        let short = try PostgresConnectionString("postgresql://fcm:fcm@db/fcm")
+        #expect(short.redact(#"prepared statement "fcm_cc7ed3b0851beb2a" does not exist"#)
+                == #"prepared statement "fcm_cc7ed3b0851beb2a" does not exist"#)
         #expect(PostgresConnectionString.redactPatterns("password='two words' host=x") == "password=*** host=x")
         #expect(PostgresConnectionString.redactPatterns("password = s3cret\n\tline two") == "password = *** line two")
         #expect(PostgresConnectionString.redactPatterns("postgres://u:p%40ss@h/d") == "postgres://u:***@h/d")
