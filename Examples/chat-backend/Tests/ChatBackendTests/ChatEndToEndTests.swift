@@ -5,12 +5,14 @@ import Worker
 import WorkerTesting
 
 /// The whole application against a simulated FCM and a real PostgreSQL database (the one
-/// `DATABASE_URL` names; fcm-worker's `scripts/test` starts one), awaiting what happened.
+/// `DATABASE_URL` names; run them with fcm-worker's `scripts/test-database swift test`,
+/// which starts a throwaway one), awaiting what happened.
 @Suite struct ChatEndToEndTests {
     static var databaseURL: String {
         get throws {
             guard let url = ProcessInfo.processInfo.environment["DATABASE_URL"] else {
-                throw ChatTestSetupError(description: "set DATABASE_URL to a PostgreSQL database the tests may create schemas in")
+                throw ChatTestSetupError(description: "set DATABASE_URL to a PostgreSQL database the tests may create schemas in, "
+                                                      + "or run the tests with fcm-worker's scripts/test-database swift test")
             }
             return url
         }
