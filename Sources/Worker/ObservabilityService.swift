@@ -62,7 +62,9 @@ struct ObservabilityService: Service {
                     var lastWatchdog = ContinuousClock.now
                     while !Task.isCancelled {
                         heartbeat.last.store(Self.uptimeMilliseconds(), ordering: .relaxed)
-                        if !ready && Self.readiness(metrics, shutdown: shutdown).ok {
+                        let readyNow = Self.readiness(metrics, shutdown: shutdown).ok
+                        metrics.ready.store(readyNow, ordering: .relaxed)
+                        if !ready && readyNow {
                             ready = true
                             notifier.notify("READY=1\nSTATUS=connected to CCS, database reachable")
                         }

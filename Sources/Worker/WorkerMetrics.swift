@@ -93,6 +93,8 @@ final class WorkerMetrics: OutboxMetrics {
     /// Kept by the health check: whether the last database probe succeeded, and whether the
     /// worker's loops still run.
     let databaseReachable = Atomic(false)
+    /// What `/readyz` answered at the last look (every half second).
+    let ready = Atomic(false)
     /// The server the last probe reached (nil before the first answer).
     let databaseServer = BlockingLock<DatabaseServer?>(nil)
     let started = Date()
@@ -308,6 +310,8 @@ final class WorkerMetrics: OutboxMetrics {
         page.counter("fcm_worker_database_errors_total", "database calls that failed because the database was unreachable or hung",
                      databaseErrors.load(ordering: .relaxed))
         page.gauge("fcm_worker_database_reachable", "1 when the last health probe reached the database", databaseReachable.load(ordering: .relaxed) ? 1 : 0)
+        page.gauge("fcm_worker_ready", "1 while /readyz answers 200 (a CCS connection open, the database reachable and writable, "
+                   + "the journal writable, no shutdown), checked every half second", ready.load(ordering: .relaxed) ? 1 : 0)
         page.gauge("fcm_worker_database_read_write", "1 when the server the last health probe reached takes writes (a primary, not a standby)",
                    databaseServer.withLock { $0?.readWrite ?? false } ? 1 : 0)
         return page.text
