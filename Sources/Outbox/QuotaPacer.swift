@@ -18,10 +18,8 @@ package struct QuotaPacer: Sendable {
     /// FCM's quota window.
     package let window: Duration
 
-    /// Messages accepted, per sixtieth of the window (a ring), for the rate before a pause.
-    private var buckets: [Int]
-    private var bucketStart: ContinuousClock.Instant
-    private var bucketIndex = 0
+    /// Messages FCM counted over the window, for the rate before a pause.
+    private var counted: CountWindow
     /// Until when nothing is sent (nil: no pause).
     package private(set) var pausedUntil: ContinuousClock.Instant?
     /// Pauses in a row (each within a window of the one before).
@@ -35,37 +33,19 @@ package struct QuotaPacer: Sendable {
     private var allowance = 0.0
     private var refilledAt: ContinuousClock.Instant
 
-    private static let bucketCount = 60
-
     package init(initialPause: Duration = .seconds(60), maximumPause: Duration = .seconds(300), window: Duration = .seconds(60),
                  now: ContinuousClock.Instant = .now) {
         self.initialPause = initialPause
         self.maximumPause = maximumPause
         self.window = window
-        buckets = Array(repeating: 0, count: Self.bucketCount)
-        bucketStart = now
+        counted = CountWindow(window: window, now: now)
         rateGrewAt = now
         refilledAt = now
     }
 
-    private var bucketWidth: Duration { window / Self.bucketCount }
-
-    /// Moves the ring to `now`, emptying the buckets it passes.
-    private mutating func advance(to now: ContinuousClock.Instant) {
-        var steps = 0
-        while now - bucketStart >= bucketWidth, steps <= Self.bucketCount {
-            bucketIndex = (bucketIndex + 1) % Self.bucketCount
-            buckets[bucketIndex] = 0
-            bucketStart += bucketWidth
-            steps += 1
-        }
-        if steps > Self.bucketCount { bucketStart = now }
-    }
-
-    /// FCM accepted a message.
+    /// FCM counted a message (accepted, or refused for anything but the quota).
     package mutating func accepted(at now: ContinuousClock.Instant) {
-        advance(to: now)
-        buckets[bucketIndex] += 1
+        counted.add(at: now)
     }
 
     /// FCM refused a send for the project's quota: returns how long sending pauses (nil when
@@ -82,8 +62,7 @@ package struct QuotaPacer: Sendable {
         let backoff = min(maximumPause, doubled + doubled * (0.25 * random))
         let wait = max(backoff, min(retryAfter ?? .zero, maximumPause))
         pausedUntil = now + wait
-        advance(to: now)
-        let acceptedInWindow = buckets.reduce(0, +)
+        let acceptedInWindow = counted.total(at: now)
         firstRate = max(1, Double(acceptedInWindow) / window.seconds)
         rate = min(rate ?? firstRate, firstRate)
         rateGrewAt = now + wait

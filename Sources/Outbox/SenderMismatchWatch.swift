@@ -7,43 +7,48 @@ import Runtime
 /// more than half of the device answers in that window, the service account or
 /// `--project-id` is wrong, and sending should stop until the credentials change.
 ///
-/// A pure value: the transport feeds it each device answer with the time it came.
+/// A pure value: the transport feeds it each device answer with the time it came. An
+/// answer costs a counter's increment; only mismatches are kept one by one (the latest
+/// `capacity`).
 package struct SenderMismatchWatch: Sendable {
     /// How far back answers count.
     package let window: Duration
     /// Distinct tokens refused within the window that, as the majority of answers, stop sending.
     package let distinctTokens: Int
-    /// The answers kept: at most this many of the latest (the share is computed over them).
+    /// The mismatches kept one by one at most.
     package let capacity: Int
 
-    private var answers = FIFO<(at: ContinuousClock.Instant, mismatchedToken: String?)>()
-    private var mismatches = 0
+    private var answers: CountWindow
+    private var mismatches = FIFO<(at: ContinuousClock.Instant, token: String)>()
 
-    package init(window: Duration = .seconds(60), distinctTokens: Int = 10, capacity: Int = 1000) {
+    package init(window: Duration = .seconds(60), distinctTokens: Int = 10, capacity: Int = 1000, now: ContinuousClock.Instant = .now) {
         self.window = window
         self.distinctTokens = distinctTokens
         self.capacity = capacity
+        answers = CountWindow(window: window, now: now)
     }
 
     /// Records one device answer (`mismatch`: it was `SENDER_ID_MISMATCH`) and returns true
     /// when the answers now say the credentials send for the wrong project.
     package mutating func record(token: String, mismatch: Bool, at now: ContinuousClock.Instant) -> Bool {
-        answers.append((now, mismatch ? token : nil))
-        if mismatch { mismatches += 1 }
-        while let first = answers.first, answers.count > capacity || now - first.at > window {
-            if answers.popFirst()?.mismatchedToken != nil { mismatches -= 1 }
+        answers.add(at: now)
+        guard mismatch else { return false }
+        mismatches.append((now, token))
+        while let first = mismatches.first, mismatches.count > capacity || now - first.at > window {
+            _ = mismatches.popFirst()
         }
-        guard mismatch, mismatches >= distinctTokens, mismatches * 2 > answers.count else { return false }
+        guard mismatches.count >= distinctTokens, mismatches.count * 2 > answers.total(at: now) else { return false }
         var distinct = Set<String>()
-        for answer in answers.elements {
-            if let token = answer.mismatchedToken { distinct.insert(token) }
+        for mismatch in mismatches.elements {
+            distinct.insert(mismatch.token)
+            if distinct.count >= distinctTokens { return true }
         }
-        return distinct.count >= distinctTokens
+        return false
     }
 
     /// Forgets every answer (the credentials changed).
-    package mutating func reset() {
-        answers = FIFO()
-        mismatches = 0
+    package mutating func reset(at now: ContinuousClock.Instant = .now) {
+        answers.reset(at: now)
+        mismatches = FIFO()
     }
 }

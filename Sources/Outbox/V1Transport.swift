@@ -288,14 +288,15 @@ package final class V1Transport: DownstreamTransport {
         enum Next { case submit(ClaimedMessage, String), putBack(ClaimedMessage, ContinuousClock.Instant) }
         while let next = state.withLock({ state -> Next? in
             guard state.submitted < capacity, let first = state.waiting.first else { return nil }
-            let now = ContinuousClock.now
-            if !state.targetPauses.isEmpty, first.claimed.v1Requests.count == 1,
-               let until = state.targetPauses[first.claimed.v1Requests[0].target], until > now {
-                _ = state.waiting.popFirst()
-                state.sending -= 1
-                return .putBack(first.claimed, until)
+            if !state.targetPauses.isEmpty || state.pacer.isSlowed {
+                let now = ContinuousClock.now
+                if first.claimed.v1Requests.count == 1, let until = state.targetPauses[first.claimed.v1Requests[0].target], until > now {
+                    _ = state.waiting.popFirst()
+                    state.sending -= 1
+                    return .putBack(first.claimed, until)
+                }
+                guard state.pacer.admit(at: now) else { return nil }
             }
-            guard state.pacer.admit(at: now) else { return nil }
             _ = state.waiting.popFirst()
             state.submitted += 1
             return .submit(first.claimed, first.token)
@@ -399,10 +400,8 @@ package final class V1Transport: DownstreamTransport {
         }
         switch answer {
         case .sent(let name):
-            observe(request, mismatch: false)
             finished(row, with: (request.target, request.targetIsDevice, .sent(name: name)))
         case .refused(let error):
-            if request.targetIsDevice, !error.isQuota { observe(request, mismatch: error.action == .failForSenderMismatch) }
             switch error.action {
             case .refreshToken where !refreshed:
                 // FCM did not process it: sent again once with a new token.
@@ -456,17 +455,43 @@ package final class V1Transport: DownstreamTransport {
                                                  maximumRetryAfter: Self.maximumRetryAfter, sentAt: row.sentAt, now: Date(), using: &generator)
             if let update = settlement.update { recorder.record([update], tokens: settlement.tokens) }
         }
-        let (idle, claimWanted) = state.withLock { state -> ([CheckedContinuation<Bool, Never>], Bool) in
+        // Answers count toward the quota's rate and the sender-mismatch rule (in the lock this
+        // row takes anyway, not one more per answer).
+        let now = outcomes.isEmpty ? nil : ContinuousClock.now
+        let (idle, claimWanted, mismatchFired) = state.withLock { state -> ([CheckedContinuation<Bool, Never>], Bool, Bool) in
+            var fired = false
+            if let now { fired = Self.count(outcomes, at: now, in: &state) }
             state.sending -= 1
             state.submitted -= 1
             // The claim loop is rung when this row made a claim worth its while, not for
             // every row.
             let wanted = room - state.sending
-            return (state.sending == 0 ? state.idle.removeAll() : [], wanted >= claimThreshold && (wanted == claimThreshold || state.sending == 0))
+            return (state.sending == 0 ? state.idle.removeAll() : [], wanted >= claimThreshold && (wanted == claimThreshold || state.sending == 0),
+                    fired)
         }
         for waiter in idle { waiter.resume(returning: true) }
+        if mismatchFired { stopForSenderMismatch() }
         if claimWanted { recorder.doorbell.ring() }
         startWaiting()
+    }
+
+    /// Counts a row's answers: each one FCM counted against the quota (every answer but a
+    /// quota refusal: FCM counts client errors too), and each device answer for the
+    /// sender-mismatch rule. True when the rule fired now.
+    private static func count(_ outcomes: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)],
+                              at now: ContinuousClock.Instant, in state: inout State) -> Bool {
+        var fired = false
+        for (target, isDevice, outcome) in outcomes {
+            let mismatch: Bool
+            switch outcome {
+            case .sent: mismatch = false
+            case .refused(let error) where !error.isQuota: mismatch = error.action == .failForSenderMismatch
+            case .refused, .unanswered: continue
+            }
+            state.pacer.accepted(at: now)
+            if isDevice, state.mismatchStop == nil, state.mismatchWatch.record(token: target, mismatch: mismatch, at: now) { fired = true }
+        }
+        return fired
     }
 
     /// The project's quota ran out: nothing goes out for the pacer's pause (a minute,
@@ -493,8 +518,11 @@ package final class V1Transport: DownstreamTransport {
     /// The earliest a row whose answers included a quota refusal may go again: the end of
     /// the project's pause or of its target's.
     private func notBefore(_ outcomes: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)]) -> Date? {
-        let quota = outcomes.filter { if case .refused(let error) = $0.outcome { return error.isQuota } else { return false } }
-        guard !quota.isEmpty else { return nil }
+        func isQuota(_ outcome: OutboxSettlement.V1Outcome) -> Bool {
+            if case .refused(let error) = outcome { return error.isQuota } else { return false }
+        }
+        guard outcomes.contains(where: { isQuota($0.outcome) }) else { return nil }
+        let quota = outcomes.filter { isQuota($0.outcome) }
         let now = ContinuousClock.now
         let latest = state.withLock { state -> ContinuousClock.Instant? in
             ([state.pacer.pausedUntil] + quota.map { state.targetPauses[$0.target] }).compactMap { $0 }.max()
@@ -503,17 +531,11 @@ package final class V1Transport: DownstreamTransport {
         return Date().addingTimeInterval((latest - now).seconds)
     }
 
-    /// Counts a device answer for the sender-mismatch rule, and stops sending when it fires.
-    private func observe(_ request: V1Request, mismatch: Bool) {
-        let now = ContinuousClock.now
-        let stopped = state.withLock { state -> Bool in
-            if !mismatch { state.pacer.accepted(at: now) }
-            guard request.targetIsDevice, state.mismatchStop == nil else { return false }
-            return state.mismatchWatch.record(token: request.target, mismatch: mismatch, at: now)
-        }
-        guard stopped else { return }
+    /// The sender-mismatch rule fired: v1 sending stops until the credentials change.
+    private func stopForSenderMismatch() {
         let identity = credentialsIdentity()
-        let waiting = state.withLock { state -> [ClaimedMessage] in
+        let waiting = state.withLock { state -> [ClaimedMessage]? in
+            guard state.mismatchStop == nil else { return nil }
             state.mismatchStop = (identity, reloads.value)
             defer {
                 state.sending -= state.waiting.count
@@ -521,6 +543,7 @@ package final class V1Transport: DownstreamTransport {
             }
             return state.waiting.elements.map(\.claimed)
         }
+        guard let waiting else { return }
         putBack(waiting, until: Date())
         metrics?.v1SendingStopped(true)
         let watch = SenderMismatchWatch()

@@ -85,8 +85,8 @@ extension V1TransportTests {
         let said = lines.withLock { $0 }.filter { $0.contains("SENDER_ID_MISMATCH for") }
         #expect(said.count == 1 && said[0].contains("--project-id") && said[0].contains("SIGHUP"), "\(said)")
         #expect(worker.metricsPage.contains("fcm_worker_v1_sender_mismatch_stops_total 1"))
-        // The rows answered before the rule fired (on the tenth distinct token) failed; the
-        // rest wait, with their tokens kept (those in flight then go back, unfailed).
+        // The rows answered up to the one that fired the rule (the tenth distinct token)
+        // failed; the rest wait, with their tokens kept (those in flight then go back, unfailed).
         try await setup.database.waitForOutbox("status = 'failed'", count: 9)
         let failed = try await settledCount(setup.database, "status = 'failed'")
         #expect(failed >= 9 && failed < 40, "\(failed)")
