@@ -51,7 +51,13 @@ extension OutboxStore.ClaimedRow {
     /// Why a row is too old to be sent (nil when it is not): its time to live (seconds; FCM's
     /// four weeks when nil) passed (`EXPIRED`), or it was sent before and is older than
     /// `maximumAge` (`RETRY_MAX_AGE`).
+    /// A negative time to live is no time to live at all: every transport fails the row as
+    /// invalid (`INVALID_MESSAGE`), as the validating ones do, rather than some expiring it.
     package func expiryRefusal(timeToLive: Int?, maximumAge: Duration, now: Date) -> Refusal? {
+        if let timeToLive, timeToLive < 0 {
+            return Refusal(status: .failed, errorCode: "INVALID_MESSAGE",
+                           description: "time_to_live: \(timeToLive) is outside 0…\(DownstreamMessage.maximumTimeToLive) seconds")
+        }
         let age = now.timeIntervalSince(createdAt)
         let timeToLive = timeToLive ?? DownstreamMessage.maximumTimeToLive
         let firstTryOfNowOrNever = timeToLive == 0 && attempts == 0

@@ -39,6 +39,9 @@ final class UpstreamPipeline: Sendable {
     /// timeouts are timed by: the system's clock, or a test's `ManualClock`.
     let clock: any DeadlineClock
     private let lanes: [Lane]
+    /// Set while a commit found the database unavailable, until one succeeds again (its
+    /// return is said once, whichever lane sees it).
+    private let databaseDown = Atomic(false)
 
     init(pool: PostgresPool, handlers: UpstreamHandlers, settings: PipelineSettings, logger: Logger, observer: WorkerObserver?,
          metrics: WorkerMetrics, journal: UpstreamJournal? = nil, clock: any DeadlineClock = DeadlineThread.shared) {
@@ -172,6 +175,9 @@ final class UpstreamPipeline: Sendable {
             do {
                 let started = ContinuousClock.now
                 let afterCommit = try await pool.withConnection { connection in try await self.commit(batch, on: connection, started: started) }
+                if databaseDown.exchange(false, ordering: .relaxed) {
+                    logger.notice("the database is reachable again: committing what waited (\(backlog) message(s) still queued)")
+                }
                 await acknowledge(batch)
                 journal?.release(batch.withUnsafeBufferPointer { works in works.indices.compactMap { works[$0].journalSegment } })
                 for action in afterCommit { await action() }
@@ -188,7 +194,9 @@ final class UpstreamPipeline: Sendable {
                 if Task.isCancelled { return batch }
                 metrics.databaseErrors.add(1, ordering: .relaxed)
                 let delay = outage.next()
-                logger.warning("database unavailable (\(error.message)); \(batch.count) message(s) wait, retrying in \(delay.formattedSeconds)")
+                databaseDown.store(true, ordering: .relaxed)
+                logger.warning("database unavailable (\(error.message)); \(batch.count + backlog) message(s) wait (this batch of \(batch.count) "
+                               + "and \(backlog) queued), retrying in \(delay.formattedSeconds)")
                 observer?(.databaseUnavailable(error.message))
                 guard await sleepUnlessCancelled(for: delay, clock: clock) else { return batch }
             } catch {

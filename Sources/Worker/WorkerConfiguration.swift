@@ -330,6 +330,31 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         }
     }
 
+    /// Warnings for secrets given as flags, which every user of the host can read in `ps`
+    /// (and which stay in shell histories): the server key, and a database URL holding a
+    /// password. Each names the safe way to give it.
+    public static func secretsInArguments(_ arguments: [String]) -> [String] {
+        var warnings: [String] = []
+        for (index, argument) in arguments.enumerated() {
+            let (flag, inline) = argument.firstIndex(of: "=").map { (String(argument[..<$0]), String(argument[argument.index(after: $0)...])) }
+                ?? (argument, nil)
+            let value = inline ?? (index + 1 < arguments.count ? arguments[index + 1] : "")
+            switch flag {
+            case "--server-key":
+                warnings.append("the server key was given as --server-key, which any user of this host can read in ps: "
+                                + "use --server-key-file or FCM_SERVER_KEY")
+            case "--database-url", "--database-direct-url":
+                if value.contains("*") == false, PostgresConnection.redactingPasswords(value).contains("***") {
+                    warnings.append("\(flag) holds a password, which any user of this host can read in ps: "
+                                    + "use --database-url-file, DATABASE_URL or a ~/.pgpass file")
+                }
+            default:
+                break
+            }
+        }
+        return warnings
+    }
+
     /// Warns (at start) when a file holding a secret can be read by group or others.
     static func warnIfShared(_ path: String, holding what: String, in settings: inout WorkerConfiguration) {
         guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),

@@ -158,6 +158,7 @@ public enum WorkerMain {
             guard let (parsed, positional) = context.parse(arguments, with: options, into: start, status: &status) else { return status }
             if let extra = positional.first { return context.fail("unexpected argument \(extra) (see \(context.program) help run)") }
             var configuration = parsed.worker
+            configuration.warnings += WorkerConfiguration.secretsInArguments(arguments)
             let handlers: UpstreamHandlers
             do throws(ConfigurationError) {
                 handlers = try definition.handlers(for: &configuration, application: parsed.application)

@@ -123,7 +123,6 @@ enum SimulateCommand {
             let authority = try CertificateAuthority(commonName: "fcm-worker simulator CA")
             let identity = try authority.issueServerIdentity(dnsNames: ["localhost"], ipAddresses: ["127.0.0.1", "::1"])
             let caPath = outDirectory + "/ca.pem"
-            try authority.rootCertificatePEM.write(toFile: caPath, atomically: true, encoding: .utf8)
             var configuration = SimulatorConfiguration(senderID: senderID, serverKey: serverKey, identity: identity)
             configuration.host = host
             configuration.port = port
@@ -143,6 +142,9 @@ enum SimulateCommand {
                 load?.observe(event)
             }
             simulator = try CCSSimulator(configuration: configuration)
+            // Written once it listens: a second simulator that cannot bind (its port taken)
+            // leaves a running one's CA file as it was.
+            try authority.rootCertificatePEM.write(toFile: caPath, atomically: true, encoding: .utf8)
             if let file = settings.upstreamFile {
                 let text: String
                 if file == "-" {

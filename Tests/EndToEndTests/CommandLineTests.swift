@@ -151,6 +151,30 @@ import Testing
         #expect(try String(contentsOfFile: path, encoding: .utf8).contains("FCM_SERVER_KEY="))
     }
 
+    /// A second simulator with the same `--out` that cannot listen (its port taken by the
+    /// first) fails and leaves the first one's files as they were (it once wrote its own CA
+    /// over the running simulator's, so that a worker could no longer verify it).
+    @Test func aSimulatorThatCannotListenLeavesARunningOnesFilesAlone() async throws {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("sim-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let env = folder + "/simulator.env", ca = folder + "/ca.pem"
+        let outcome = try await Self.run(["simulate", "--out", folder, "--quiet"]) {
+            try await waitUntil("simulator.env is written") {
+                ((try? String(contentsOfFile: env, encoding: .utf8)) ?? "").contains("FCM_HTTP_ENDPOINT")
+            }
+            let settings = try String(contentsOfFile: env, encoding: .utf8)
+            let endpoint = try #require(settings.split(separator: "\n").first { $0.hasPrefix("FCM_ENDPOINT=") })
+            let port = String(endpoint.split(separator: ":").last ?? "")
+            let before = try String(contentsOfFile: ca, encoding: .utf8)
+            let second = try await Self.run(["simulate", "--out", folder, "--quiet", "--port", port])
+            #expect(second.status != 0, "\(second.standardError)")
+            #expect(try String(contentsOfFile: ca, encoding: .utf8) == before, "the running simulator's CA file was replaced")
+            #expect(try String(contentsOfFile: env, encoding: .utf8) == settings)
+        }
+        #expect(outcome.status == 0, "\(outcome.standardError)")
+    }
+
     /// Runs `fcm-worker` and returns its status and standard output.
     static func runCapturingOutput(_ arguments: [String]) async throws -> (status: Int32, standardOutput: String) {
         let process = Process()

@@ -22,6 +22,38 @@ import Worker
         return (configuration, proxy)
     }
 
+    /// An outage's log says how many messages wait in all (it once named the one batch that
+    /// failed: "1 message(s) wait" with thousands queued), and says when the database is back.
+    @Test func anOutageSaysHowManyMessagesWaitAndWhenTheDatabaseIsBack() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let (configuration, proxy) = try proxied(ccs, database)
+        defer { proxy.stop() }
+        let (_, task, lines) = launchLoggedWorker(configuration)
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        ccs.simulator.injectUpstream(from: "d0", messageID: "first")
+        await database.waitForRows(in: "upstream_messages", count: 1, within: .seconds(20))
+        proxy.set(.refuse)
+        proxy.cut()
+        for index in 0..<200 { ccs.simulator.injectUpstream(from: "d\(index % 20)", messageID: "during-\(index)") }
+        try await ccs.simulator.wait(for: "every ack", timeout: .seconds(30)) { Set($0.acked).count >= 201 }
+        // Every lane has taken its batch: what waits is the batches and the queues.
+        try await waitUntil("an outage line counting what waits", within: .seconds(20)) {
+            lines.withLock { $0 }.contains { line in
+                guard line.contains("database unavailable"), let range = line.range(of: #"; (\d+) message\(s\) wait"#, options: .regularExpression) else {
+                    return false
+                }
+                let count = Int(line[range].dropFirst(2).prefix { $0.isNumber }) ?? 0
+                return count > 20
+            }
+        }
+        proxy.set(.pass)
+        await database.waitForRows(in: "upstream_messages", count: 201, within: .seconds(30))
+        #expect(lines.withLock { $0 }.contains { $0.contains("the database is reachable again") })
+    }
+
     @Test func stalledConnectionsAreReplacedAndEverythingAckedIsStoredWithoutARestart() async throws {
         let ccs = try TestCCS(configure: { $0.recordsEvents = true })
         defer { ccs.simulator.stop() }

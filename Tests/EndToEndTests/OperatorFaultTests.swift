@@ -218,4 +218,23 @@ import Worker
         #expect(worker.metricsPage.contains("fcm_worker_journal_failing 0"))
         #expect(try await httpGet(port: port, path: "/readyz").status == 200)
     }
+
+    /// A negative `time_to_live` fails the row as invalid on every transport (over HTTP it
+    /// once ended `expired`, elsewhere `failed INVALID_MESSAGE`).
+    @Test func aNegativeTimeToLiveIsInvalidOnEveryTransport() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let (task, _) = startWorker(try ccs.downstreamWorker(database: database))
+        defer { task.cancel() }
+        _ = try await database.query("""
+            INSERT INTO downstream_messages (target, transport, payload) VALUES
+                ('token-x', 'xmpp', '{"data":{"k":"v"},"time_to_live":-5}'),
+                ('token-h', 'http', '{"data":{"k":"v"},"time_to_live":-5}')
+            """)
+        try await database.waitForOutbox("status IN ('failed', 'expired')", count: 2)
+        let rows = try await database.query("SELECT transport, status, error_code FROM downstream_messages ORDER BY transport")
+            .map { "\($0.string(0)!) \($0.string(1)!) \($0.string(2) ?? "-")" }
+        #expect(rows == ["http failed INVALID_MESSAGE", "xmpp failed INVALID_MESSAGE"])
+    }
 }

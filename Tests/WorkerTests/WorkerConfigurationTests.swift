@@ -19,6 +19,14 @@ import XMPP
         #expect(configuration.ioNiceness == -10 && configuration.xmppClient.threadNiceness == -10)
     }
 
+    @Test func secretsGivenAsFlagsAreWarnedOfAndTheSafeWaysAreNot() {
+        let warned = WorkerConfiguration.secretsInArguments(["--server-key", "AAAA", "--database-url=postgresql://fcm:s3cret@db/fcm",
+                                                             "--database-direct-url", "host=db password=s3cret"])
+        #expect(warned.count == 3, "\(warned)")
+        #expect(warned.allSatisfy { $0.contains("ps") && !$0.contains("s3cret") && !$0.contains("AAAA") })
+        #expect(WorkerConfiguration.secretsInArguments(["--server-key-file", "/k", "--database-url", "postgresql://fcm@db/fcm"]).isEmpty)
+    }
+
     @Test func ioNicenessParses() throws {
         let off = try WorkerConfiguration.parse(arguments: ["--io-niceness", "off"], environment: base)
         #expect(off.ioNiceness == nil && off.xmppClient.threadNiceness == nil)
