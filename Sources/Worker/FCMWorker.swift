@@ -136,8 +136,29 @@ public struct FCMWorker: Sendable {
         }
     }
 
+    /// Serves `/metrics`, `/healthz` and `/readyz` from the first moment (readiness says
+    /// what the start waits for) while the layers start and run; the observability stops
+    /// last, after the layers.
     private func serve(spool: Spool, tls: TLSContext, httpClient: FCMHTTPClient, v1Client: FCMV1Client?,
                        pools: (upstream: PostgresPool, outbox: PostgresPool)) async throws {
+        let observability = ObservabilityService(metrics: metrics, address: configuration.metricsAddress, pool: pools.outbox,
+                                                 shutdown: shutdown, logger: logger.labeled("metrics"), observer: observer)
+        let stopObservability = ShutdownSignal()
+        metrics.startup.withLock { $0 = "starting: checking the database" }
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await observability.run(until: stopObservability) }
+            group.addTask {
+                defer { stopObservability.request() }
+                try await serveLayers(spool: spool, tls: tls, httpClient: httpClient, v1Client: v1Client, pools: pools)
+            }
+            // The first to fail stops the other (cancelled): a metrics address that cannot be
+            // bound, or a layer's failure.
+            while try await group.next() != nil {}
+        }
+    }
+
+    private func serveLayers(spool: Spool, tls: TLSContext, httpClient: FCMHTTPClient, v1Client: FCMV1Client?,
+                             pools: (upstream: PostgresPool, outbox: PostgresPool)) async throws {
         try await prepareSchema(pools.upstream)
         guard !shutdown.isRequested else { return }
         try await replay(spool, into: pools.upstream)
@@ -179,9 +200,8 @@ public struct FCMWorker: Sendable {
             // committed; what did not commit stays in it for the next start.
             .init("journal", journal.map { [$0] } ?? []),
             .init("streams", [ccs.streams]),
-            .init("observability", [ObservabilityService(metrics: metrics, address: configuration.metricsAddress, pool: pools.outbox,
-                                                         shutdown: shutdown, logger: logger.labeled("metrics"), observer: observer)]),
         ], shutdown: shutdown, logger: logger)
+        metrics.startup.withLock { $0 = nil }
         try await group.run()
     }
 
@@ -214,6 +234,7 @@ public struct FCMWorker: Sendable {
     private func prepareSchema(_ pool: PostgresPool) async throws {
         let migrator = try configuration.migrator()
         var outage = Backoff.outage()
+        var unknownHost = 0
         while !shutdown.isRequested {
             do {
                 if configuration.migrate, configuration.databasePooler == .transaction {
@@ -242,8 +263,10 @@ public struct FCMWorker: Sendable {
                 }
                 return
             } catch let error as PostgresError where error.kind == .connection {
+                if let refusal = Self.unfixableAtStart(error, unknownHostTries: &unknownHost) { throw refusal }
                 let delay = outage.next()
                 logger.warning("database unavailable at start (\(error.message)); retrying in \(delay.formattedSeconds)")
+                metrics.startup.withLock { $0 = "starting: waiting for the database (\(error.message))" }
                 observer?(.databaseUnavailable(error.message))
                 await shutdown.sleep(for: delay)
             } catch let standby as StandbyReached {
@@ -256,6 +279,37 @@ public struct FCMWorker: Sendable {
                 await shutdown.sleep(for: delay)
             }
         }
+    }
+
+    /// How many starts in a row may find the database's host name unknown before the start
+    /// gives up (a DNS record being created for a new database comes within them).
+    static let unknownHostTries = 5
+
+    /// A connection error at start that retrying cannot fix, as the configuration error to
+    /// stop with (exit status 2): the server refused the credentials (a wrong password or
+    /// user), the database does not exist, or the host name stayed unknown for
+    /// `unknownHostTries` tries. libpq gives no SQLSTATE for a refused connection: these
+    /// are read from its message and the server's, in English (a server set to another
+    /// language is retried, as any other failure).
+    static func unfixableAtStart(_ error: PostgresError, unknownHostTries: inout Int) -> ConfigurationError? {
+        let message = error.message
+        let refusals = ["password authentication failed", "no password supplied", "authentication failed for user",
+                        "no pg_hba.conf entry", "role \"", "does not exist"]
+        if message.contains("FATAL"), let reason = refusals.first(where: { message.contains($0) }) {
+            let what = reason == "does not exist" || reason == "role \""
+                ? "the database or the user named in the database URL does not exist"
+                : "the database refused the credentials of the database URL"
+            return ConfigurationError("\(what) (\(message)): retrying cannot fix it; check --database-url")
+        }
+        if message.contains("could not translate host name") {
+            unknownHostTries += 1
+            if unknownHostTries >= Self.unknownHostTries {
+                return ConfigurationError("the database's host name is unknown after \(unknownHostTries) tries (\(message)): check --database-url")
+            }
+        } else {
+            unknownHostTries = 0
+        }
+        return nil
     }
 
     /// The database at start is a hot standby: nothing can be committed there yet.

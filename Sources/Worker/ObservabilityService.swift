@@ -162,6 +162,7 @@ struct ObservabilityService: Service {
 
     static func readiness(_ metrics: WorkerMetrics, shutdown: ShutdownSignal) -> MetricsServer.Probe {
         if shutdown.isRequested { return .init(ok: false, reason: "not ready: shutting down") }
+        if let startup = metrics.startup.withLock({ $0 }) { return .init(ok: false, reason: "not ready: \(startup)") }
         let open = metrics.sources.withLock { $0 }.openConnections()
         guard open > 0 else { return .init(ok: false, reason: "not ready: no CCS connection is open") }
         guard metrics.databaseReachable.load(ordering: .relaxed) else {

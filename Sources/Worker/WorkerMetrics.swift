@@ -93,6 +93,8 @@ final class WorkerMetrics: OutboxMetrics {
     /// Kept by the health check: whether the last database probe succeeded, and whether the
     /// worker's loops still run.
     let databaseReachable = Atomic(false)
+    /// What the start waits for (the database), until the worker's layers run: readiness says it.
+    let startup = BlockingLock<String?>(nil)
     /// What `/readyz` answered at the last look (every half second).
     let ready = Atomic(false)
     /// The server the last probe reached (nil before the first answer).

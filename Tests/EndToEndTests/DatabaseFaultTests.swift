@@ -261,3 +261,72 @@ import Worker
         #expect(handler.runs.withLock { $0 } == 5)
     }
 }
+
+/// The start and its database: what retrying cannot fix stops the worker with one line
+/// (status 2 from the command line), and while the database is only away, the probes and
+/// metrics are served from the first moment and say what the worker waits for.
+@Suite struct DatabaseAtStartTests {
+    @Test(arguments: ["a database that does not exist", "a user that does not exist"])
+    func whatRetryingCannotFixStopsTheStartWithOneLine(case: String) async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        var components = try #require(URLComponents(string: database.url))
+        if `case`.hasPrefix("a database") { components.path = "/no_such_database" } else { components.user = "no_such_user" }
+        var configuration = try ccs.worker(database: database)
+        configuration.databaseURL = components.string
+        let started = ContinuousClock.now
+        let (task, _) = startWorker(configuration)
+        // It used to retry for ever: stopped after 15 s, it fails the test.
+        let watchdog = Task {
+            try await Task.sleep(for: .seconds(15))
+            task.cancel()
+        }
+        defer { watchdog.cancel() }
+        do {
+            try await task.value
+            Issue.record("the worker ran until stopped")
+        } catch let error as ConfigurationError {
+            #expect(error.description.contains("retrying cannot fix it") && error.description.contains("does not exist"), "\(error)")
+        }
+        #expect(ContinuousClock.now - started < .seconds(10))
+    }
+
+    @Test func whileTheDatabaseIsAwayAtStartTheProbesSayWhatTheWorkerWaitsFor() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let proxy = try FaultProxy(targetPort: URLComponents(string: database.url)!.port!)
+        defer { proxy.stop() }
+        proxy.set(.refuse)
+        var configuration = try ccs.worker(database: database)
+        configuration.databaseURL = proxy.url(replacingPortIn: database.url)
+        configuration.metricsAddress = "127.0.0.1:0"
+        let (task, events) = startWorker(configuration)
+        defer { task.cancel() }
+        try await events.wait(for: "the metrics listener") { $0.contains { if case .serving = $0 { true } else { false } } }
+        let port = try #require(events.all.compactMap { if case .serving(let port) = $0 { port } else { nil } }.first)
+        try await waitUntilAsync("readiness says the start waits for the database") {
+            guard let (status, body) = try? await httpGet(port: port, path: "/readyz") else { return false }
+            return status == 503 && body.contains("waiting for the database")
+        }
+        let page = try await httpGet(port: port, path: "/metrics")
+        #expect(page.status == 200 && page.body.contains("fcm_worker_database_reachable 0") && page.body.contains("fcm_worker_ready 0"))
+        #expect(try await httpGet(port: port, path: "/healthz").status == 200)
+        // The database comes: the worker starts and becomes ready.
+        proxy.set(.pass)
+        try await ccs.simulator.waitForBoundSessions(1)
+        try await waitUntilAsync("ready") { (try? await httpGet(port: port, path: "/readyz"))?.status == 200 }
+    }
+
+    private func waitUntilAsync(_ what: String, within limit: Duration = .seconds(20), _ condition: () async -> Bool) async throws {
+        let deadline = ContinuousClock.now + limit
+        while await !condition() {
+            guard ContinuousClock.now < deadline else {
+                Issue.record("timed out waiting until \(what)")
+                return
+            }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+    }
+}
