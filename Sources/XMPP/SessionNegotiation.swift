@@ -52,7 +52,9 @@ public struct SessionNegotiation: Sendable {
     public private(set) var state: State = .idle
     private let credentials: Credentials
     private var sessionRequired = false
-    private var heldDuringSessionStart: [XMLElement] = []
+    /// Messages that came between the resource's binding and the session's start, in order
+    /// (an oversized one too: it is delivered as such once the session is up).
+    private var heldDuringSessionStart: [Action] = []
     private var nextID = 0
 
     public init(credentials: Credentials) {
@@ -109,8 +111,15 @@ public struct SessionNegotiation: Sendable {
             }
             return handle(stanza: element)
         case .oversizedStanza(let stanza):
-            // Only an application stanza of an established session may be set aside; during
-            // negotiation, the stream cannot go on.
+            // An oversized message that came once the resource was bound is held with the
+            // others and set aside once the session is up (acked when its id can be read,
+            // dead-lettered as oversized), so that a poison message queued in CCS never
+            // blocks the sender's every connection.
+            if case .startingSession = state, stanza.name == "message" {
+                heldDuringSessionStart.append(.deliverOversized(stanza))
+                return []
+            }
+            // Any other stanza over the limit during negotiation: the stream cannot go on.
             guard case .established = state, stanza.name != "iq" else {
                 return fail(.protocolViolation("a <\(stanza.name)> of \(stanza.byteCount) bytes, over the size limit, before the session was established"))
             }
@@ -195,7 +204,7 @@ public struct SessionNegotiation: Sendable {
             // The server may start sending messages as soon as the resource is bound:
             // hold them until the session is established, then deliver them in order.
             if element.name == "message" {
-                heldDuringSessionStart.append(element)
+                heldDuringSessionStart.append(.deliver(element))
                 return []
             }
             guard element.name == "iq", element.attribute("id") == id else {
@@ -206,7 +215,7 @@ public struct SessionNegotiation: Sendable {
             }
             state = .established(jid: jid)
             defer { heldDuringSessionStart.removeAll() }
-            return [.established(jid: jid)] + heldDuringSessionStart.map { .deliver($0) }
+            return [.established(jid: jid)] + heldDuringSessionStart
 
         case .established:
             guard element.name == "iq" else { return [.deliver(element)] }

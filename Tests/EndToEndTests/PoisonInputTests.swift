@@ -71,6 +71,28 @@ import Worker
         #expect(!events.all.contains { if case .retryScheduled = $0 { true } else { false } }, "never retried")
     }
 
+    /// The same stanza queued in CCS before the worker connects: it arrives while the
+    /// session is being established, and every negotiation failed on it ("over the size
+    /// limit, before the session was established"), the worker reconnecting for ever and
+    /// acking nothing. Now it is held with the messages around it, set aside once the
+    /// session is up, and acked.
+    @Test func aStanzaOverTheSizeLimitWaitingAtConnectNeverBlocksTheSender() async throws {
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let huge = #"{"category":"com.example","data":{"blob":"\#(String(repeating: "b", count: 2_100_000))"},"message_id":"big-0","from":"device"}"#
+        ccs.simulator.injectRaw(json: huge, messageID: "big-0", from: "device")
+        ccs.simulator.injectUpstream(from: "device", messageID: "after-0")
+        let (task, _) = startWorker(try ccs.worker(database: database))
+        defer { task.cancel() }
+        try await ccs.simulator.wait(for: "both acks", timeout: .seconds(20)) { Set($0.acked).isSuperset(of: ["big-0", "after-0"]) }
+        await database.waitForRows(in: "upstream_messages", count: 1, within: .seconds(10))
+        await database.waitForRows(in: "dead_letters", count: 1, within: .seconds(10))
+        let letters = try await database.query("SELECT message_id, reason FROM dead_letters")
+        #expect(letters.first?.string(0) == "big-0" && letters.first?.string(1) == "oversized")
+        #expect(ccs.simulator.counters.sessionsBound == 1, "the first session took it")
+    }
+
     /// A stanza over 1 MiB reset the connection, and its redelivery reset it again, forever:
     /// no other message on it was acked. Now it is read to its end, acked (its message_id
     /// comes after its data, as CCS writes them), dead-lettered with its first bytes, and

@@ -67,6 +67,27 @@ private let bindFeatures = "<stream:features><bind xmlns=\"urn:ietf:params:xml:n
                 == [.established(jid: "j@d/r"), .deliver(early)])
     }
 
+    /// A message over the size limit queued in CCS arrives as soon as the resource is bound:
+    /// held with the others and delivered as oversized once the session is up (set aside,
+    /// acked when its id can be read). It used to fail every negotiation: a poison message
+    /// blocked the sender for good.
+    @Test func anOversizedMessageBeforeTheSessionResultIsDeliveredAsOversizedAfterIt() throws {
+        var (negotiation, bindID) = try negotiateToBind()
+        _ = negotiation.handle(.stanza(try element(
+            "<iq type=\"result\" id=\"\(bindID)\"><bind xmlns=\"urn:ietf:params:xml:ns:xmpp-bind\"><jid>j@d/r</jid></bind></iq>")))
+        guard case .startingSession(let sessionID, _) = negotiation.state else { Issue.record("no session step"); return }
+        let parser = XMLStreamParser(maxStanzaBytes: 1024, skipsOversizedStanzas: true)
+        _ = try parser.feed("<stream:stream xmlns:stream=\"http://etherx.jabber.org/streams\" xmlns=\"jabber:client\">")
+        let big = "<message id=\"m1\"><gcm xmlns=\"google:mobile:data\">{\"message_id\":\"big-1\",\"from\":\"t\",\"data\":{\"x\":\""
+            + String(repeating: "a", count: 4096) + "\"}}</gcm></message>"
+        guard case .oversizedStanza(let oversized)? = try parser.feed(big).first else { Issue.record("not oversized"); return }
+        let small = try element("<message id=\"after\"><gcm xmlns=\"google:mobile:data\">{}</gcm></message>")
+        #expect(negotiation.handle(.oversizedStanza(oversized)) == [])
+        #expect(negotiation.handle(.stanza(small)) == [])
+        #expect(negotiation.handle(.stanza(try element("<iq type=\"result\" id=\"\(sessionID)\"/>")))
+                == [.established(jid: "j@d/r"), .deliverOversized(oversized), .deliver(small)])
+    }
+
     @Test func optionalSessionIsSkipped() throws {
         var negotiation = SessionNegotiation(credentials: credentials)
         _ = negotiation.start()
