@@ -11,7 +11,9 @@ import XMPP
 /// - `CONNECTION_DRAINING` gets a replacement at once (the draining connection is still
 ///   read until CCS closes it).
 /// - Refused credentials, a refused certificate or an unknown domain stop the slot:
-///   retrying cannot fix them.
+///   retrying cannot fix them. A certificate refused after the slot had a session, though,
+///   is an incident (a server's certificate replaced, a man in the middle), not a setting
+///   to fix: it is retried with the backoff, and the shell says so as an error each time.
 /// - After shutdown, nothing more is started.
 public struct CCSConnectionPlan: Sendable {
     public enum Event: Sendable, Equatable {
@@ -39,6 +41,8 @@ public struct CCSConnectionPlan: Sendable {
     private let healthyAfter: Duration
     private var connectedAt: ContinuousClock.Instant?
     private var stopped = false
+    /// Whether a session was ever up on this slot.
+    private var hadSession = false
 
     public init(backoff: Backoff = .reconnect(), healthyAfter: Duration = .seconds(60)) {
         self.backoff = backoff
@@ -59,12 +63,13 @@ public struct CCSConnectionPlan: Sendable {
             return .stop
         case .connected(let at):
             connectedAt = at
+            hadSession = true
             return .serve
         case .draining:
             connectedAt = nil
             return .connect
         case .connectFailed(let error):
-            if error.isConfigurationError { return stop(error) }
+            if error.isConfigurationError && !(hadSession && error.isCertificateRefusal) { return stop(error) }
             return .reconnect(after: backoff.next(using: &generator))
         case .ended(let reason, let at):
             if reason.isConfigurationError { return stop(reason) }

@@ -130,7 +130,13 @@ final class CCSConnections: Sendable {
                             current = try await connect(label: "ccs#\(index).\(generation)")
                             action = plan.handle(.connected(at: .now))
                         } catch let error as XMPPError where !Task.isCancelled {
-                            logger.warning("connecting failed: \(error)")
+                            if error.isCertificateRefusal {
+                                // After a session (the plan reconnects): an incident, said as an error each time.
+                                logger.error("connecting failed: \(error): CCS's certificate was refused (replaced, or not CCS's); "
+                                             + "retrying with backoff. Check --ca-file and the network path to \(configuration.host)")
+                            } else {
+                                logger.warning("connecting failed: \(error)")
+                            }
                             connections.metrics.connectFailed()
                             observer?(.disconnected(slot: index, reason: error))
                             action = plan.handle(.connectFailed(error))

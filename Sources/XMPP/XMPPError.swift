@@ -56,6 +56,12 @@ public enum XMPPError: Error, Sendable, Equatable, CustomStringConvertible {
         }
     }
 
+    /// True when TLS refused the server's certificate.
+    public var isCertificateRefusal: Bool {
+        if case .transport(.certificateRejected) = self { return true }
+        return false
+    }
+
     public var description: String {
         switch self {
         case .transport(let error): "\(error)"

@@ -44,6 +44,26 @@ private struct Highest: RandomNumberGenerator {
         #expect(ended.handle(.ended(error, at: .now)) == .fail(error))
     }
 
+    /// A certificate refused on a reconnect, after hours of service, is an incident to retry
+    /// and alert on, not a setting: it used to stop the slot and the worker to exit 3, which
+    /// systemd's RestartPreventExitStatus=3 turned into a worker that stayed down.
+    @Test func aCertificateRefusedAfterASessionIsRetriedWithBackoff() {
+        let refusal = XMPPError.transport(.certificateRejected("unknown issuer"))
+        var plan = CCSConnectionPlan()
+        _ = plan.handle(.connected(at: .now))
+        #expect(plan.handle(.ended(.closedByPeer, at: .now)) != .stop)
+        guard case .reconnect = plan.handle(.connectFailed(refusal)) else {
+            Issue.record("a certificate refused after a session stopped the slot")
+            return
+        }
+        guard case .reconnect = plan.handle(.connectFailed(refusal)) else {
+            Issue.record("the second refusal stopped the slot")
+            return
+        }
+        // Refused credentials still stop it (a key revoked while running).
+        #expect(plan.handle(.connectFailed(.authenticationRefused(condition: "not-authorized"))) == .fail(.authenticationRefused(condition: "not-authorized")))
+    }
+
     @Test func afterShutdownNothingIsStarted() {
         var plan = CCSConnectionPlan()
         #expect(plan.handle(.shutdown) == .stop)
