@@ -131,6 +131,11 @@ public final class FCMV1Client: Sendable {
         }
     }
 
+    /// Ends every request not sent yet with `.transport(.cancelled)`; those under way go on.
+    public func cancelUnsent() {
+        client.cancelUnsent()
+    }
+
     /// Ends every request under way with `.transport(.cancelled)`.
     public func cancelAll() {
         client.cancelAll()

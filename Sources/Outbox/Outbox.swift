@@ -23,6 +23,11 @@ package final class Outbox: Sendable {
     package let xmpp: XMPPTransport
     /// One claim loop per transport, XMPP's first.
     package let loops: [OutboxClaimLoop]
+
+    /// Whether v1 sending goes on now (true without a v1 transport: nothing is held).
+    package var v1CanSend: Bool {
+        (loops.first { $0.transport.name == "v1" }?.transport as? V1Transport)?.canSend ?? true
+    }
     private let writeBack: OutboxWriteBack
     private let ledgerStore: OutboxStore
     /// Nil when new rows are found by the sweep alone (no session connection for LISTEN).

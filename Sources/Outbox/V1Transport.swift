@@ -82,22 +82,25 @@ package final class V1Transport: DownstreamTransport {
         let sentAt: Date
         /// Inline in the object (one allocation a row, not three: a row is settled on a
         /// connection's thread per answer).
-        private let outcomes: Mutex<(list: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)], remaining: Int, handBack: Bool)>
+        private let outcomes: Mutex<(list: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)], remaining: Int, handBack: Bool,
+                                     handBackCode: String?)>
 
         init(_ claimed: ClaimedMessage, sentAt: Date) {
             self.claimed = claimed
             self.sentAt = sentAt
-            outcomes = Mutex(([], claimed.v1Requests.count, false))
+            outcomes = Mutex(([], claimed.v1Requests.count, false, nil))
         }
 
-        /// Adds a request's outcome (nil: it must go back unanswered); returns the row's
-        /// outcomes once it was the last, and whether the row goes back.
-        func add(_ outcome: (target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)?)
-            -> (list: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)], handBack: Bool)? {
+        /// Adds a request's outcome (nil: it must go back unanswered, `code` saying why FCM
+        /// refused it if it did); returns the row's outcomes once it was the last, whether
+        /// the row goes back, and why.
+        func add(_ outcome: (target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)?, code: String? = nil)
+            -> (list: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)], handBack: Bool, code: String?)? {
             outcomes.withLock { state in
                 if let outcome { state.list.append(outcome) } else { state.handBack = true }
+                if let code { state.handBackCode = code }
                 state.remaining -= 1
-                return state.remaining == 0 ? (state.list, state.handBack) : nil
+                return state.remaining == 0 ? (state.list, state.handBack, state.handBackCode) : nil
             }
         }
     }
@@ -173,6 +176,14 @@ package final class V1Transport: DownstreamTransport {
 
     /// It never stops for good: refused credentials hold it for a while (`holdForCredentials`).
     package var isStopped: Bool { false }
+
+    /// Whether sending goes on now: false while stopped for a sender mismatch or held for
+    /// refused credentials or a token endpoint that cannot be reached.
+    package var canSend: Bool {
+        state.withLock { state in
+            state.mismatchStop == nil && !(state.heldUntil.map { $0 > .now } ?? false)
+        }
+    }
 
     package func tick() {
         let now = ContinuousClock.now
@@ -348,8 +359,11 @@ package final class V1Transport: DownstreamTransport {
         for row in left { finished(row, with: nil) }
     }
 
-    /// Shutdown: the requests under way get until `deadline` (or an urgent shutdown) for
-    /// their answers; then they are cancelled and their rows handed back.
+    /// Shutdown: sending stops first (rows waiting here or in the client for a stream go
+    /// back unsent, claimable at once, no attempt counted); the requests under way get until
+    /// `deadline` (or an urgent shutdown) for their answers; then those still unanswered are
+    /// cancelled and their rows handed back (FCM may have taken them: the one case a
+    /// graceful shutdown sends a row twice).
     package func finish(until deadline: ContinuousClock.Instant, shutdown: ShutdownSignal) async {
         let unsent = state.withLock { state -> [ClaimedMessage] in
             state.taking = false
@@ -362,6 +376,8 @@ package final class V1Transport: DownstreamTransport {
         // Not sent: claimable again at once.
         let now = Date()
         recorder.record(unsent.map { OutboxSettlement.handBack(rowID: $0.row.id, sentBefore: $0.row.attempts > 0, now: now) })
+        // Nothing more goes out: what the client holds unsent ends cancelled (handed back).
+        client.cancelUnsent()
         shutdown.onUrgent { [self] in
             for waiter in state.withLock({ $0.idle.removeAll() }) { waiter.resume(returning: true) }
         }
@@ -410,14 +426,14 @@ package final class V1Transport: DownstreamTransport {
                 return
             case .stopSending:
                 holdForCredentials("FCM refused the service account for project \(client.projectID): \(error)")
-                return finished(row, with: nil)
+                return finished(row, with: nil, code: error.code)
             case .slowDownProject:
                 holdProject(retryAfter: error.retryAfter)
             case .slowDownTarget:
                 holdTarget(request.target, scope: error.quotaScope ?? .device, retryAfter: error.retryAfter)
             case .failForSenderMismatch where state.withLock({ $0.mismatchStop != nil }):
                 // The credentials are wrong, not the token: the row waits for them to change.
-                return finished(row, with: nil)
+                return finished(row, with: nil, code: error.code)
             case .failForSenderMismatch:
                 break
             case .refreshToken:
@@ -432,18 +448,21 @@ package final class V1Transport: DownstreamTransport {
     }
 
     /// Adds a request's outcome to its row; the row's last settles it.
-    private func finished(_ row: RowProgress, with outcome: (target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)?) {
-        guard let (outcomes, handBack) = row.add(outcome) else { return }
-        settle(row, outcomes: outcomes, handBack: handBack)
+    private func finished(_ row: RowProgress, with outcome: (target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)?,
+                          code: String? = nil) {
+        guard let (outcomes, handBack, code) = row.add(outcome, code: code) else { return }
+        settle(row, outcomes: outcomes, handBack: handBack, code: code)
     }
 
     /// Records a row's settlement (or hands it back), and counts it out.
-    private func settle(_ row: RowProgress, outcomes: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)], handBack: Bool) {
+    private func settle(_ row: RowProgress, outcomes: [(target: String, isDevice: Bool, outcome: OutboxSettlement.V1Outcome)], handBack: Bool,
+                        code: String? = nil) {
         let claimed = row.claimed
         if handBack {
             // Cancelled (shutdown), or the credentials were refused: the row goes back whole,
             // due when sending resumes (a retry: whether FCM took what went out is unknown).
-            recorder.record([OutboxUpdate(rowID: claimed.row.id, status: .retry, availableAt: heldUntilDate())])
+            // FCM's code, when it refused the credentials, is kept on the row and counted.
+            recorder.record([OutboxUpdate(rowID: claimed.row.id, status: .retry, errorCode: code, availableAt: heldUntilDate())])
         } else {
             var generator = SystemRandomGenerator()
             let fanOut = claimed.row.registrationIDs != nil

@@ -102,6 +102,18 @@ public final class HTTP2Client: Sendable {
         for connection in state.withLock({ $0.connections }) { connection.retire() }
     }
 
+    /// Ends with `.cancelled` every request not sent yet (waiting for a stream, or queued on
+    /// a connection and not yet written): a shutdown stops sending before it waits for the
+    /// answers to what is under way, which go on.
+    public func cancelUnsent() {
+        let (connections, waiting) = state.withLock { state -> ([HTTP2ClientConnection], [Pending]) in
+            defer { state.waiting = FIFO() }
+            return (state.connections, state.waiting.elements)
+        }
+        for pending in waiting { pending.complete(.failure(.cancelled)) }
+        for connection in connections { connection.cancelQueued() }
+    }
+
     /// Ends every request under way or waiting with `.cancelled` (streams reset).
     public func cancelAll() {
         let (connections, waiting) = state.withLock { state -> ([HTTP2ClientConnection], [Pending]) in

@@ -130,6 +130,18 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
         loop?.wake()
     }
 
+    /// Ends with `.cancelled` the exchanges queued and not yet written to a stream (never
+    /// sent); those under way go on.
+    func cancelQueued() {
+        let dequeued = shared.withLock { shared -> [Exchange] in
+            let queued = shared.queued
+            shared.queued.removeAll()
+            shared.load -= queued.count
+            return queued
+        }
+        for exchange in dequeued { exchange.complete(.failed(.cancelled)) }
+    }
+
     /// Ends every exchange it holds with `.cancelled` (their streams are reset).
     func cancelAll() {
         let (dequeued, loop) = shared.withLock { shared -> ([Exchange], StreamLoop?) in

@@ -188,6 +188,7 @@ public struct FCMWorker: Sendable {
             sources.queueDepth = { pipeline.backlog }
             sources.databaseConnections = { (pools.upstream.openCount, pools.outbox.openCount) }
             sources.sendableTransports = v1Client == nil ? ["xmpp", "http"] : ["xmpp", "http", "v1"]
+            sources.v1CanSend = { outbox.v1CanSend }
         }
         let group = ServiceGroup(stages: [
             .init("outbox", [outbox.service(shutdownTimeout: configuration.shutdownTimeout, shutdown: shutdown)]),

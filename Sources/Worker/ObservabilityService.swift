@@ -152,11 +152,12 @@ struct ObservabilityService: Service {
     static func backlog(on connection: PostgresConnection) async throws -> [WorkerMetrics.Backlog] {
         try await connection.query("""
             SELECT transport, status, count(*)::bigint,
-                   coalesce(extract(epoch FROM now() - min(available_at) FILTER (WHERE due)), 0)::float8
+                   coalesce(extract(epoch FROM now() - min(available_at) FILTER (WHERE due)), 0)::float8,
+                   coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
             FROM downstream_messages_open_shown WHERE available_at IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2
             """).map { row in
             WorkerMetrics.Backlog(transport: row.string(0) ?? "", status: row.string(1) ?? "", rows: Int(row.int(2) ?? 0),
-                                  oldestDueAge: row.double(3) ?? 0)
+                                  oldestDueAge: row.double(3) ?? 0, oldestAge: row.double(4) ?? 0)
         }
     }
 

@@ -52,6 +52,8 @@ final class WorkerMetrics: OutboxMetrics {
         var rows: Int
         /// Seconds since the oldest row of the group fell due (0 when none is due).
         var oldestDueAge: Double
+        /// Seconds since the oldest row of the group was queued, due or not.
+        var oldestAge: Double = 0
     }
 
     /// Where the scrape reads the gauges.
@@ -62,6 +64,9 @@ final class WorkerMetrics: OutboxMetrics {
         var databaseConnections: @Sendable () -> (upstream: Int, outbox: Int) = { (0, 0) }
         /// The transports this worker can send (v1 only with a service account).
         var sendableTransports: Set<String> = ["xmpp", "http", "v1"]
+        /// Whether v1 sending goes on now (false while stopped for a sender mismatch, or held
+        /// for refused credentials or a token endpoint that cannot be reached).
+        var v1CanSend: @Sendable () -> Bool = { true }
     }
 
     /// Transports whose rows this worker cannot send: v1 without a service account.
@@ -297,6 +302,15 @@ final class WorkerMetrics: OutboxMetrics {
         page.gauge("fcm_worker_outbox_oldest_due_age_seconds", "how long the oldest due outbox row has waited, by transport",
                    Dictionary(grouping: groups, by: \.transport).sorted { $0.key < $1.key }
                        .map { ([("transport", $0.key)], $0.value.map(\.oldestDueAge).max() ?? 0) })
+        page.gauge("fcm_worker_outbox_oldest_age_seconds",
+                   "how long the oldest row not yet answered (pending, retry or sending) has been queued, by transport, due or not",
+                   Dictionary(grouping: groups, by: \.transport).sorted { $0.key < $1.key }
+                       .map { ([("transport", $0.key)], $0.value.map(\.oldestAge).max() ?? 0) })
+        let canSend = [("xmpp", sources.openConnections() > 0), ("http", true),
+                       ("v1", sources.sendableTransports.contains("v1") && sources.v1CanSend())]
+        page.gauge("fcm_worker_transport_can_send",
+                   "1 while a transport can send now: xmpp with a CCS session open, v1 with a service account and sending neither stopped nor held",
+                   canSend.map { ([("transport", $0.0)], $0.1 ? 1 : 0) })
         page.gauge("fcm_worker_outbox_unsendable_rows",
                    "outbox rows still to send over a transport this worker cannot send (v1 without a service account), by transport",
                    Self.unsendable(groups, sendable: sources.sendableTransports).map { ([("transport", $0.transport)], Double($0.rows)) })

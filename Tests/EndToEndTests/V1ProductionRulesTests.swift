@@ -254,4 +254,64 @@ extension V1TransportTests {
         let left = try await database.query("SELECT token FROM device_tokens ORDER BY token").map { $0.string(0)! }
         #expect(left == ["gone"])
     }
+
+    /// Rows that cannot go (credentials for another project: FCM's 403 without a code) are
+    /// seen whatever their due time: their code is counted, v1 says it cannot send, and the
+    /// age of the oldest unanswered row grows while the due age stays near zero (it once
+    /// fell to 0.1 s, hiding the backlog from the alert).
+    @Test func aBacklogThatCannotGoIsSeenByItsAgeItsCodeAndTheTransportsState() async throws {
+        let setup = try await setUp()
+        defer { setup.stop() }
+        var configuration = setup.configuration
+        configuration.projectID = "another-project"
+        configuration.metricsAddress = "127.0.0.1:0"
+        let (worker, task, _) = launchLoggedWorker(configuration)
+        defer { task.cancel() }
+        let id = try await insert(setup.database, target: "device-1")
+        try await setup.database.waitForOutbox("status = 'retry' AND error_code = 'PERMISSION_DENIED' AND id = \(id)", count: 1)
+        func gauge(_ name: String) -> Double? {
+            worker.metricsPage.split(separator: "\n").first { $0.hasPrefix(name + " ") }.flatMap { Double($0.split(separator: " ").last ?? "") }
+        }
+        #expect(worker.metricsPage.contains(#"fcm_worker_downstream_errors_total{transport="v1",code="PERMISSION_DENIED"} 1"#))
+        #expect(gauge(#"fcm_worker_transport_can_send{transport="v1"}"#) == 0)
+        #expect(gauge(#"fcm_worker_transport_can_send{transport="http"}"#) == 1)
+        // The backlog is read every 10 s: the row held back for the credentials shows its age.
+        try await waitUntil("the oldest row's age is read", within: .seconds(25)) {
+            (gauge(#"fcm_worker_outbox_oldest_age_seconds{transport="v1"}"#) ?? 0) >= 5
+        }
+        #expect((gauge(#"fcm_worker_outbox_oldest_due_age_seconds{transport="v1"}"#) ?? 99) < 1, "not due: held for the credentials")
+    }
+
+    /// A graceful shutdown stops sending first, then waits for the answers to what is under
+    /// way, then hands back only what never went out: with FCM answering in 500 ms on ten
+    /// streams a connection, the next worker sends no row twice (it once kept sending what
+    /// it had claimed for the whole wait, then handed back the 20 under way, which the next
+    /// worker sent again).
+    @Test func aGracefulShutdownWithASlowFCMSendsNoRowTwice() async throws {
+        let setup = try await setUp { settings in
+            settings.latency = .milliseconds(500)
+            settings.maximumConcurrentStreams = 10
+        }
+        defer { setup.stop() }
+        _ = try await setup.database.query("""
+            INSERT INTO downstream_messages (target, transport, payload)
+            SELECT 'device-' || g, 'v1', jsonb_build_object('data', jsonb_build_object('n', g::text)) FROM generate_series(1, 300) AS g
+            """)
+        let (first, firstTask, _) = launchLoggedWorker(setup.configuration)
+        try await waitUntil("the first worker has sent some", within: .seconds(20)) { setup.v1.counters.delivered >= 40 }
+        first.requestShutdown()
+        try await firstTask.value
+        let deliveredByFirst = setup.v1.counters.delivered
+        #expect(deliveredByFirst < 300, "the first worker was stopped mid-way (\(deliveredByFirst))")
+        let (second, secondTask, _) = launchLoggedWorker(setup.configuration)
+        try await setup.database.waitForOutbox("status = 'acked'", count: 300, within: .seconds(60))
+        second.requestShutdown()
+        try await secondTask.value
+        var perRow: [String: Int] = [:]
+        for delivery in setup.v1.deliveries { perRow[delivery.message["data"]?["n"]?.stringValue ?? "?", default: 0] += 1 }
+        #expect(perRow.count == 300)
+        let twice = perRow.filter { $0.value > 1 }
+        #expect(twice.isEmpty, "\(twice.count) row(s) sent twice")
+        #expect(try await setup.database.count("downstream_messages", where: "attempts = 1") == 300)
+    }
 }
