@@ -21,6 +21,12 @@ import Glibc
 ///   `segmentBytes`, and deleted once every message in it has committed; when everything
 ///   written has committed and no message waits, the current segment is deleted too, so an
 ///   idle worker keeps no journal.
+/// - **Space.** A segment is also cut early when the journal's filesystem is short of
+///   space (once it holds a quarter of what is free, at least 64 KiB), so that the journal
+///   never fills its own disk with records that have committed: closed segments go as their
+///   messages commit. Before a failed write is tried again, the closed segments whose
+///   messages all committed are deleted, and once a minute while writes fail the log says
+///   how many bytes the write needs, how many are free, and where.
 /// - **Failures.** A write that fails (disk full, I/O error, the folder gone) is retried,
 ///   from the last complete record (a torn tail is cut off first), with backoff from 100 ms
 ///   to 5 s, until it succeeds: its messages stay unacked meanwhile (CCS sends no more on a
@@ -56,8 +62,12 @@ final class UpstreamJournal: Service, CCSJournal {
         var idle = false
     }
 
-    /// The open segment file; touched only on the journal's own thread.
+    /// The open segment file, and the bytes free on its filesystem at the last look (every
+    /// `spaceLookInterval`, and after a failed write). `@unchecked Sendable`: touched only on
+    /// the journal's own thread.
     private final class SegmentFile: @unchecked Sendable {
+        var freeBytes = Int.max
+        var spaceLookedAt: ContinuousClock.Instant?
         var segment = -1
         var descriptor: Int32 = -1
         /// The file's size after its last complete, flushed write.
@@ -85,6 +95,9 @@ final class UpstreamJournal: Service, CCSJournal {
     private let wakeup = ThreadCondition()
     private let disk = DedicatedThread(name: "fcm-journal")
     private let file = SegmentFile()
+    private static let spaceLookInterval: Duration = .milliseconds(100)
+    /// The smallest size a segment is cut at for want of space.
+    static let minimumCutBytes = 64 << 10
     /// The writer thread's nice value (the connection threads' `--io-niceness`): an ack in
     /// journal mode waits for this thread's flush, so it must not queue behind database and
     /// handler work any more than the connection thread that sends the ack does.
@@ -235,17 +248,38 @@ final class UpstreamJournal: Service, CCSJournal {
             }
             wakeup.unlock()
             guard let turn else { continue }
-            for number in turn.deletable.sorted() {
-                if file.segment == number { file.close() }
-                if unlink(path(of: number)) != 0 && errno != ENOENT {
-                    logger.warning("cannot delete the journal segment \(path(of: number)): \(String(cString: strerror(errno)))")
-                }
-            }
+            delete(turn.deletable)
             if !turn.records.isEmpty { write(turn.records, to: turn.segment) }
+            lookAtSpace(every: Self.spaceLookInterval)
             if turn.closing { file.close() }
             if turn.stopping && turn.records.isEmpty { return }
         }
     }
+
+    /// Deletes journal segments (on the journal's thread).
+    private func delete(_ segments: Set<Int>) {
+        for number in segments.sorted() {
+            if file.segment == number { file.close() }
+            if unlink(path(of: number)) != 0 && errno != ENOENT {
+                logger.warning("cannot delete the journal segment \(path(of: number)): \(String(cString: strerror(errno)))")
+            }
+        }
+    }
+
+    /// Reads the bytes free on the journal's filesystem, unless it did within `interval`.
+    private func lookAtSpace(every interval: Duration) {
+        let now = ContinuousClock.now
+        if let lookedAt = file.spaceLookedAt, now - lookedAt < interval { return }
+        file.spaceLookedAt = now
+        var info = statvfs()
+        let folder = (spoolPath as NSString).deletingLastPathComponent
+        guard statvfs(folder.isEmpty ? "." : folder, &info) == 0 else { return }
+        file.freeBytes = Int(clamping: UInt64(info.f_bavail) &* UInt64(info.f_frsize))
+    }
+
+    /// The size at which the current segment is cut: `segmentBytes`, or less when space is
+    /// short (a quarter of what is free, at least `minimumCutBytes`).
+    private var cutBytes: Int { min(segmentBytes, max(Self.minimumCutBytes, file.freeBytes / 4)) }
 
     /// Takes what the writer is to do now, or nil when there is nothing (it then waits).
     private func nextTurn(_ state: inout State) -> Turn? {
@@ -255,7 +289,7 @@ final class UpstreamJournal: Service, CCSJournal {
         var closing = false
         var deletable = state.closed.filter { state.outstanding[$0] == nil }
         state.closed.subtract(deletable)
-        if !records.isEmpty && state.currentBytes >= segmentBytes {
+        if !records.isEmpty && state.currentBytes >= cutBytes {
             // These records still go to the full segment: what comes next starts a new one.
             closing = true
             state.closed.insert(segment)
@@ -277,6 +311,7 @@ final class UpstreamJournal: Service, CCSJournal {
         var written = 0
         var retry = Backoff(base: .milliseconds(100), cap: .seconds(5), jitter: .none)
         var failures = 0
+        var lastSaid = ContinuousClock.now
         while true {
             let started = ContinuousClock.now
             do {
@@ -291,9 +326,23 @@ final class UpstreamJournal: Service, CCSJournal {
                 failures += 1
                 metrics.journalFlushes.withLock { $0.failures += 1 }
                 metrics.journalFailure.withLock { $0 = "\(error)" }
-                if failures == 1 {
-                    logger.error("could not write the journal \(path(of: segment)): \(error); \(records.count) message(s) wait "
-                                 + "unacked, and the write is tried again until the disk takes it")
+                // Room made first: closed segments whose messages all committed go now, not
+                // on a turn a stuck write never gives.
+                let deletable = state.withLock { state -> Set<Int> in
+                    let deletable = state.closed.filter { state.outstanding[$0] == nil }
+                    state.closed.subtract(deletable)
+                    return deletable
+                }
+                delete(deletable)
+                lookAtSpace(every: .zero)
+                if failures == 1 || ContinuousClock.now - lastSaid >= .seconds(60) {
+                    lastSaid = .now
+                    let waiting = records.count + state.withLock { $0.pending.count }
+                    let needed = records.reduce(0) { $0 + $1.entry.payload.utf8.count + 128 }
+                    let free = file.freeBytes == Int.max ? "unknown" : "\(file.freeBytes)"
+                    logger.error("could not write the journal \(path(of: segment)): \(error); it needs about \(needed) byte(s), "
+                                 + "\(free) are free on its filesystem; \(waiting) message(s) wait unacked, and the write is tried "
+                                 + "again until the disk takes it (said once a minute)")
                 }
                 let delay = retry.next()
                 guard waitUnlessStopping(for: delay) else {

@@ -1,7 +1,9 @@
 import FCM
 import Foundation
+import Runtime
 import Simulator
 import Testing
+import Worker
 
 /// Journal mode under full load: a test that saturates the cores for half a minute, so
 /// `scripts/test` runs it on its own after the rest (with the timing tests it would skew
@@ -41,5 +43,52 @@ import Testing
         if replayed > 0 { #expect(log.contains("its journal"), "\(log.suffix(2000))") }
         // Committed messages leave no journal behind (see above).
         #expect(UpstreamJournalFiles.messageIDs(beside: spool, prefix: "f").isSubset(of: stored))
+    }
+}
+
+/// The journal on a filesystem of its own that the journal itself can fill: a 2 MiB tmpfs
+/// (mounted by the test, so as root only: CI runs as root). Under a steady flow whose
+/// records add up to several times the disk, the journal cuts its segments early and
+/// deletes the committed ones, so it never deadlocks on its own disk (the current segment
+/// used to reach the disk's size, the write fail and be retried for ever: thousands stored,
+/// then receiving stopped for good).
+@Suite(.enabled(if: getuid() == 0, "mounts a tmpfs: needs root (CI runs as root)"))
+struct JournalDiskTests {
+    @Test func theJournalNeverFillsItsOwnDisk() async throws {
+        let mount = FileManager.default.temporaryDirectory.appendingPathComponent("journal-disk-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: mount, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: mount) }
+        let mounted = Process()
+        mounted.executableURL = URL(fileURLWithPath: "/bin/mount")
+        mounted.arguments = ["-t", "tmpfs", "-o", "size=2m", "tmpfs", mount]
+        try mounted.run()
+        mounted.waitUntilExit()
+        try #require(mounted.terminationStatus == 0, "mount -t tmpfs failed")
+        defer {
+            let unmount = Process()
+            unmount.executableURL = URL(fileURLWithPath: "/bin/umount")
+            unmount.arguments = ["-l", mount]
+            try? unmount.run()
+            unmount.waitUntilExit()
+        }
+        let ccs = try TestCCS(configure: { $0.recordsEvents = true })
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        var configuration = try ccs.worker(database: database)
+        configuration.ackMode = .journal
+        configuration.spoolFile = mount + "/spool"
+        let (_, task, lines) = launchLoggedWorker(configuration)
+        defer { task.cancel() }
+        try await ccs.simulator.waitForBoundSessions(1)
+        // About 10 MB of records: five times the disk.
+        let blob = String(repeating: "j", count: 900)
+        let total = 10_000
+        for index in 0..<total {
+            ccs.simulator.injectUpstream(from: "d\(index % 50)", data: ["blob": .string(blob)], messageID: "j\(index)")
+        }
+        try await ccs.simulator.wait(for: "every ack", timeout: .seconds(90)) { Set($0.acked).count >= total }
+        await database.waitForRows(in: "upstream_messages", count: total, within: .seconds(60))
+        let failures = lines.withLock { $0 }.filter { $0.contains("could not write the journal") }
+        #expect(failures.isEmpty, "\(failures.prefix(3))")
     }
 }
