@@ -32,6 +32,11 @@ public struct DownstreamSettings: Sendable {
     /// FCM's quota window (a minute): after a pause, v1 sending resumes at the rate FCM
     /// accepted over it, 25 % faster with each window that passes without another refusal.
     public var v1QuotaWindow: Duration = .seconds(60)
+    /// How often rows no claim would see (pending at or below the claim frontier: an id taken
+    /// before its transaction wrote) are looked for, and how old one must be to count
+    /// (younger ones may still be read by a claim through its gaps).
+    public var strandedRowSweep: Duration = .seconds(60)
+    public var strandedRowAge: Duration = .seconds(120)
 
     public init() {}
 

@@ -34,6 +34,7 @@ package final class Outbox: Sendable {
     private let listener: OutboxListener?
     private let settings: DownstreamSettings
     private let logger: Logger
+    private let metrics: any OutboxMetrics
 
     /// - Parameter listenTarget: where the LISTEN for new rows connects: a session of its
     ///   own, which a transaction pooler cannot carry (its notifications go to whichever
@@ -61,6 +62,7 @@ package final class Outbox: Sendable {
         self.ledgerStore = xmppStore
         self.settings = settings
         self.logger = logger
+        self.metrics = metrics
         let xmppRecorder = OutboxRecorder(transport: "xmpp", writeBack: writeBack, metrics: metrics, doorbell: xmppDoorbell)
         let httpRecorder = OutboxRecorder(transport: "http", writeBack: writeBack, metrics: metrics, doorbell: httpDoorbell)
         let xmpp = XMPPTransport(recorder: xmppRecorder, settings: settings, logger: logger, metrics: metrics)
@@ -108,6 +110,7 @@ package final class Outbox: Sendable {
             await withTaskGroup(of: Void.self) { group in
                 group.addTask { await cancellingOnRequest(stopWriting) { await outbox.writeBack.run() } }
                 group.addTask { await cancellingOnRequest(stopRenewing) { await outbox.renewLeases() } }
+                group.addTask { await cancellingOnRequest(stopRenewing) { await outbox.rescueStrandedRows() } }
                 for (index, loop) in outbox.loops.enumerated() {
                     group.addTask {
                         await cancellingOnRequest(stopClaiming[index]) { await loop.run() }
@@ -164,6 +167,31 @@ package final class Outbox: Sendable {
                                     + "\(outbox.writeBack.unwrittenRows.prefix(20).map(String.init).joined(separator: ",")) "
                                     + "before shutdown; their claims lapse after \(outbox.settings.lease.formattedSeconds) and they are sent again")
                 stopWriting.request()
+            }
+        }
+    }
+
+    /// Every `strandedRowSweep`, finds the rows no claim would see (see
+    /// `OutboxStore.rescueStrandedRows`), queues them for sending, counts them and says so,
+    /// until cancelled.
+    private func rescueStrandedRows() async {
+        while await sleepUnlessCancelled(for: settings.strandedRowSweep) {
+            do {
+                let found = try await ledgerStore.pool.withConnection { connection in
+                    try await OutboxStore.rescueStrandedRows(on: connection, olderThan: settings.strandedRowAge)
+                }
+                guard !found.isEmpty else { continue }
+                for (transport, rows) in Dictionary(grouping: found, by: \.transport) {
+                    metrics.strandedRowsRescued(rows.count, transport: transport)
+                }
+                logger.warning("found \(found.count) outbox row(s) no claim would have seen (ids \(found.prefix(10).map { String($0.id) }.joined(separator: ", "))"
+                               + "\(found.count > 10 ? ", …" : "")): pending below the claim frontier, their ids taken before their "
+                               + "transactions wrote (an explicit nextval() or a reused id); queued for sending now. Let the id column's "
+                               + "default give ids (docs/outbox.md)")
+                for loop in loops { loop.recorder.doorbell.ring() }
+            } catch {
+                guard !Task.isCancelled else { return }
+                logger.warning("could not look for outbox rows below the claim frontier: \(error)")
             }
         }
     }

@@ -7,8 +7,11 @@ package protocol OutboxMetrics: Sendable {
     func downstreamRoundTrips(_ seconds: [Double])
     /// v1 sending stopped (true) for a sender mismatch, or resumed (false).
     func v1SendingStopped(_ stopped: Bool)
+    /// Rows no claim would have seen were found and queued for sending.
+    func strandedRowsRescued(_ count: Int, transport: String)
 }
 
 extension OutboxMetrics {
     package func v1SendingStopped(_ stopped: Bool) {}
+    package func strandedRowsRescued(_ count: Int, transport: String) {}
 }

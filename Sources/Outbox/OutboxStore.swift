@@ -273,4 +273,24 @@ package struct OutboxStore: Sendable {
         let alive = Set(renewed.compactMap { $0.int(0) })
         return ledger.forget(claims.filter { !alive.contains($0) })
     }
+
+    /// Finds the rows no claim would ever see: still `pending`, at or below their
+    /// transport's frontier, in no claim and not due again, queued over `olderThan` ago (a
+    /// row whose id was taken before its transaction wrote, e.g. by an explicit `nextval()`
+    /// or a reused id, which the docs ask applications not to do). They are put among the
+    /// rows due again, so that the next claim takes them. Returns their ids by transport.
+    package static func rescueStrandedRows(on connection: PostgresConnection, olderThan: Duration) async throws -> [(transport: String, id: Int64)] {
+        try await connection.query("""
+            INSERT INTO outbox_due_again (transport, id, due_at)
+            SELECT d.transport, d.id, d.available_at
+            FROM downstream_messages AS d
+                 JOIN outbox_cursors AS c ON c.transport = d.transport AND d.id <= c.frontier
+            WHERE d.status = 'pending' AND d.available_at IS NOT NULL
+              AND d.created_at < now() - make_interval(secs => $1)
+              AND NOT EXISTS (SELECT 1 FROM outbox_due_again AS e WHERE e.transport = d.transport AND e.id = d.id)
+              AND NOT EXISTS (SELECT 1 FROM outbox_claims AS k WHERE k.transport = d.transport AND d.id = ANY (k.row_ids))
+            ON CONFLICT (transport, id) DO NOTHING
+            RETURNING transport, id
+            """, [.double(olderThan.seconds)]).map { ($0.string(0) ?? "", $0.int(1) ?? 0) }
+    }
 }

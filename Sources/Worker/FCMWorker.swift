@@ -102,6 +102,9 @@ public struct FCMWorker: Sendable {
         } catch {
             for pool in [upstreamPool, outboxPool] { await pool.close() }
             logger.info("stopped")
+            // A setting found wrong (a transaction pooler found by the first statement at
+            // start) is what the failure means: it is said rather than the statement's error.
+            if let misconfiguration = misconfiguration.withLock({ $0 }) { throw misconfiguration }
             throw error
         }
         for pool in [upstreamPool, outboxPool] { await pool.close() }

@@ -94,10 +94,11 @@ struct ObservabilityService: Service {
         }
         var backlogReadAt: ContinuousClock.Instant?
         var unsendableCheckedAt: ContinuousClock.Instant?
-        let sendable = metrics.sources.withLock { $0.sendableTransports }
-        let checksUnsendable = sendable.count < WorkerMetrics.transports.count
         while !Task.isCancelled {
             let now = ContinuousClock.now
+            // Known once the layers are built (the probes start before them).
+            let sendable = metrics.sources.withLock { $0.sendableTransports }
+            let checksUnsendable = sendable.count < WorkerMetrics.transports.count
             let unsendableDue = checksUnsendable && unsendableCheckedAt.map { now - $0 >= Self.unsendableInterval } ?? checksUnsendable
             let readsBacklog = unsendableDue || (address != nil && backlogReadAt.map { now - $0 >= Self.backlogInterval } ?? true)
             let answer = await withTaskGroup(of: Answer.self) { group in

@@ -86,6 +86,8 @@ final class WorkerMetrics: OutboxMetrics {
     let downstream = BlockingLock([DownstreamKey: Int]())
     let downstreamErrors = BlockingLock([DownstreamKey: Int]())
     let downstreamRoundTrip = BlockingLock(Histogram.seconds)
+    /// Rows found below the claim frontier and queued, by transport.
+    let stranded = BlockingLock([String: Int]())
     /// v1 sending stopped for a sender mismatch (1), and how often it stopped.
     let v1Stopped = BlockingLock((now: false, times: 0))
     /// Journal mode: each group write and its `fdatasync`, and the messages it carried.
@@ -220,6 +222,10 @@ final class WorkerMetrics: OutboxMetrics {
         }
     }
 
+    func strandedRowsRescued(_ count: Int, transport: String) {
+        stranded.withLock { $0[transport, default: 0] += count }
+    }
+
     func v1SendingStopped(_ stopped: Bool) {
         v1Stopped.withLock { state in
             if stopped && !state.now { state.times += 1 }
@@ -314,6 +320,9 @@ final class WorkerMetrics: OutboxMetrics {
         page.gauge("fcm_worker_outbox_unsendable_rows",
                    "outbox rows still to send over a transport this worker cannot send (v1 without a service account), by transport",
                    Self.unsendable(groups, sendable: sources.sendableTransports).map { ([("transport", $0.transport)], Double($0.rows)) })
+        page.counter("fcm_worker_outbox_stranded_rows_total",
+                     "outbox rows found pending below the claim frontier, which no claim would have seen (an id taken before its transaction wrote), and queued",
+                     stranded.withLock { $0 }.sorted { $0.key < $1.key }.map { ([("transport", $0.key)], Double($0.value)) })
         let v1 = v1Stopped.withLock { $0 }
         page.gauge("fcm_worker_v1_sending_stopped",
                    "1 while v1 sending is stopped because FCM answers SENDER_ID_MISMATCH for most tokens (the credentials' project is wrong)",

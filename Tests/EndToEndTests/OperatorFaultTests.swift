@@ -237,4 +237,27 @@ import Worker
             .map { "\($0.string(0)!) \($0.string(1)!) \($0.string(2) ?? "-")" }
         #expect(rows == ["http failed INVALID_MESSAGE", "xmpp failed INVALID_MESSAGE"])
     }
+
+    /// A row inserted below the claim frontier (an id taken earlier) is found by the worker's
+    /// sweep for such rows, sent, counted and said (it was never sent and never shown).
+    @Test func aRowNoClaimWouldSeeIsFoundSentAndCounted() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        var configuration = try ccs.downstreamWorker(database: database)
+        configuration.downstream.strandedRowSweep = .milliseconds(200)
+        let (worker, task, lines) = launchLoggedWorker(configuration)
+        defer { task.cancel() }
+        let ids = try await database.query("""
+            INSERT INTO downstream_messages (target, payload) SELECT 'token-' || g, '{"data":{"k":"v"}}' FROM generate_series(1, 5) AS g RETURNING id
+            """).compactMap { $0.int(0) }
+        try await database.waitForOutbox("status = 'acked'", count: 5)
+        _ = try await database.query("""
+            INSERT INTO downstream_messages (id, target, payload, created_at)
+            VALUES ($1, 'stranded', '{"data":{"k":"v"}}', now() - interval '5 minutes')
+            """, [.int((ids.min() ?? 1) - 1)])
+        try await database.waitForOutbox("status = 'acked' AND target = 'stranded'", count: 1)
+        #expect(worker.metricsPage.contains(#"fcm_worker_outbox_stranded_rows_total{transport="xmpp"} 1"#))
+        #expect(lines.withLock { $0 }.contains { $0.contains("no claim would have seen") })
+    }
 }

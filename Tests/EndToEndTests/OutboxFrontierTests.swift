@@ -34,6 +34,35 @@ import Runtime
         try await database.query("SELECT frontier FROM outbox_cursors WHERE transport = 'xmpp'").first?.int(0)
     }
 
+    /// A row inserted with an id below the claim frontier (an id taken earlier, or reused):
+    /// no claim reads it, and it was never sent and never shown. The sweep for such rows
+    /// finds it and queues it among the rows due again; the next sweep takes it.
+    @Test func aRowBelowTheFrontierIsFoundQueuedAndCounted() async throws {
+        let database = try await TestDatabase.make()
+        let connection = try await database.connect()
+        defer { Task { await connection.close() } }
+        let before = try await Self.insert(20, on: connection)
+        #expect(try await Self.claimAll("w", on: connection) == before)
+        _ = try await connection.query("DELETE FROM outbox_claims")
+        // Below the frontier, queued five minutes ago: the claims do not see it.
+        let stranded = try await connection.query("""
+            INSERT INTO downstream_messages (id, target, payload, created_at)
+            VALUES ($1, 'stranded', '{"data":{"k":"v"}}', now() - interval '5 minutes') RETURNING id
+            """, [.int(before[0] - 1)]).first?.int(0)
+        #expect(try await Self.claimAll("w", on: connection).isEmpty)
+        // A young one is left alone (a claim may still read it through its gaps).
+        let young = try await connection.query("""
+            INSERT INTO downstream_messages (id, target, payload) VALUES ($1, 'young', '{"data":{"k":"v"}}') RETURNING id
+            """, [.int(before[0] - 2)]).first?.int(0)
+        let found = try await OutboxStore.rescueStrandedRows(on: connection, olderThan: .seconds(120))
+        #expect(found.map(\.id) == [stranded].compactMap { $0 } && found.first?.transport == "xmpp")
+        // The sweep (every second in a worker, and when a retry falls due) takes it.
+        #expect(try await Self.claimAll("w", on: connection, sweep: true) == [stranded].compactMap { $0 })
+        // Found once: claimed now, it is not found again.
+        #expect(try await OutboxStore.rescueStrandedRows(on: connection, olderThan: .seconds(120)).isEmpty)
+        #expect(young != nil)
+    }
+
     @Test func truncateWithRestartIdentityEmptiesClaimsAndFrontiersSoNewRowsAreClaimed() async throws {
         let database = try await TestDatabase.make()
         let connection = try await database.connect()
