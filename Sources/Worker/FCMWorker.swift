@@ -114,6 +114,12 @@ public struct FCMWorker: Sendable {
             throw loss
         }
         if let misconfiguration { throw misconfiguration }
+        if let startup = metrics.startup.withLock({ $0 }) {
+            // Asked to stop before it ever ran (a SIGTERM while the database was away at
+            // start): the status is a graceful stop's, and the line says it never started.
+            logger.warning("stopped before the worker started (\(startup)): nothing was received or sent")
+            return
+        }
         logger.info("stopped")
     }
 

@@ -319,6 +319,26 @@ import Worker
         try await waitUntilAsync("ready") { (try? await httpGet(port: port, path: "/readyz"))?.status == 200 }
     }
 
+    /// Stopped while the database was still away at start: a graceful stop's status, and a
+    /// line saying the worker never started (a plain "stopped" misled).
+    @Test func aStopBeforeTheStartSaysTheWorkerNeverStarted() async throws {
+        let ccs = try TestCCS()
+        defer { ccs.simulator.stop() }
+        let database = try await TestDatabase.make()
+        let proxy = try FaultProxy(targetPort: URLComponents(string: database.url)!.port!)
+        defer { proxy.stop() }
+        proxy.set(.refuse)
+        var configuration = try ccs.worker(database: database)
+        configuration.databaseURL = proxy.url(replacingPortIn: database.url)
+        let (worker, task, lines) = launchLoggedWorker(configuration)
+        try await waitUntil("the start waits for the database", within: .seconds(20)) {
+            lines.withLock { $0 }.contains { $0.contains("database unavailable at start") }
+        }
+        worker.requestShutdown()
+        try await task.value
+        #expect(lines.withLock { $0 }.contains { $0.contains("stopped before the worker started") && $0.contains("waiting for the database") })
+    }
+
     private func waitUntilAsync(_ what: String, within limit: Duration = .seconds(20), _ condition: () async -> Bool) async throws {
         let deadline = ContinuousClock.now + limit
         while await !condition() {
