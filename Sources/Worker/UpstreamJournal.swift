@@ -250,7 +250,8 @@ final class UpstreamJournal: Service, CCSJournal {
             guard let turn else { continue }
             delete(turn.deletable)
             if !turn.records.isEmpty { write(turn.records, to: turn.segment) }
-            lookAtSpace(every: Self.spaceLookInterval)
+            // Every turn once space is short (a fast flow fills a small disk within the interval).
+            lookAtSpace(every: file.freeBytes < 64 << 20 ? .zero : Self.spaceLookInterval)
             if turn.closing { file.close() }
             if turn.stopping && turn.records.isEmpty { return }
         }

@@ -9,17 +9,9 @@ import Worker
 /// Database faults through a TCP proxy the test controls: nothing acked is lost, and the
 /// worker recovers without a restart.
 @Suite struct DatabaseFaultTests {
-    /// A worker configuration whose database connections go through `proxy`.
+    /// A worker configuration whose database connections go through a fault proxy.
     private func proxied(_ ccs: TestCCS, _ database: TestDatabase) throws -> (WorkerConfiguration, FaultProxy) {
-        let base = try TestDatabase.baseURL
-        guard let port = URLComponents(string: base)?.port else { throw ProxyError("no port in \(base)") }
-        let proxy = try FaultProxy(targetPort: port)
-        var configuration = try ccs.worker(database: database)
-        configuration.databaseURL = proxy.url(replacingPortIn: database.url)
-        configuration.databaseTimeout = .seconds(2)
-        configuration.pipeline.databaseRetryBase = .milliseconds(50)
-        configuration.pipeline.databaseRetryCap = .milliseconds(500)
-        return (configuration, proxy)
+        try proxiedWorker(ccs, database)
     }
 
     /// An outage's log says how many messages wait in all (it once named the one batch that
@@ -296,11 +288,9 @@ import Worker
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
         let database = try await TestDatabase.make()
-        let proxy = try FaultProxy(targetPort: URLComponents(string: database.url)!.port!)
+        var (configuration, proxy) = try proxiedWorker(ccs, database)
         defer { proxy.stop() }
         proxy.set(.refuse)
-        var configuration = try ccs.worker(database: database)
-        configuration.databaseURL = proxy.url(replacingPortIn: database.url)
         configuration.metricsAddress = "127.0.0.1:0"
         let (task, events) = startWorker(configuration)
         defer { task.cancel() }
@@ -325,11 +315,9 @@ import Worker
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
         let database = try await TestDatabase.make()
-        let proxy = try FaultProxy(targetPort: URLComponents(string: database.url)!.port!)
+        var (configuration, proxy) = try proxiedWorker(ccs, database)
         defer { proxy.stop() }
         proxy.set(.refuse)
-        var configuration = try ccs.worker(database: database)
-        configuration.databaseURL = proxy.url(replacingPortIn: database.url)
         let (worker, task, lines) = launchLoggedWorker(configuration)
         try await waitUntil("the start waits for the database", within: .seconds(20)) {
             lines.withLock { $0 }.contains { $0.contains("database unavailable at start") }

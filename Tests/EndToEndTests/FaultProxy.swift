@@ -2,6 +2,7 @@ import Runtime
 import Foundation
 import Synchronization
 import Transport
+import Worker
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -193,4 +194,18 @@ extension FaultProxy {
 struct ProxyError: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }
+}
+
+/// A worker configuration (`ccs.worker`) whose database connections go through a new fault
+/// proxy, with short database deadlines and retries (tests of database faults).
+func proxiedWorker(_ ccs: TestCCS, _ database: TestDatabase) throws -> (WorkerConfiguration, FaultProxy) {
+    let base = try TestDatabase.baseURL
+    guard let port = URLComponents(string: base)?.port else { throw ProxyError("no port in \(base)") }
+    let proxy = try FaultProxy(targetPort: port)
+    var configuration = try ccs.worker(database: database)
+    configuration.databaseURL = proxy.url(replacingPortIn: database.url)
+    configuration.databaseTimeout = .seconds(2)
+    configuration.pipeline.databaseRetryBase = .milliseconds(50)
+    configuration.pipeline.databaseRetryCap = .milliseconds(500)
+    return (configuration, proxy)
 }

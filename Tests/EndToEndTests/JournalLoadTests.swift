@@ -49,7 +49,8 @@ import Worker
 /// The journal on a filesystem of its own that the journal itself can fill: a 2 MiB tmpfs
 /// (mounted by the test, so as root only: CI runs as root). Under a steady flow whose
 /// records add up to several times the disk, the journal cuts its segments early and
-/// deletes the committed ones, so it never deadlocks on its own disk (the current segment
+/// deletes the committed ones (also before a failed write is tried again), so it never
+/// deadlocks on its own disk (the current segment
 /// used to reach the disk's size, the write fail and be retried for ever: thousands stored,
 /// then receiving stopped for good).
 @Suite(.enabled(if: getuid() == 0, "mounts a tmpfs: needs root (CI runs as root)"))
@@ -88,7 +89,11 @@ struct JournalDiskTests {
         }
         try await ccs.simulator.wait(for: "every ack", timeout: .seconds(90)) { Set($0.acked).count >= total }
         await database.waitForRows(in: "upstream_messages", count: total, within: .seconds(60))
-        let failures = lines.withLock { $0 }.filter { $0.contains("could not write the journal") }
-        #expect(failures.isEmpty, "\(failures.prefix(3))")
+        // A write may still find the disk full for a moment (what is written but not yet
+        // committed can pass 2 MiB under this flow): it is retried and written once the
+        // committed segments are gone, never stuck.
+        let said = lines.withLock { $0 }
+        let failed = said.contains { $0.contains("could not write the journal") }
+        #expect(!failed || said.contains { $0.contains("is written again after") }, "\(said.filter { $0.contains("journal") }.prefix(5))")
     }
 }

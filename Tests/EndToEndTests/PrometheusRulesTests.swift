@@ -63,10 +63,8 @@ struct PrometheusRulesTests {
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
         let database = try await TestDatabase.make()
-        let proxy = try FaultProxy(targetPort: URLComponents(string: database.url)!.port!)
+        var (configuration, proxy) = try proxiedWorker(ccs, database)
         defer { proxy.stop() }
-        var configuration = try ccs.worker(database: database)
-        configuration.databaseURL = proxy.url(replacingPortIn: database.url)
         configuration.metricsAddress = "127.0.0.1:0"
         let (task, events) = startWorker(configuration)
         defer { task.cancel() }
@@ -148,10 +146,16 @@ struct PrometheusRulesTests {
             Issue.record("\(what): the alert stayed \(last)")
             throw SimulatorError("the alert did not become \(state)")
         }
-        // Scraped, evaluated, and quiet while the database answers.
-        try await waitFor("inactive", "Prometheus up and scraping")
-        let up = try await httpGet(port: webPort, path: "/api/v1/query?query=up%7Bjob%3D%22fcm-worker%22%7D")
-        #expect(up.status == 200 && up.body.contains(#""value":["#) && up.body.contains(#","1"]"#), "\(up.body)")
+        // Scraping the worker (its `up` is 1), and quiet while the database answers.
+        let scraping = ContinuousClock.now + .seconds(60)
+        var up = ""
+        while ContinuousClock.now < scraping {
+            up = (try? await httpGet(port: webPort, path: "/api/v1/query?query=up%7Bjob%3D%22fcm-worker%22%7D"))?.body ?? ""
+            if up.contains(#""value":["#) && up.contains(#","1"]"#) { break }
+            try await Task.sleep(for: .milliseconds(250))
+        }
+        #expect(up.contains(#","1"]"#), "Prometheus never scraped the worker: \(up)")
+        try await waitFor("inactive", "Prometheus scraping a reachable database")
         // The database goes away (refused and cut): the worker's probe says so and the alert fires.
         proxy.set(.refuse)
         proxy.cut()
