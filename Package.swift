@@ -6,13 +6,15 @@ import PackageDescription
 ///     fcm-worker (the command line)            Benchmarks (what the bench measures
 ///     Simulator          Handlers   WorkerTesting        outside a worker: FCM, Postgres)
 ///         │                 │            │
-///         │              Worker ─────────┘   pipeline, outbox, configuration, lifecycle
-///         │            ┌────┴────┐
-///         └──────────► FCM     Postgres       CCS protocol and HTTP client │ libpq
+///         │              Worker ─────────┘   pipeline, configuration, lifecycle, observability
+///         │            ┌────┼──────────┐
+///         │            │  Outbox   WorkerSchema   the outbox (claims, transports) │ migrations
+///         │            │    │
+///         └──────────► FCM ─┴─ Postgres       CCS protocol, HTTP and v1 clients │ libpq
 ///                      │          │
 ///                     XMPP        │           stanzas, parser, session negotiation
 ///                      │          │
-///                  Transport      │           TCP, TLS, the stream loop, HTTPS
+///                  Transport      │           TCP, TLS, the stream loop, HTTPS, HTTP/2
 ///                      └────┬─────┘
 ///                        Runtime              threads, locks, queues, backoff, lifecycle
 let swiftSettings: [SwiftSetting] = [.enableUpcomingFeature("ExistentialAny")]
