@@ -22,10 +22,9 @@ extension OutboxSettlement {
     /// `"retry": true` when it is sent again. The row is acked once every target has a final
     /// outcome and one succeeded, failed when none did, and retried (only the targets marked
     /// `retry`) while some got `UNAVAILABLE`, `INTERNAL`, `QUOTA_EXCEEDED` or no answer, no
-    /// sooner than the longest `Retry-After` (capped at `maximumRetryAfter`). Tokens FCM
-    /// reports gone, of another sender or malformed are marked.
-    /// `notBefore`: the earliest a retry may go (the end of a quota pause that covers it).
-    /// `SENDER_ID_MISMATCH` fails the target and keeps its token.
+    /// sooner than the longest `Retry-After` (capped at `maximumRetryAfter`) nor than
+    /// `notBefore` (the end of a quota pause that covers it). Tokens FCM reports gone or
+    /// malformed are marked; `SENDER_ID_MISMATCH` fails the target and keeps its token.
     package static func v1(_ outcome: [(target: String, isDevice: Bool, outcome: V1Outcome)], fanOut: Bool, notBefore quotaEnd: Date? = nil,
                            earlier: [String: JSONValue],
                            rowID: Int64, attempt: Int, age: Duration, timeToLive: Int?, policy: DownstreamRetryPolicy,
