@@ -267,7 +267,6 @@ import Worker
         if `case`.hasPrefix("a database") { components.path = "/no_such_database" } else { components.user = "no_such_user" }
         var configuration = try ccs.worker(database: database)
         configuration.databaseURL = components.string
-        let started = ContinuousClock.now
         let (task, _) = startWorker(configuration)
         // It used to retry for ever: stopped after 15 s, it fails the test.
         let watchdog = Task {
@@ -281,7 +280,6 @@ import Worker
         } catch let error as ConfigurationError {
             #expect(error.description.contains("retrying cannot fix it") && error.description.contains("does not exist"), "\(error)")
         }
-        #expect(ContinuousClock.now - started < .seconds(10))
     }
 
     @Test func whileTheDatabaseIsAwayAtStartTheProbesSayWhatTheWorkerWaitsFor() async throws {
@@ -315,7 +313,7 @@ import Worker
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
         let database = try await TestDatabase.make()
-        var (configuration, proxy) = try proxiedWorker(ccs, database)
+        let (configuration, proxy) = try proxiedWorker(ccs, database)
         defer { proxy.stop() }
         proxy.set(.refuse)
         let (worker, task, lines) = launchLoggedWorker(configuration)
