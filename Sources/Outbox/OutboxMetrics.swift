@@ -9,9 +9,13 @@ package protocol OutboxMetrics: Sendable {
     func v1SendingStopped(_ stopped: Bool)
     /// Rows no claim would have seen were found and queued for sending.
     func strandedRowsRescued(_ count: Int, transport: String)
+    /// The rows of `transport` moved to each outcome so far (`acked`, `failed`, `retried`,
+    /// `expired`, `handed_back`, …), as `downstream` counted them.
+    func downstreamOutcomes(transport: String) -> [String: Int]
 }
 
 extension OutboxMetrics {
     package func v1SendingStopped(_ stopped: Bool) {}
     package func strandedRowsRescued(_ count: Int, transport: String) {}
+    package func downstreamOutcomes(transport: String) -> [String: Int] { [:] }
 }

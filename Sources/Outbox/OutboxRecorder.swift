@@ -1,6 +1,5 @@
 import Foundation
 import Runtime
-import Synchronization
 
 /// Where a transport's answers go: each row update and token mark to the write-back
 /// (counted for metrics), and each retry's due time to the transport's claim loop, which
@@ -13,9 +12,6 @@ package final class OutboxRecorder: Sendable {
     /// Rings the transport's claim loop.
     package let doorbell: Doorbell
     private let dueTimes = BlockingLock(DueTimes())
-    /// Updates recorded, by outcome (for the shutdown summary): acked, failed, retry,
-    /// expired, handed back unsent (pending).
-    private let acked = Atomic(0), failed = Atomic(0), retried = Atomic(0), expired = Atomic(0), handedBack = Atomic(0)
 
     package init(transport: String, writeBack: OutboxWriteBack, metrics: any OutboxMetrics, doorbell: Doorbell) {
         self.transport = transport
@@ -29,24 +25,15 @@ package final class OutboxRecorder: Sendable {
     @discardableResult
     package func record(_ updates: [OutboxUpdate], tokens: [TokenMark] = []) -> UInt64 {
         metrics.downstream(updates, transport: transport)
-        for update in updates {
-            switch update.status {
-            case .acked, .delivered: acked.add(1, ordering: .relaxed)
-            case .failed: failed.add(1, ordering: .relaxed)
-            case .retry: retried.add(1, ordering: .relaxed)
-            case .expired: expired.add(1, ordering: .relaxed)
-            case .pending: handedBack.add(1, ordering: .relaxed)
-            case .sent: break
-            }
-        }
         return writeBack.record(updates, tokens: tokens)
     }
 
-    /// What was recorded so far, for the shutdown summary.
+    /// What was recorded so far, for the shutdown summary (from the metrics' counts by
+    /// outcome, which every update goes through already).
     package var summary: String {
-        "acked \(acked.load(ordering: .relaxed)), failed \(failed.load(ordering: .relaxed)), "
-            + "retried \(retried.load(ordering: .relaxed)), expired \(expired.load(ordering: .relaxed)), "
-            + "put back unsent \(handedBack.load(ordering: .relaxed))"
+        let counts = metrics.downstreamOutcomes(transport: transport)
+        return "acked \((counts["acked"] ?? 0) + (counts["delivered"] ?? 0)), failed \(counts["failed"] ?? 0), "
+            + "retried \(counts["retried"] ?? 0), expired \(counts["expired"] ?? 0), put back unsent \(counts["handed_back"] ?? 0)"
     }
 
     /// A retry recorded by write `written` falls due at `instant`: the loop sweeps then.

@@ -106,22 +106,22 @@ public final class HTTP2Client: Sendable {
     /// a connection and not yet written): a shutdown stops sending before it waits for the
     /// answers to what is under way, which go on.
     public func cancelUnsent() {
-        let (connections, waiting) = state.withLock { state -> ([HTTP2ClientConnection], [Pending]) in
-            defer { state.waiting = FIFO() }
-            return (state.connections, state.waiting.elements)
-        }
-        for pending in waiting { pending.complete(.failure(.cancelled)) }
-        for connection in connections { connection.cancelQueued() }
+        for connection in cancelWaiting() { connection.cancelQueued() }
     }
 
     /// Ends every request under way or waiting with `.cancelled` (streams reset).
     public func cancelAll() {
+        for connection in cancelWaiting() { connection.cancelAll() }
+    }
+
+    /// Ends the requests waiting for a stream with `.cancelled`; returns the connections.
+    private func cancelWaiting() -> [HTTP2ClientConnection] {
         let (connections, waiting) = state.withLock { state -> ([HTTP2ClientConnection], [Pending]) in
             defer { state.waiting = FIFO() }
             return (state.connections, state.waiting.elements)
         }
         for pending in waiting { pending.complete(.failure(.cancelled)) }
-        for connection in connections { connection.cancelAll() }
+        return connections
     }
 
     /// Sends one request and returns the response.

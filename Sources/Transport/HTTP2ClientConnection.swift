@@ -133,26 +133,26 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
     /// Ends with `.cancelled` the exchanges queued and not yet written to a stream (never
     /// sent); those under way go on.
     func cancelQueued() {
-        let dequeued = shared.withLock { shared -> [Exchange] in
-            let queued = shared.queued
-            shared.queued.removeAll()
-            shared.load -= queued.count
-            return queued
-        }
-        for exchange in dequeued { exchange.complete(.failed(.cancelled)) }
+        _ = cancel(resettingStreams: false)
     }
 
     /// Ends every exchange it holds with `.cancelled` (their streams are reset).
     func cancelAll() {
+        cancel(resettingStreams: true)?.wake()
+    }
+
+    /// Ends the queued exchanges with `.cancelled`; with `resettingStreams`, also tells the
+    /// loop to reset every open stream (returned: the loop to wake).
+    private func cancel(resettingStreams: Bool) -> StreamLoop? {
         let (dequeued, loop) = shared.withLock { shared -> ([Exchange], StreamLoop?) in
             let queued = shared.queued
             shared.queued.removeAll()
             shared.load -= queued.count
-            shared.cancelsAll = true
+            if resettingStreams { shared.cancelsAll = true }
             return (queued, shared.loop)
         }
         for exchange in dequeued { exchange.complete(.failed(.cancelled)) }
-        loop?.wake()
+        return resettingStreams ? loop : nil
     }
 
     /// Stops taking exchanges; the connection closes once those under way finished.

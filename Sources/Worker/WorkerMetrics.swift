@@ -222,6 +222,14 @@ final class WorkerMetrics: OutboxMetrics {
         }
     }
 
+    func downstreamOutcomes(transport: String) -> [String: Int] {
+        downstream.withLock { counts in
+            var outcomes: [String: Int] = [:]
+            for (key, count) in counts where key.transport == transport { outcomes[key.value] = count }
+            return outcomes
+        }
+    }
+
     func strandedRowsRescued(_ count: Int, transport: String) {
         stranded.withLock { $0[transport, default: 0] += count }
     }
