@@ -59,18 +59,26 @@ struct JournalDiskTests {
         let mount = FileManager.default.temporaryDirectory.appendingPathComponent("journal-disk-\(UUID())").path
         try FileManager.default.createDirectory(atPath: mount, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: mount) }
-        let mounted = Process()
-        mounted.executableURL = URL(fileURLWithPath: "/bin/mount")
-        mounted.arguments = ["-t", "tmpfs", "-o", "size=2m", "tmpfs", mount]
-        try mounted.run()
-        mounted.waitUntilExit()
-        try #require(mounted.terminationStatus == 0, "mount -t tmpfs failed")
+        /// Runs a mount command as the suite runs every child: one launch at a time, awaited
+        /// without blocking a cooperative-pool thread.
+        func run(_ tool: String, _ arguments: [String]) async throws -> Int32 {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: tool)
+            process.arguments = arguments
+            process.environment = childEnvironment()
+            try launch(process)
+            return await exitStatus(of: process)
+        }
+        try #require(try await run("/bin/mount", ["-t", "tmpfs", "-o", "size=2m", "tmpfs", mount]) == 0, "mount -t tmpfs failed")
+        // Detached at the end (awaited there); on a failure, detached lazily without waiting.
+        var unmounted = false
         defer {
-            let unmount = Process()
-            unmount.executableURL = URL(fileURLWithPath: "/bin/umount")
-            unmount.arguments = ["-l", mount]
-            try? unmount.run()
-            unmount.waitUntilExit()
+            if !unmounted {
+                let unmount = Process()
+                unmount.executableURL = URL(fileURLWithPath: "/bin/umount")
+                unmount.arguments = ["-l", mount]
+                try? launch(unmount)
+            }
         }
         let ccs = try TestCCS(configure: { $0.recordsEvents = true })
         defer { ccs.simulator.stop() }
@@ -95,5 +103,8 @@ struct JournalDiskTests {
         let said = lines.withLock { $0 }
         let failed = said.contains { $0.contains("could not write the journal") }
         #expect(!failed || said.contains { $0.contains("is written again after") }, "\(said.filter { $0.contains("journal") }.prefix(5))")
+        task.cancel()
+        _ = try? await task.value
+        unmounted = try await run("/bin/umount", ["-l", mount]) == 0
     }
 }

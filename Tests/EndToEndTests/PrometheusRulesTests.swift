@@ -110,9 +110,11 @@ struct PrometheusRulesTests {
         check.executableURL = URL(fileURLWithPath: "/usr/bin/promtool")
         check.arguments = ["check", "config", folder.appendingPathComponent("prometheus.yml").path]
         check.standardOutput = FileHandle.nullDevice
-        try check.run()
-        check.waitUntilExit()
-        #expect(check.terminationStatus == 0, "promtool check config")
+        check.environment = childEnvironment()
+        // Launched and awaited as every child of the suite is: one launch at a time, and no
+        // cooperative-pool thread blocked while it runs.
+        try launch(check)
+        #expect(await exitStatus(of: check) == 0, "promtool check config")
 
         let webPort = try Self.freePort()
         let server = Process()
@@ -121,14 +123,12 @@ struct PrometheusRulesTests {
                             "--storage.tsdb.path=\(folder.appendingPathComponent("data").path)",
                             "--web.listen-address=127.0.0.1:\(webPort)", "--log.level=warn"]
         server.currentDirectoryURL = folder
-        let output = Pipe()
-        server.standardOutput = output
-        server.standardError = output
-        try server.run()
-        defer {
-            server.terminate()
-            server.waitUntilExit()
-        }
+        server.environment = childEnvironment()
+        server.standardOutput = FileHandle.nullDevice
+        server.standardError = FileHandle.nullDevice
+        try launch(server)
+        // Stopped at the end (awaited there); on a failure, only told to stop.
+        defer { if server.isRunning { server.terminate() } }
         /// The state of the alert FcmWorkerDatabaseDown (`inactive` when Prometheus lists none).
         func databaseAlert() async -> String {
             guard let (status, body) = try? await httpGet(port: webPort, path: "/api/v1/alerts"), status == 200,
@@ -163,6 +163,8 @@ struct PrometheusRulesTests {
         // It comes back: the alert resolves.
         proxy.set(.pass)
         try await waitFor("inactive", "the database is back")
+        server.terminate()
+        _ = await exitStatus(of: server)
     }
 }
 
