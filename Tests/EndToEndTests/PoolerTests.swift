@@ -92,9 +92,14 @@ struct PoolerTests {
         #expect(try await database.count("dead_letters") == 0, "\(output.suffix(3000))")
 
         // What it acked is stored once, by a start with the setting.
+        let sessionsBefore = ccs.simulator.counters.sessionsBound
         let (second, secondErrors) = try WorkerProcess.start(ccs, databaseURL: pooled, spool: spool,
                                                              ["--database-pooler", "transaction", "--database-direct-url", database.url])
         defer { if second.isRunning { second.terminate() } }
+        // The second worker is up (it bound a session of its own) before anything is judged:
+        // the first may have acked, stored and sent everything already, and a SIGTERM that
+        // came while the second was still loading killed it before it could trap the signal.
+        try await waitUntil("the second worker's session", within: .seconds(60)) { ccs.simulator.counters.sessionsBound > sessionsBefore }
         try await ccs.simulator.wait(for: "3000 acks", timeout: .seconds(60)) { Set($0.acked).count >= 3_000 }
         await database.waitForRows(in: "upstream_messages", count: 3_000, within: .seconds(60))
         try await database.waitForOutbox("status = 'acked'", count: 200, within: .seconds(30))
