@@ -10,6 +10,7 @@
 #include <openssl/ec.h>
 #include <openssl/bio.h>
 #include <openssl/rand.h>
+#include <openssl/hmac.h>
 
 // Macros (and variadic functions) that Swift cannot call, wrapped as static inline functions.
 

@@ -1,6 +1,18 @@
 import Foundation
 import Runtime
+import Synchronization
 import XMPP
+
+/// Where acks that waited for a commit or a journal write go: a CCS connection
+/// (`CCSAckRoute`), or the HTTPS answer a device waits for.
+public protocol UpstreamAckRoute: AnyObject, Sendable {
+    /// Names the route in logs (`ccs#1.1`, `https`).
+    var label: String { get }
+    /// Writes `acks` (all of this route), waiting for room if the route has a bound.
+    func write(_ acks: [DurableAck]) async throws
+    /// Writes `acks` at once, never waiting (the journal's thread).
+    func writeWithoutWaiting(_ acks: [DurableAck]) throws
+}
 
 /// The ack of an upstream message that waits for the message's commit (durable mode) or
 /// its journal write (journal mode),
@@ -8,14 +20,27 @@ import XMPP
 /// that carries it is copied along the pipeline, and a reference is cheap to copy.
 public final class DurableAck: Sendable {
     public let messageID: String
-    let stanza: String
-    let route: CCSAckRoute
+    /// The ack's stanza (CCS), or empty.
+    public let stanza: String
+    public let route: any UpstreamAckRoute
+    /// Set before the ack is written when the commit found the message handled before: an
+    /// HTTPS answer says `duplicate`. Only routes that ask (`tracksDuplicates`) are told.
+    private let duplicate = Atomic(false)
+    /// Whether the pipeline marks duplicates on it (CCS's acks do not say).
+    public let tracksDuplicates: Bool
 
-    init(messageID: String, stanza: String, route: CCSAckRoute) {
+    public init(messageID: String, stanza: String, route: any UpstreamAckRoute, tracksDuplicates: Bool = false) {
         self.messageID = messageID
         self.stanza = stanza
         self.route = route
+        self.tracksDuplicates = tracksDuplicates
     }
+
+    /// True once the commit found the message handled before.
+    public var wasDuplicate: Bool { duplicate.load(ordering: .acquiring) }
+
+    /// The commit found the message handled before.
+    public func markDuplicate() { duplicate.store(true, ordering: .releasing) }
 
     /// Writes `acks` after their commit: one write per connection, however many acks.
     /// Returns, per connection label, the ids whose ack could not be written (the
@@ -49,9 +74,9 @@ public final class DurableAck: Sendable {
     }
 
     /// `acks` by connection, in the order their connections first appear.
-    private static func grouped(_ acks: [DurableAck]) -> [(CCSAckRoute, [DurableAck])] {
+    private static func grouped(_ acks: [DurableAck]) -> [(any UpstreamAckRoute, [DurableAck])] {
         var byRoute: [ObjectIdentifier: [DurableAck]] = [:]
-        var order: [CCSAckRoute] = []
+        var order: [any UpstreamAckRoute] = []
         for ack in acks {
             let key = ObjectIdentifier(ack.route)
             if byRoute[key] == nil { order.append(ack.route) }
@@ -70,7 +95,7 @@ public final class DurableAck: Sendable {
 /// and its wake pipe alive for good (the soak found two descriptors more after every
 /// dropped or drained connection). An ack for a connection that is gone fails like one for
 /// a closed connection: CCS redelivers the message.
-final class CCSAckRoute: Sendable {
+final class CCSAckRoute: UpstreamAckRoute {
     private struct WeakConnection {
         weak var connection: XMPPConnection<CCSInbound>?
     }

@@ -129,6 +129,11 @@ public final class FCMV1Simulator: Sendable {
     public let account: ServiceAccount
     /// The URL of the token endpoint (the account's `token_uri`).
     public let tokenURI: String
+    /// Firebase's token services: the ID and App Check tokens devices present to an ingress,
+    /// and the keys that check them, served at `idTokenKeysURL` and `appCheckKeysURL`.
+    public let firebaseTokens: FirebaseTokenIssuer
+    public let idTokenKeysURL: String
+    public let appCheckKeysURL: String
     /// The 16 hex digits after `%` in the message names.
     private let senderHash = String(UInt64.random(in: 1 << 60 ... UInt64.max), radix: 16)
     private let context: TLSContext
@@ -196,6 +201,9 @@ public final class FCMV1Simulator: Sendable {
         port = acceptLoop.port
         let host = settings.host.contains(":") ? "[\(settings.host)]" : settings.host
         tokenURI = "https://\(host):\(port)/token"
+        firebaseTokens = try FirebaseTokenIssuer(projectID: settings.projectID)
+        idTokenKeysURL = "https://\(host):\(port)" + FirebaseTokenIssuer.idTokenKeysPath
+        appCheckKeysURL = "https://\(host):\(port)" + FirebaseTokenIssuer.appCheckKeysPath
         let key = try RSAPrivateKey.generate()
         account = ServiceAccount(projectID: settings.projectID, clientEmail: "fcm-worker@\(settings.projectID).iam.gserviceaccount.com",
                                  privateKeyID: UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: ""),
@@ -277,6 +285,14 @@ public final class FCMV1Simulator: Sendable {
     }
 
     private func answer(_ request: HTTPServerRequest, numberOnConnection: Int) -> HTTPServerAction {
+        if request.method == "GET" && (request.path == FirebaseTokenIssuer.idTokenKeysPath || request.path == FirebaseTokenIssuer.appCheckKeysPath) {
+            // As Google serves them: cached for hours (the ID token certificates rotate daily).
+            let idToken = request.path == FirebaseTokenIssuer.idTokenKeysPath
+            return respond(HTTPServerResponse(status: 200, headers: [("content-type", "application/json; charset=UTF-8"),
+                                                                    ("cache-control", idToken ? "public, max-age=22013, must-revalidate, no-transform"
+                                                                                              : "public, max-age=21600")],
+                                              body: Array((idToken ? firebaseTokens.idTokenKeySetJSON : firebaseTokens.appCheckKeySetJSON).utf8)))
+        }
         guard request.method == "POST" else { return respond(Self.googleError(405, "METHOD_NOT_ALLOWED", "only POST is served")) }
         if request.path == "/token" { return respond(grant(request)) }
         let prefix = "/v1/projects/", suffix = "/messages:send"

@@ -34,7 +34,12 @@ package struct HTTPMessage: Sendable, Equatable {
 /// Why bytes are not an acceptable HTTP message.
 package struct HTTPMessageError: Error, Equatable, Sendable, CustomStringConvertible {
     package let description: String
-    package init(_ description: String) { self.description = description }
+    /// The message is over a size limit (a server answers 413), not malformed.
+    package let isTooLarge: Bool
+    package init(_ description: String, isTooLarge: Bool = false) {
+        self.description = description
+        self.isTooLarge = isTooLarge
+    }
 }
 
 /// Assembles HTTP/1.1 messages from bytes as they arrive: head up to the blank line, then
@@ -48,6 +53,9 @@ package struct HTTPMessageReader {
         self.maximumBodyBytes = maximumBodyBytes
     }
 
+    /// True while bytes of a message not yet complete are held.
+    package var hasBufferedBytes: Bool { !buffer.isEmpty }
+
     package mutating func append(_ bytes: ArraySlice<UInt8>) {
         buffer.append(contentsOf: bytes)
     }
@@ -55,7 +63,7 @@ package struct HTTPMessageReader {
     /// The next complete message, or nil if more bytes are needed.
     package mutating func next() throws(HTTPMessageError) -> HTTPMessage? {
         guard let headEnd = Self.find([13, 10, 13, 10], in: buffer[...]) else {
-            if buffer.count > 16 << 10 { throw HTTPMessageError("the message head is over 16 KiB") }
+            if buffer.count > 16 << 10 { throw HTTPMessageError("the message head is over 16 KiB", isTooLarge: true) }
             return nil
         }
         let head = String(decoding: buffer[..<headEnd], as: UTF8.self)
@@ -74,7 +82,8 @@ package struct HTTPMessageReader {
             return HTTPMessage(startLine: startLine, headers: headers, body: body)
         }
         let length = Int(headers["content-length"] ?? "0") ?? -1
-        guard length >= 0, length <= maximumBodyBytes else { throw HTTPMessageError("an unacceptable Content-Length") }
+        guard length >= 0 else { throw HTTPMessageError("an unacceptable Content-Length") }
+        guard length <= maximumBodyBytes else { throw HTTPMessageError("the body is over \(maximumBodyBytes) bytes", isTooLarge: true) }
         guard buffer.count >= bodyStart + length else { return nil }
         let body = Array(buffer[bodyStart..<(bodyStart + length)])
         buffer.removeFirst(bodyStart + length)
@@ -98,7 +107,7 @@ package struct HTTPMessageReader {
                 guard let trailersEnd = Self.find([13, 10, 13, 10], in: buffer[cursor...]) else { return nil }
                 return (body, trailersEnd + 4)
             }
-            guard body.count + size <= maximumBodyBytes else { throw HTTPMessageError("the body is too large") }
+            guard body.count + size <= maximumBodyBytes else { throw HTTPMessageError("the body is over \(maximumBodyBytes) bytes", isTooLarge: true) }
             guard buffer.count >= cursor + size + 2 else { return nil }
             body += buffer[cursor..<(cursor + size)]
             cursor += size + 2

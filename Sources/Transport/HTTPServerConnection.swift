@@ -10,8 +10,85 @@ package struct HTTPServerRequest: Sendable {
     package let body: [UInt8]
     /// `h2` or `http/1.1`.
     package let protocolName: String
+    /// Where an answer given later (`HTTPServerAction.later`) goes, from any thread.
+    package let reply: HTTPServerReply
 
     package var bodyText: String { String(decoding: body, as: UTF8.self) }
+}
+
+/// The way back to one request for an answer given later (`HTTPServerAction.later`): safe
+/// from any thread, used once. An answer to a request whose connection or stream ended is
+/// dropped (the client saw no answer, and retries).
+package struct HTTPServerReply: Sendable {
+    let mailbox: HTTPReplyMailbox
+    let streamID: Int32
+
+    /// Sends `response` as the request's answer.
+    package func send(_ response: HTTPServerResponse) {
+        mailbox.post(response, on: streamID)
+    }
+}
+
+/// Answers given later, from other threads, for one connection's loop to send.
+package final class HTTPReplyMailbox: Sendable {
+    private struct State {
+        var loop: StreamLoop?
+        var replies: [(streamID: Int32, response: HTTPServerResponse)] = []
+        var goAway = false
+    }
+
+    private let state = BlockingLock(State())
+
+    func attach(_ loop: StreamLoop) { state.withLock { $0.loop = loop } }
+
+    /// The loop ended: what is posted from now on is dropped (and the loop released).
+    func detach() { state.withLock { $0 = State() } }
+
+    func post(_ response: HTTPServerResponse, on streamID: Int32) {
+        let loop = state.withLock { state -> StreamLoop? in
+            guard let loop = state.loop else { return nil }
+            state.replies.append((streamID, response))
+            return loop
+        }
+        loop?.wake()
+    }
+
+    /// Asks the connection to finish what is under way and close (`HTTPServer.drain`).
+    package func requestGoAway() {
+        state.withLock { state -> StreamLoop? in
+            state.goAway = true
+            return state.loop
+        }?.wake()
+    }
+
+    func take() -> (replies: [(streamID: Int32, response: HTTPServerResponse)], goAway: Bool) {
+        state.withLock { state in
+            defer { state.replies.removeAll() }
+            return (state.replies, state.goAway)
+        }
+    }
+}
+
+/// What a server connection accepts and how long it waits: a client over these limits is
+/// answered (413, 408) or disconnected, never waited for without end.
+package struct HTTPServerLimits: Sendable {
+    /// The largest request body.
+    package var maximumBodyBytes: Int
+    /// Announced in HTTP/2's `SETTINGS_MAX_CONCURRENT_STREAMS`.
+    package var maximumConcurrentStreams: UInt32
+    /// A connection with no request under way and nothing read for this long is closed.
+    package var idleTimeout: Duration?
+    /// HTTP/1.1: a request begun must be complete within this (a client sending its bytes
+    /// slowly to hold the connection gets 408 and a close).
+    package var requestTimeout: Duration?
+
+    package init(maximumBodyBytes: Int = 8 << 20, maximumConcurrentStreams: UInt32 = 100, idleTimeout: Duration? = nil,
+                 requestTimeout: Duration? = nil) {
+        self.maximumBodyBytes = maximumBodyBytes
+        self.maximumConcurrentStreams = maximumConcurrentStreams
+        self.idleTimeout = idleTimeout
+        self.requestTimeout = requestTimeout
+    }
 }
 
 /// A response an `HTTPServerConnection` sends.
@@ -48,17 +125,35 @@ package enum HTTPServerAction: Sendable {
     case dropConnection
     /// Never answers.
     case hold
+    /// Answers later, through the request's `reply`.
+    case later
 }
 
-/// The server side of one HTTPS connection, HTTP/2 or HTTP/1.1 as ALPN chose: the driver of
-/// its stream loop. Each complete request is handed to `handler` (on the loop's thread; it
-/// must not block) and its action carried out, answers after a delay included.
+/// The server side of one HTTP connection, HTTP/2 or HTTP/1.1 as ALPN chose (on a plain
+/// connection, HTTP/2 when the client opens with its preface: prior knowledge, h2c): the
+/// driver of its stream loop. Each complete request is handed to `handler` (on the loop's
+/// thread; it must not block) and its action carried out, answers after a delay or from
+/// another thread (`later`) included.
+///
+/// `@unchecked Sendable`: its state is touched only on its loop's thread (the `StreamDriver`
+/// contract); other threads reach it only through its `HTTPReplyMailbox`.
 package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
     package typealias Handler = @Sendable (HTTPServerRequest) -> HTTPServerAction
 
     private let handler: Handler
-    private let maximumConcurrentStreams: UInt32
+    private let limits: HTTPServerLimits
+    private let mailbox = HTTPReplyMailbox()
+    private let onEnd: (@Sendable () -> Void)?
+    private static let preface = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
     // Loop thread only.
+    /// A plain connection's first bytes, until they show whether it is HTTP/2 (its preface)
+    /// or HTTP/1.1.
+    private var sniffed: [UInt8]?
+    /// HTTP/1.1: when the first bytes of the request now arriving came (`requestTimeout`).
+    private var http1RequestStarted: ContinuousClock.Instant?
+    /// Requests handed to the handler and not answered yet.
+    private var unanswered = 0
+    private var lastActivity = ContinuousClock.now
     private var session: HTTP2Session?
     private var http1: HTTPMessageReader?
     /// HTTP/1.1: a request is being answered (the next waits in the reader).
@@ -71,38 +166,73 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
     private var goAwayLastStreamID: Int32?
     /// Streams opened and not yet answered.
     private var openStreams: Set<Int32> = []
+    /// HTTP/1.1: close after the answer under way.
+    private var http1GoAway = false
 
-    /// - Parameter maximumConcurrentStreams: announced in `SETTINGS_MAX_CONCURRENT_STREAMS`.
-    package init(maximumConcurrentStreams: UInt32 = 100, handler: @escaping Handler) {
+    /// - Parameter onEnd: called once the connection has ended (on its thread).
+    package init(limits: HTTPServerLimits = HTTPServerLimits(), onEnd: (@Sendable () -> Void)? = nil, handler: @escaping Handler) {
         self.handler = handler
-        self.maximumConcurrentStreams = maximumConcurrentStreams
+        self.limits = limits
+        self.onEnd = onEnd
+    }
+
+    /// Starts serving an accepted socket on a thread of its own; a nil `context` serves it
+    /// plain. `register` gets the connection's mailbox before it starts (`HTTPServer` asks
+    /// it to go away through it); `onEnd` runs once it has ended.
+    package static func serve(fd: Int32, context: TLSContext?, name: String, limits: HTTPServerLimits = HTTPServerLimits(),
+                              register: (HTTPReplyMailbox) -> Void = { _ in }, onEnd: (@Sendable () -> Void)? = nil,
+                              handler: @escaping Handler) {
+        let connection = HTTPServerConnection(limits: limits, onEnd: onEnd, handler: handler)
+        let loop = StreamLoop(name: name, origin: .accepted(fd: fd), tlsContext: context, role: .server, handshakeTimeout: .seconds(10),
+                              outboundCapacity: 1 << 20, driver: connection)
+        connection.mailbox.attach(loop)
+        register(connection.mailbox)
+        loop.start()
     }
 
     /// Starts serving an accepted socket on a thread of its own.
     package static func serve(fd: Int32, context: TLSContext, name: String, maximumConcurrentStreams: UInt32 = 100,
                               handler: @escaping Handler) {
-        let connection = HTTPServerConnection(maximumConcurrentStreams: maximumConcurrentStreams, handler: handler)
-        StreamLoop(name: name, origin: .accepted(fd: fd), tlsContext: context, role: .server, handshakeTimeout: .seconds(10),
-                   outboundCapacity: 1 << 20, driver: connection).start()
+        serve(fd: fd, context: Optional(context), name: name, limits: HTTPServerLimits(maximumConcurrentStreams: maximumConcurrentStreams),
+              handler: handler)
     }
 
     package func streamDidOpen(_ loop: StreamLoop) {
-        if loop.negotiatedProtocol == "h2" {
-            do {
-                session = try HTTP2Session(role: .server, maximumConcurrentStreams: maximumConcurrentStreams) { [unowned self] event in
-                    handle(event, loop: loop)
-                }
-            } catch {
-                loop.abort(reason: error)
-                return
-            }
-            flush(loop)
-        } else {
-            http1 = HTTPMessageReader()
+        lastActivity = .now
+        switch loop.negotiatedProtocol {
+        case "h2": startHTTP2(loop)
+        case nil: sniffed = []
+        default: http1 = HTTPMessageReader(maximumBodyBytes: limits.maximumBodyBytes)
         }
     }
 
+    private func startHTTP2(_ loop: StreamLoop) {
+        do {
+            session = try HTTP2Session(role: .server, maximumConcurrentStreams: limits.maximumConcurrentStreams,
+                                       maximumBody: limits.maximumBodyBytes) { [unowned self] event in
+                handle(event, loop: loop)
+            }
+        } catch {
+            loop.abort(reason: error)
+            return
+        }
+        flush(loop)
+    }
+
     package func stream(_ loop: StreamLoop, didRead bytes: UnsafeRawBufferPointer) {
+        if sniffed != nil {
+            sniffed!.append(contentsOf: bytes.bindMemory(to: UInt8.self))
+            let seen = sniffed!
+            if seen.count < Self.preface.count && Self.preface.starts(with: seen) { return }
+            sniffed = nil
+            if seen.starts(with: Self.preface) {
+                startHTTP2(loop)
+            } else {
+                http1 = HTTPMessageReader(maximumBodyBytes: limits.maximumBodyBytes)
+            }
+            seen.withUnsafeBytes { stream(loop, didRead: $0) }
+            return
+        }
         if let session {
             do {
                 try session.receive(bytes)
@@ -112,6 +242,7 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
             }
             flush(loop)
         } else if http1 != nil {
+            if http1RequestStarted == nil { http1RequestStarted = .now }
             http1!.append(ArraySlice(bytes.bindMemory(to: UInt8.self)))
             nextHTTP1Request(loop)
         }
@@ -124,19 +255,71 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
             send(answer.response, on: answer.streamID, then: answer.then, loop: loop)
             if loop.isEnded { return }
         }
+        let (replies, goAway) = mailbox.take()
+        for reply in replies {
+            send(reply.response, on: reply.streamID, then: goAway ? .goAway : .keepOpen, loop: loop)
+            if loop.isEnded { return }
+        }
+        if goAway { beginGoingAway(loop) }
+        if loop.isEnded || loop.isClosing { return }
+        checkTimeouts(now: now, loop: loop)
         flush(loop)
     }
 
     package var wantsToRead: Bool { true }
 
     package func nextDeadline(_ loop: StreamLoop) -> ContinuousClock.Instant? {
-        scheduled.firstDue
+        var deadline = scheduled.firstDue
+        if let started = http1RequestStarted, let timeout = limits.requestTimeout {
+            deadline = min(deadline ?? started + timeout, started + timeout)
+        }
+        if let idle = limits.idleTimeout, unanswered == 0 {
+            let due = max(lastActivity, loop.lastReadAt) + idle
+            deadline = min(deadline ?? due, due)
+        }
+        return deadline
     }
 
     package func streamDidEnd(_ loop: StreamLoop, reason: any Error) {
         session = nil
         scheduled.removeAll()
         streamsAwaitingAnswers.removeAll()
+        mailbox.detach()
+        onEnd?()
+    }
+
+    /// A slow request gets 408 and the connection closes; an idle connection closes.
+    private func checkTimeouts(now: ContinuousClock.Instant, loop: StreamLoop) {
+        if let started = http1RequestStarted, let timeout = limits.requestTimeout, !http1Busy, now >= started + timeout {
+            let refusal = HTTPMessage(startLine: ["HTTP/1.1", "408", "Request Timeout"],
+                                      headers: ["connection": "close", "content-type": "application/json"],
+                                      body: Array(#"{"error":{"code":408,"status":"request_timeout","message":"the request did not arrive in time"}}"#.utf8))
+            loop.write(bytes: refusal.serialized(), recordSize: StreamLoop.recordSize)
+            loop.close(reason: TransportError.timedOut("a request that did not arrive in time"))
+            return
+        }
+        if let idle = limits.idleTimeout, unanswered == 0, now >= max(lastActivity, loop.lastReadAt) + idle {
+            if let session {
+                session.goAway()
+                flush(loop)
+            }
+            loop.close(reason: TransportError.timedOut("an idle connection"))
+        }
+    }
+
+    /// Finishes the requests under way and closes: HTTP/2 sends a GOAWAY naming the last
+    /// stream processed; HTTP/1.1 closes now when idle, else after the answer under way.
+    private func beginGoingAway(_ loop: StreamLoop) {
+        if let session {
+            guard goAwayLastStreamID == nil else { return }
+            goAwayLastStreamID = openStreams.max() ?? 0
+            session.goAway(lastStreamID: goAwayLastStreamID)
+            flush(loop)
+        } else if !http1Busy {
+            loop.close(reason: TransportError.closedByPeer)
+        } else {
+            http1GoAway = true
+        }
     }
 
     // MARK: - HTTP/2
@@ -153,7 +336,9 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
             var headers: [String: String] = [:]
             for (name, value) in message.headers where !name.hasPrefix(":") { headers[name] = value }
             let request = HTTPServerRequest(method: message.header(":method") ?? "", path: message.header(":path") ?? "",
-                                            headers: headers, body: message.body, protocolName: "h2")
+                                            headers: headers, body: message.body, protocolName: "h2",
+                                            reply: HTTPServerReply(mailbox: mailbox, streamID: streamID))
+            unanswered += 1
             carryOut(handler(request), streamID: streamID, loop: loop)
         case .streamClosed(let streamID, _):
             openStreams.remove(streamID)
@@ -187,12 +372,14 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
             }
         case .dropConnection:
             loop.abort(reason: TransportError.connectionLost("dropped by the script"))
-        case .hold:
+        case .hold, .later:
             break
         }
     }
 
     private func send(_ response: HTTPServerResponse, on streamID: Int32, then: HTTPServerAction.Afterwards, loop: StreamLoop) {
+        unanswered = max(0, unanswered - 1)
+        lastActivity = .now
         if let session {
             var headers: [(name: String, value: String)] = [(":status", String(response.status))]
             headers += response.headers
@@ -202,6 +389,7 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
         } else {
             var headers: [String: String] = [:]
             for (name, value) in response.headers { headers[name] = value }
+            let then: HTTPServerAction.Afterwards = http1GoAway ? .goAway : then
             if then == .goAway { headers["connection"] = "close" }
             let message = HTTPMessage(startLine: ["HTTP/1.1", String(response.status), response.status < 400 ? "OK" : "Error"],
                                       headers: headers, body: response.body)
@@ -239,15 +427,20 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
             guard let next = try http1?.next() else { return }
             message = next
         } catch {
-            let refusal = HTTPMessage(startLine: ["HTTP/1.1", "400", "Bad Request"], headers: ["connection": "close"],
-                                      body: Array("malformed HTTP request: \(error)".utf8))
+            let status = error.isTooLarge ? "413" : "400"
+            let refusal = HTTPMessage(startLine: ["HTTP/1.1", status, error.isTooLarge ? "Content Too Large" : "Bad Request"],
+                                      headers: ["connection": "close", "content-type": "application/json"],
+                                      body: Array(#"{"error":{"code":\#(status),"status":"\#(error.isTooLarge ? "too_large" : "malformed_http")"}}"#.utf8))
             loop.write(bytes: refusal.serialized(), recordSize: StreamLoop.recordSize)
             loop.close(reason: TransportError.connectionLost("a malformed request"))
             return
         }
         http1Busy = true
+        http1RequestStarted = http1?.hasBufferedBytes == true ? .now : nil
+        unanswered += 1
         let request = HTTPServerRequest(method: message.startLine.first ?? "", path: message.startLine.count > 1 ? message.startLine[1] : "",
-                                        headers: message.headers, body: message.body, protocolName: "http/1.1")
+                                        headers: message.headers, body: message.body, protocolName: "http/1.1",
+                                        reply: HTTPServerReply(mailbox: mailbox, streamID: 0))
         carryOut(handler(request), streamID: 0, loop: loop)
     }
 }

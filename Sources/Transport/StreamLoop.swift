@@ -80,7 +80,8 @@ package final class StreamLoop: @unchecked Sendable {
 
     // Thread-confined state below.
     private let origin: Origin
-    private let tlsContext: TLSContext
+    /// nil: a plain connection (no TLS).
+    private let tlsContext: TLSContext?
     private let role: TLSRole
     private let handshakeTimeout: Duration
     private let closingTail: String
@@ -112,7 +113,9 @@ package final class StreamLoop: @unchecked Sendable {
 
     /// - Parameter closingTail: written after what is queued when the stream closes
     ///   gracefully (`</stream:stream>` for XMPP), before the TLS close_notify.
-    package init(name: String, origin: Origin, tlsContext: TLSContext, role: TLSRole,
+    /// - Parameter tlsContext: nil for a plain connection (a server port behind a
+    ///   TLS-terminating load balancer).
+    package init(name: String, origin: Origin, tlsContext: TLSContext?, role: TLSRole,
          handshakeTimeout: Duration, closingTail: String = "",
          outboundCapacity: Int, niceness: Int32? = nil, driver: any StreamDriver) {
         ProcessSignals.ignoreSIGPIPE()

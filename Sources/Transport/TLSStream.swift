@@ -4,8 +4,6 @@ import Foundation
 import Glibc
 #endif
 
-/// One TLS connection over a non-blocking socket: owns the descriptor and the `SSL*` and
-/// frees both in `deinit`. Used by one thread only (its stream loop).
 /// Which end of a TLS connection this side is.
 package enum TLSRole: Sendable {
     /// Verify the server as `serverName` (SNI and host name check; IP literals checked as IPs).
@@ -13,6 +11,10 @@ package enum TLSRole: Sendable {
     case server
 }
 
+/// One connection over a non-blocking socket, TLS or plain (a server port behind a
+/// TLS-terminating load balancer): owns the descriptor and the `SSL*` and frees both in
+/// `deinit`. Used by one thread only (its stream loop). Plain, every call goes straight to
+/// the socket (`recv`/`send`) and the handshake is done at once.
 final class TLSStream {
     /// The outcome of a non-blocking TLS call.
     enum Progress {
@@ -27,11 +29,19 @@ final class TLSStream {
     }
 
     let fd: Int32
-    private let ssl: OpaquePointer
+    /// nil for a plain connection.
+    private let ssl: OpaquePointer?
     private let isClient: Bool
 
-    /// Takes ownership of `fd` (closed in `deinit`, even if this initializer throws).
-    init(fd: Int32, context: TLSContext, role: TLSRole) throws(TransportError) {
+    /// Takes ownership of `fd` (closed in `deinit`, even if this initializer throws); a nil
+    /// `context` makes a plain connection.
+    init(fd: Int32, context: TLSContext?, role: TLSRole) throws(TransportError) {
+        guard let context else {
+            self.fd = fd
+            self.ssl = nil
+            if case .client = role { isClient = true } else { isClient = false }
+            return
+        }
         guard let ssl = SSL_new(context.context) else {
             close(fd)
             throw .tlsFailed("SSL_new failed: \(OpenSSLErrors.drain())")
@@ -60,7 +70,7 @@ final class TLSStream {
     }
 
     deinit {
-        SSL_free(ssl)
+        if let ssl { SSL_free(ssl) }
         close(fd)
     }
 
@@ -69,6 +79,7 @@ final class TLSStream {
     var negotiatedProtocol: String? {
         var data: UnsafePointer<UInt8>?
         var length: UInt32 = 0
+        guard let ssl else { return nil }
         SSL_get0_alpn_selected(ssl, &data, &length)
         guard let data, length > 0 else { return nil }
         return String(decoding: UnsafeBufferPointer(start: data, count: Int(length)), as: UTF8.self)
@@ -76,6 +87,7 @@ final class TLSStream {
 
     /// One step of the handshake.
     func handshake() -> Progress {
+        guard let ssl else { return .done(0) }
         ERR_clear_error()
         let result = SSL_do_handshake(ssl)
         if result == 1 { return .done(0) }
@@ -94,6 +106,7 @@ final class TLSStream {
 
     /// Reads decrypted bytes into `buffer`.
     func read(into buffer: UnsafeMutableRawBufferPointer) -> Progress {
+        guard let ssl else { return Self.plainProgress(recv(fd, buffer.baseAddress, buffer.count, 0), reading: true) }
         ERR_clear_error()
         let result = SSL_read(ssl, buffer.baseAddress, Int32(buffer.count))
         if result > 0 { return .done(Int(result)) }
@@ -102,6 +115,7 @@ final class TLSStream {
 
     /// Encrypts and sends up to `bytes.count` bytes as one or more records.
     func write(_ bytes: UnsafeRawBufferPointer) -> Progress {
+        guard let ssl else { return Self.plainProgress(send(fd, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL)), reading: false) }
         ERR_clear_error()
         let result = SSL_write(ssl, bytes.baseAddress, Int32(bytes.count))
         if result > 0 { return .done(Int(result)) }
@@ -110,13 +124,27 @@ final class TLSStream {
 
     /// Sends close_notify (best effort; does not wait for the peer's).
     func sendCloseNotify() {
+        guard let ssl else {
+            shutdown(fd, Int32(SHUT_WR))
+            return
+        }
         ERR_clear_error()
         _ = SSL_shutdown(ssl)
         ERR_clear_error()
     }
 
     /// Bytes already decrypted and waiting in OpenSSL's buffer.
-    var pendingBytes: Int { Int(SSL_pending(ssl)) }
+    var pendingBytes: Int { ssl.map { Int(SSL_pending($0)) } ?? 0 }
+
+    /// A plain `recv`/`send`'s result as progress (0 from `recv`: the peer closed).
+    private static func plainProgress(_ result: Int, reading: Bool) -> Progress {
+        if result > 0 { return .done(result) }
+        if result == 0 { return reading ? .closedByPeer : .wantWrite }
+        switch errno {
+        case EAGAIN, EWOULDBLOCK, EINTR: return reading ? .wantRead : .wantWrite
+        default: return .failed(.connectionLost(String(cString: strerror(errno))))
+        }
+    }
 
     private func classify(_ result: Int32) -> Progress {
         let code = SSL_get_error(ssl, result)

@@ -191,6 +191,11 @@ public struct FCMWorker: Sendable {
                             logger: logger.labeled("outbox"), metrics: metrics, onListening: { observer?(.outboxListening) })
         let ccs = CCSConnections(configuration: configuration, tls: tls, logger: logger, observer: observer,
                                  pipeline: pipeline, sender: outbox.xmpp, metrics: metrics)
+        let ingress = try configuration.ingress.map { settings throws(ConfigurationError) in
+            try IngressService(settings: settings, trust: configuration.caFile.map { .caFile($0) } ?? .systemDefault, pipeline: pipeline,
+                               journal: journal, ackMode: configuration.ackMode, metrics: metrics.ingress, reloads: reloads,
+                               observer: observer, logger: logger.labeled("ingress"))
+        }
         metrics.sources.withLock { sources in
             sources.openConnections = { ccs.openCount }
             sources.windows = { outbox.xmpp.windows }
@@ -201,7 +206,7 @@ public struct FCMWorker: Sendable {
         }
         let group = ServiceGroup(stages: [
             .init("outbox", [outbox.service(shutdownTimeout: configuration.shutdownTimeout, shutdown: shutdown)]),
-            .init("reading", [ccs.reading]),
+            .init("reading", [ccs.reading] + (ingress.map { [$0.receiving] } ?? [])),
             .init("pipeline", [UpstreamPipelineService(pipeline: pipeline, spool: spool, shutdownTimeout: configuration.shutdownTimeout,
                                                        shutdown: shutdown, logger: logger.labeled("pipeline"), observer: observer,
                                                        metrics: metrics, losses: losses)]),
@@ -209,7 +214,7 @@ public struct FCMWorker: Sendable {
             // streams are still open) and deletes the segments whose messages all
             // committed; what did not commit stays in it for the next start.
             .init("journal", journal.map { [$0] } ?? []),
-            .init("streams", [ccs.streams]),
+            .init("streams", [ccs.streams] + (ingress.map { [$0.connections] } ?? [])),
         ], shutdown: shutdown, logger: logger)
         metrics.startup.withLock { $0 = nil }
         try await group.run()

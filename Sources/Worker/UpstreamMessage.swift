@@ -57,8 +57,18 @@ public struct UpstreamMessage: Sendable {
     public var raw: JSONValue { storage.raw }
     /// The JSON text exactly as received.
     public var rawPayload: String { storage.json }
-    /// The connection it came in on (`ccs#1`, …; `spool` when replayed from the spool).
+    /// The connection it came in on (`ccs#1`, …; `https` over the HTTPS ingress; `spool`
+    /// when replayed from the spool).
     public var connection: String { storage.connection }
+
+    /// Who posted it over the HTTPS ingress, as their tokens proved (nil for a message from
+    /// CCS). Its `messageID` is then the ingress's (`https:<sender>:<id>`, unique across
+    /// senders) and `clientMessageID` the id the device chose.
+    public var ingress: IngressOrigin? {
+        guard IngressMessageID.senderPrefix(of: messageID) != nil, case .object(let origin)? = raw["ingress"],
+              case .string(let clientID)? = origin["message_id"] else { return nil }
+        return IngressOrigin(clientMessageID: clientID, uid: origin["uid"]?.stringValue, appID: origin["app_id"]?.stringValue)
+    }
     /// When the worker parsed it.
     public var receivedAt: Date { storage.receivedAt }
 

@@ -66,6 +66,35 @@ final class UpstreamPipeline: Sendable {
         }
     }
 
+    /// Queues `work` without waiting, for a producer that answers a client and cannot
+    /// suspend (the HTTPS ingress, on its connection's thread): all of it, or none when a
+    /// lane it goes to is full or the pipeline no longer takes work (the client is told to
+    /// come back). Concurrent offers may each find room and together pass a lane's capacity
+    /// by what they hold, never more.
+    /// With `evenIfFull`, queues it all whatever room there is (work already promised: the
+    /// caller checked `hasRoom(for:)` before it promised).
+    @discardableResult
+    func offer(_ work: [UpstreamWork], evenIfFull: Bool = false) -> Bool {
+        let byLane = lanes.count > 1 ? split(work) : [work]
+        if !evenIfFull {
+            for (index, items) in byLane.enumerated() where !items.isEmpty && !lanes[index].queue.hasRoom { return false }
+        }
+        for (index, items) in byLane.enumerated() where !items.isEmpty {
+            for item in items { _ = lanes[index].queue.offer { item } }
+            lanes[index].queue.handOver()
+        }
+        return true
+    }
+
+    /// Whether each lane `work` goes to has room now.
+    func hasRoom(for work: [UpstreamWork]) -> Bool {
+        guard lanes.count > 1 else { return lanes[0].queue.hasRoom }
+        return split(work).enumerated().allSatisfy { index, items in items.isEmpty || lanes[index].queue.hasRoom }
+    }
+
+    /// True while a commit found the database unavailable and none has succeeded since.
+    var isDatabaseDown: Bool { databaseDown.load(ordering: .relaxed) }
+
     /// `work` by lane, in its order, each lane's list allocated once at its size: grown one
     /// piece at a time, a read's work took about three allocations per lane.
     ///
@@ -290,6 +319,7 @@ final class UpstreamPipeline: Sendable {
                     try await dispatcher.handle(messages, in: transaction, batchingSingles: true)
                     transaction.enqueue(PostgresStatement("COMMIT"))
                     try await transaction.flush()
+                    Self.markDuplicates(in: batch) { _ in true }
                     metrics.committed(batch: batch.count, took: (ContinuousClock.now - started).seconds, handled: messages.map(\.receivedAt),
                                       duplicates: arrivals - messages.count, deadLetters: letters.map(\.reason), at: Date())
                     observer?(.committed(handled: messages.map { ($0.messageID, $0.receivedAt) },
@@ -310,6 +340,7 @@ final class UpstreamPipeline: Sendable {
             try await dispatcher.handle(newMessages, in: transaction, batchingSingles: false)
             transaction.enqueue(PostgresStatement("COMMIT"))
             try await transaction.flush()
+            Self.markDuplicates(in: batch, fresh: fresh)
             metrics.committed(batch: batch.count, took: (ContinuousClock.now - started).seconds, handled: newMessages.map(\.receivedAt),
                               duplicates: arrivals - newMessages.count, deadLetters: written.map(\.reason), at: Date())
             observer?(.committed(handled: newMessages.map { ($0.messageID, $0.receivedAt) },
@@ -318,6 +349,19 @@ final class UpstreamPipeline: Sendable {
         } catch {
             _ = try? await connection.execute("ROLLBACK")
             throw error
+        }
+    }
+
+    /// Tells the acks that report duplicates (HTTPS answers) which of a committed batch's
+    /// messages were handled before: an id `fresh` says was not recorded before, or one
+    /// that came earlier in the batch.
+    private static func markDuplicates(in batch: [UpstreamWork], fresh: (String) -> Bool) {
+        var firstInBatch = Set<String>()
+        batch.withUnsafeBufferPointer { works in
+            for index in works.indices {
+                guard let ack = works[index].durableAck, ack.tracksDuplicates, let id = works[index].messageID else { continue }
+                if !firstInBatch.insert(id).inserted || !fresh(id) { ack.markDuplicate() }
+            }
         }
     }
 

@@ -91,10 +91,12 @@ struct UpstreamWork: Sendable {
         isStorableKey(id) ? id : "sha256:" + SHA256.hex(Array(id.utf8))
     }
 
-    /// The key that keeps one device's messages in order (its registration token).
+    /// The key that keeps one device's messages in order: its registration token, or, for a
+    /// message that came over HTTPS, its verified sender (the prefix of its id: see
+    /// `IngressMessageID`).
     var orderingKey: String {
         switch kind {
-        case .message(let message): message.from
+        case .message(let message): IngressMessageID.senderPrefix(of: message.messageID) ?? message.from
         case .deadLetter(let letter): letter.from ?? ""
         }
     }

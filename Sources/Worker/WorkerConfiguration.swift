@@ -1,5 +1,6 @@
 import FCM
 import Foundation
+import Ingress
 import Outbox
 import Postgres
 import Runtime
@@ -88,9 +89,19 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
     public var logFormat = Logger.Format.text
     /// Where `/metrics`, `/healthz` and `/readyz` are served (`--metrics-address`); nil: nowhere.
     public var metricsAddress: String?
+    /// The HTTPS ingress's settings (`--ingress-*`); it runs when `address` is set.
+    public var ingressSettings = IngressSettings(address: "")
+    /// The HTTPS ingress, when `--ingress-address` is given.
+    public var ingress: IngressSettings? { ingressSettings.address.isEmpty ? nil : ingressSettings }
     /// What parsing found worth saying but not refusing (a key file others can read), for
     /// the log at start.
     public internal(set) var warnings: [String] = []
+
+    /// `--ingress-clock-skew` in whole seconds.
+    public var ingressClockSkewSeconds: Int {
+        get { Int(ingressSettings.clockSkew.components.seconds) }
+        set { ingressSettings.clockSkew = .seconds(newValue) }
+    }
 
     /// Lanes handling upstream messages in parallel (a device's messages keep one lane):
     /// the pipeline's partitions.
@@ -299,6 +310,67 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             }
             settings.logFormat = format
         },
+        CommandOption("--ingress-address", environment: "FCM_INGRESS_ADDRESS", placeholder: "HOST:PORT", default: "off",
+                      help: "serve the HTTPS ingress (devices post upstream messages: docs/ingress.md) on this address") { settings, text throws(ConfigurationError) in
+            settings.ingressSettings.address = text
+        },
+        CommandOption("--ingress-tls-cert", environment: "FCM_INGRESS_TLS_CERT", placeholder: "PATH", default: "none",
+                      help: "the ingress's PEM certificate chain (reloaded on SIGHUP)") { settings, path throws(ConfigurationError) in
+            settings.ingressSettings.certificateFile = path
+        },
+        CommandOption("--ingress-tls-key", environment: "FCM_INGRESS_TLS_KEY", placeholder: "PATH", default: "none",
+                      help: "the ingress's PEM private key (reloaded on SIGHUP)") { settings, path throws(ConfigurationError) in
+            settings.ingressSettings.keyFile = path
+        },
+        .toggle("--ingress-plain", environment: "FCM_INGRESS_PLAIN",
+                help: "serve the ingress without TLS (HTTP/1.1 and h2c), behind a TLS-terminating load balancer") { settings, on in
+            settings.ingressSettings.plain = on
+        },
+        CommandOption("--ingress-auth", environment: "FCM_INGRESS_AUTH", placeholder: "KIND", default: "id-token",
+                      help: "tokens a device presents: id-token, app-check, both or none") { settings, text throws(ConfigurationError) in
+            guard let kind = IngressSettings.Authentication(rawValue: text.lowercased()) else {
+                throw ConfigurationError("invalid ingress auth \(text): expected id-token, app-check, both or none")
+            }
+            settings.ingressSettings.authentication = kind
+        },
+        .toggle("--ingress-allow-unauthenticated", environment: "FCM_INGRESS_ALLOW_UNAUTHENTICATED",
+                help: "allow --ingress-auth none on an address that is not loopback (a proxy in front authenticates)") { settings, on in
+            settings.ingressSettings.allowUnauthenticated = on
+        },
+        CommandOption("--ingress-project-id", environment: "FCM_INGRESS_PROJECT_ID", placeholder: "ID", default: "--project-id",
+                      help: "the Firebase project tokens must be issued for") { settings, text throws(ConfigurationError) in
+            settings.ingressSettings.projectID = text
+        },
+        CommandOption("--ingress-project-number", environment: "FCM_INGRESS_PROJECT_NUMBER", placeholder: "N", default: "not checked",
+                      help: "the project's number: App Check tokens must name it in iss") { settings, text throws(ConfigurationError) in
+            guard !text.isEmpty, text.allSatisfy(\.isNumber) else { throw ConfigurationError("invalid project number \(text): digits only") }
+            settings.ingressSettings.projectNumber = text
+        },
+        CommandOption("--ingress-id-token-keys-url", environment: "FCM_INGRESS_ID_TOKEN_KEYS_URL", placeholder: "URL", default: "Google's",
+                      help: "where Firebase Auth's signing certificates are published") { settings, text throws(ConfigurationError) in
+            settings.ingressSettings.idTokenKeysURL = text
+        },
+        CommandOption("--ingress-app-check-keys-url", environment: "FCM_INGRESS_APP_CHECK_KEYS_URL", placeholder: "URL", default: "Google's",
+                      help: "where App Check's JWK set is published") { settings, text throws(ConfigurationError) in
+            settings.ingressSettings.appCheckKeysURL = text
+        },
+        CommandOption("--ingress-rate", environment: "FCM_INGRESS_RATE", placeholder: "N", default: "10",
+                      help: "messages per second one sender may post, after its burst") { settings, text throws(ConfigurationError) in
+            guard let rate = Double(text), rate > 0, rate <= 1_000_000 else { throw ConfigurationError("invalid ingress rate \(text): expected a number above 0") }
+            settings.ingressSettings.ratePerSecond = rate
+        },
+        .integer("--ingress-burst", environment: "FCM_INGRESS_BURST", default: "20",
+                 help: "messages one sender may post at once (FCM let a device queue 20)", name: "ingress burst", range: 1...100_000,
+                 \.ingressSettings.rateBurst),
+        .integer("--ingress-max-connections", environment: "FCM_INGRESS_MAX_CONNECTIONS", default: "4096",
+                 help: "connections the ingress serves at once", name: "ingress connection limit", range: 1...1_000_000,
+                 \.ingressSettings.maximumConnections),
+        .seconds("--ingress-idle-timeout", environment: "FCM_INGRESS_IDLE_TIMEOUT", default: "60",
+                 help: "close an ingress connection idle this long", name: "ingress idle timeout", \.ingressSettings.idleTimeout),
+        .seconds("--ingress-request-timeout", environment: "FCM_INGRESS_REQUEST_TIMEOUT", default: "10",
+                 help: "a request begun must arrive whole within this (else 408)", name: "ingress request timeout", \.ingressSettings.requestTimeout),
+        .integer("--ingress-clock-skew", environment: "FCM_INGRESS_CLOCK_SKEW", default: "10",
+                 help: "seconds a token's times may be off (0 to 60)", name: "ingress clock skew", range: 0...60, \.ingressClockSkewSeconds),
         CommandOption("--metrics-address", environment: "FCM_METRICS_ADDRESS", placeholder: "HOST:PORT", default: "off",
                       help: "serve /metrics (Prometheus), /healthz and /readyz over HTTP on this address") { settings, text throws(ConfigurationError) in
             guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65535).contains(port),
@@ -308,6 +380,10 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             settings.metricsAddress = text
         },
     ]) { settings throws(ConfigurationError) in
+        if !settings.ingressSettings.address.isEmpty {
+            if settings.ingressSettings.projectID == nil { settings.ingressSettings.projectID = settings.projectID }
+            if let problem = settings.ingressSettings.problem { throw ConfigurationError(problem) }
+        }
         guard !settings.senderID.isEmpty else {
             throw ConfigurationError("missing sender ID: pass --sender-id or set FCM_SENDER_ID")
         }

@@ -21,6 +21,8 @@ public enum WorkerEvent: Sendable {
     case replayed(count: Int)
     /// `/metrics`, `/healthz` and `/readyz` are served on this port (`--metrics-address`).
     case serving(metricsPort: Int)
+    /// The HTTPS ingress takes requests on this port (`--ingress-address`).
+    case servingIngress(port: Int)
 }
 
 /// Receives `WorkerEvent`s as they happen, from any task.

@@ -97,6 +97,8 @@ final class WorkerMetrics: OutboxMetrics {
     let databaseErrors = Atomic(0)
     let backlog = BlockingLock<[Backlog]>([])
     let sources = BlockingLock(Sources())
+    /// The HTTPS ingress's counters (rendered whether or not it runs: zero without it).
+    let ingress = IngressMetrics()
     /// Kept by the health check: whether the last database probe succeeded, and whether the
     /// worker's loops still run.
     let databaseReachable = Atomic(false)
@@ -336,6 +338,8 @@ final class WorkerMetrics: OutboxMetrics {
                    "1 while v1 sending is stopped because FCM answers SENDER_ID_MISMATCH for most tokens (the credentials' project is wrong)",
                    v1.now ? 1 : 0)
         page.counter("fcm_worker_v1_sender_mismatch_stops_total", "times v1 sending stopped for a sender mismatch", v1.times)
+
+        ingress.render(into: &page)
 
         let pools = sources.databaseConnections()
         page.gauge("fcm_worker_database_connections", "open database connections, by pool",

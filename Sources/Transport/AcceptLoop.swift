@@ -1,17 +1,17 @@
 import Foundation
 import Runtime
 import Synchronization
-import Transport
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// A simulator's listening socket and the thread that accepts on it (`start`): every
-/// connection accepted goes to the handler, until `stop()`. The thread sleeps in poll(2)
-/// until a connection comes or `stop()` wakes it through its `WakePipe`.
-final class AcceptLoop: Sendable {
+/// A listening socket and the thread that accepts on it (`start`): every connection
+/// accepted goes to the handler, until `stop()`. The thread sleeps in poll(2) until a
+/// connection comes or `stop()` wakes it through its `WakePipe`. The simulators' servers
+/// and the worker's `HTTPServer` (metrics, ingress) accept through it.
+package final class AcceptLoop: Sendable {
     /// The port it listens on (the one asked for, or the one the system chose for 0).
-    let port: Int
+    package let port: Int
     private let fd: Int32
     private let wakePipe: WakePipe
     private let stopping = Atomic(false)
@@ -19,19 +19,20 @@ final class AcceptLoop: Sendable {
     private let closed = DispatchSemaphore(value: 0)
 
     /// Listens, non-blocking, on `host:port` (0: a free port); accepts nothing before `start`.
-    init(host: String, port: Int) throws {
-        do { wakePipe = try WakePipe() } catch { throw SimulatorError("\(error)") }
+    /// - Throws: `TransportError.connectFailed` saying why the address cannot be listened on.
+    package init(host: String, port: Int) throws(TransportError) {
+        do { wakePipe = try WakePipe() } catch { throw .connectFailed(host: host, port: port, reason: "\(error)") }
         do {
             let listener = try TCPListener.open(host: host, port: port, nonBlocking: true)
             (fd, self.port) = (listener.fd, listener.port)
         } catch {
-            throw SimulatorError("\(error)")
+            throw .connectFailed(host: host, port: port, reason: error.description)
         }
     }
 
     /// Accepts on a thread named `name`, handing each connection's descriptor to `accept`
     /// (which must not block: it starts what serves the connection).
-    func start(name: String, accept: @escaping @Sendable (Int32) -> Void) {
+    package func start(name: String, accept: @escaping @Sendable (Int32) -> Void) {
         let thread = Thread { [self] in run(accept) }
         thread.name = name
         thread.start()
@@ -40,7 +41,7 @@ final class AcceptLoop: Sendable {
     /// Stops accepting. The first call returns once the socket is closed (within 5 s), so
     /// the port is free then: a simulator started on it next (a server that came back) can
     /// listen there.
-    func stop() {
+    package func stop() {
         guard !stopping.exchange(true, ordering: .acquiringAndReleasing) else { return }
         wakePipe.wake()
         _ = closed.wait(timeout: .now() + 5)

@@ -1,0 +1,35 @@
+import Foundation
+
+/// What a Firebase token must say to be accepted, as firebase-admin checks it
+/// (`auth.verify_id_token`, `app_check.verify_token`): the kind of token, the project and
+/// the clock skew tolerated.
+public struct FirebaseTokenRules: Sendable {
+    public enum Kind: String, Sendable {
+        /// A Firebase Auth ID token (`Authorization: Bearer`): `sub` is the user's uid.
+        case idToken = "id-token"
+        /// A Firebase App Check token (`X-Firebase-AppCheck`): `sub` is the app's id.
+        case appCheck = "app-check"
+    }
+
+    public var kind: Kind
+    /// The Firebase project's id (`aud` of an ID token; `projects/<id>` in App Check's).
+    public var projectID: String
+    /// The project's number: when given, an App Check token's `iss` must name it (else only
+    /// its issuer prefix is checked, as firebase-admin does) and `projects/<number>` is
+    /// accepted in its `aud`.
+    public var projectNumber: String?
+    /// How far `exp`, `iat`, `auth_time` and `nbf` may be off (firebase-admin allows 0–60 s).
+    public var clockSkew: Duration
+
+    public init(kind: Kind, projectID: String, projectNumber: String? = nil, clockSkew: Duration = .seconds(10)) {
+        self.kind = kind
+        self.projectID = projectID
+        self.projectNumber = projectNumber
+        self.clockSkew = clockSkew
+    }
+
+    /// The ID tokens' issuer.
+    public var idTokenIssuer: String { "https://securetoken.google.com/" + projectID }
+    /// App Check's issuer prefix.
+    public static let appCheckIssuerPrefix = "https://firebaseappcheck.googleapis.com/"
+}

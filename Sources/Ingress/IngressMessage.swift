@@ -1,0 +1,109 @@
+import FCM
+import Foundation
+
+/// One message a device posted (`POST /v1/messages`, or one of `POST /v1/messages:batch`),
+/// checked against FCM's old upstream limits. Unknown members are ignored (a newer client
+/// may send more).
+public struct IngressMessage: Sendable, Equatable {
+    /// The device's id for the message: unique per sender, the key of exactly-once handling.
+    public let messageID: String
+    public let data: [String: String]
+    /// `data` as JSON text, members as sent.
+    public let dataJSON: String
+    public let category: String?
+    /// The device's FCM registration token: the message's `from`, where replies go.
+    public let token: String?
+    public let timeToLive: Int?
+
+    /// FCM's upstream limit on `data`: its keys and values together, in bytes of UTF-8.
+    public static let maximumDataBytes = 4096
+    /// The longest `message_id`, `category` accepted.
+    public static let maximumIDLength = 256
+    /// The longest registration token accepted (FCM's are about 160 characters).
+    public static let maximumTokenLength = 1024
+    /// The most messages in one batch (a device coming back online with its queue).
+    public static let maximumBatch = 100
+
+    /// Reads one message object.
+    /// - Throws: `IngressMessage.Invalid` naming the member that is wrong.
+    public init(_ value: JSONValue) throws(Invalid) {
+        guard case .object(let members) = value else { throw Invalid("a message must be a JSON object") }
+        guard case .string(let id)? = members["message_id"], !id.isEmpty else { throw Invalid("message_id is missing or not a non-empty string") }
+        guard id.utf8.count <= Self.maximumIDLength, !id.contains("\u{0}") else {
+            throw Invalid("message_id is over \(Self.maximumIDLength) bytes or holds U+0000")
+        }
+        var data: [String: String] = [:]
+        var bytes = 0
+        switch members["data"] {
+        case nil, .null?:
+            break
+        case .object(let fields)?:
+            for (key, value) in fields {
+                guard case .string(let text) = value else { throw Invalid("data.\(key.prefix(64)) is not a string (data is a map of strings)") }
+                guard !key.contains("\u{0}"), !text.contains("\u{0}") else { throw Invalid("data.\(key.prefix(64)) holds U+0000") }
+                data[key] = text
+                bytes += key.utf8.count + text.utf8.count
+            }
+        default:
+            throw Invalid("data is not an object of strings")
+        }
+        guard bytes <= Self.maximumDataBytes else {
+            throw Invalid("data is \(bytes) bytes, over FCM's upstream limit of \(Self.maximumDataBytes)", tooLarge: true)
+        }
+        let category = try Self.optionalString(members["category"], "category", maximum: Self.maximumIDLength)
+        let token = try Self.optionalString(members["token"], "token", maximum: Self.maximumTokenLength)
+        var timeToLive: Int?
+        switch members["time_to_live"] {
+        case nil, .null?: break
+        case .number(let number)?:
+            guard let seconds = number.int64Value, (0...2_419_200).contains(seconds) else {
+                throw Invalid("time_to_live must be whole seconds from 0 to 2419200 (28 days)")
+            }
+            timeToLive = Int(seconds)
+        default: throw Invalid("time_to_live is not a number")
+        }
+        self.messageID = id
+        self.data = data
+        self.dataJSON = JSONValue.object(data.mapValues(JSONValue.string)).serialized
+        self.category = category
+        self.token = token
+        self.timeToLive = timeToLive
+    }
+
+    private static func optionalString(_ value: JSONValue?, _ name: String, maximum: Int) throws(Invalid) -> String? {
+        switch value {
+        case nil, .null?: return nil
+        case .string(let text)?:
+            guard !text.isEmpty, text.utf8.count <= maximum, !text.contains("\u{0}") else {
+                throw Invalid("\(name) must be a non-empty string of at most \(maximum) bytes")
+            }
+            return text
+        default: throw Invalid("\(name) is not a string")
+        }
+    }
+
+    /// A body: one message object, or (`batch`) `{"messages": [...]}` with 1 to 100. Each
+    /// message of a batch is read on its own (an invalid one does not refuse the others).
+    /// - Throws: `Invalid` when the body as a whole cannot be read.
+    public static func parse(body: [UInt8], batch: Bool) throws(Invalid) -> [Result<IngressMessage, Invalid>] {
+        guard let value = try? JSONValue.parse(String(decoding: body, as: UTF8.self)) else { throw Invalid("the body is not JSON") }
+        guard batch else {
+            return [.success(try IngressMessage(value))]
+        }
+        guard case .array(let items)? = value["messages"] else { throw Invalid("a batch is {\"messages\": [...]}") }
+        guard !items.isEmpty, items.count <= maximumBatch else {
+            throw Invalid("a batch holds 1 to \(maximumBatch) messages, this one \(items.count)", tooLarge: items.count > maximumBatch)
+        }
+        return items.map { item in Result { () throws(Invalid) in try IngressMessage(item) } }
+    }
+
+    public struct Invalid: Error, Sendable, Equatable, CustomStringConvertible {
+        public let description: String
+        /// Over a size limit (413 for a whole body).
+        public let tooLarge: Bool
+        public init(_ description: String, tooLarge: Bool = false) {
+            self.description = description
+            self.tooLarge = tooLarge
+        }
+    }
+}

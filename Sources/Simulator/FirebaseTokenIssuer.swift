@@ -1,0 +1,144 @@
+internal import COpenSSL
+import FCM
+import Foundation
+import Ingress
+import Transport
+
+/// Firebase's token services as the simulator plays them: it mints Firebase Auth ID tokens
+/// and App Check tokens signed with keys of its own, and publishes those keys in Google's
+/// two forms (X.509 certificates by kid; a JWK set), which the v1 simulator serves at
+/// `idTokenKeysPath` and `appCheckKeysPath`. The tokens are what Google's are: RS256, a
+/// `kid`, the claims firebase-admin checks (docs/simulator.md).
+public final class FirebaseTokenIssuer: Sendable {
+    public let projectID: String
+    public let projectNumber: String
+    public let idTokenKeyID: String
+    public let appCheckKeyID: String
+    private let idTokenKey: RSAPrivateKey
+    private let appCheckKey: RSAPrivateKey
+    /// A key no published set holds (tokens signed with it name an unknown kid).
+    private let strayKey: RSAPrivateKey
+    private let idTokenCertificatePEM: String
+
+    public static let idTokenKeysPath = "/robot/v1/metadata/x509/securetoken@system.gserviceaccount.com"
+    public static let appCheckKeysPath = "/v1/jwks"
+
+    public init(projectID: String, projectNumber: String = "123456789012") throws {
+        self.projectID = projectID
+        self.projectNumber = projectNumber
+        idTokenKey = try RSAPrivateKey.generate()
+        appCheckKey = try RSAPrivateKey.generate()
+        strayKey = try RSAPrivateKey.generate()
+        idTokenKeyID = Self.keyID()
+        appCheckKeyID = Self.keyID()
+        idTokenCertificatePEM = try idTokenKey.selfSignedCertificatePEM(commonName: "securetoken.system.gserviceaccount.com")
+    }
+
+    private static func keyID() -> String {
+        String(UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "").prefix(40))
+    }
+
+    /// `{kid: certificate PEM}`, as Google publishes Firebase Auth's keys.
+    public var idTokenKeySetJSON: String {
+        JSONValue.object([idTokenKeyID: .string(idTokenCertificatePEM)]).serialized
+    }
+
+    /// `{"keys": [JWK]}`, as App Check publishes its keys.
+    public var appCheckKeySetJSON: String {
+        let publicKey = (try? RSAPublicKey(pem: appCheckKey.publicKeyPEM))?.components ?? (modulus: [], exponent: [])
+        return JSONValue.object(["keys": .array([.object([
+            "kty": "RSA", "use": "sig", "alg": "RS256", "kid": .string(appCheckKeyID),
+            "n": .string(Base64URL.encode(publicKey.modulus)), "e": .string(Base64URL.encode(publicKey.exponent)),
+        ])])]).serialized
+    }
+
+    /// The claims of an ID token for `uid`, issued at `issuedAt`, valid an hour.
+    public func idTokenClaims(uid: String, issuedAt: Date = Date()) -> [String: JSONValue] {
+        let iat = Int(issuedAt.timeIntervalSince1970)
+        return ["iss": .string("https://securetoken.google.com/" + projectID), "aud": .string(projectID), "auth_time": .number(JSONNumber(iat)),
+                "user_id": .string(uid), "sub": .string(uid), "iat": .number(JSONNumber(iat)), "exp": .number(JSONNumber(iat + 3600)),
+                "firebase": .object(["identities": .object([:]), "sign_in_provider": "anonymous"])]
+    }
+
+    /// The claims of an App Check token for `appID`, issued at `issuedAt`, valid an hour.
+    public func appCheckClaims(appID: String, issuedAt: Date = Date()) -> [String: JSONValue] {
+        let iat = Int(issuedAt.timeIntervalSince1970)
+        return ["iss": .string("https://firebaseappcheck.googleapis.com/" + projectNumber), "sub": .string(appID),
+                "aud": .array([.string("projects/" + projectNumber), .string("projects/" + projectID)]),
+                "iat": .number(JSONNumber(iat)), "exp": .number(JSONNumber(iat + 3600))]
+    }
+
+    /// A Firebase Auth ID token for `uid`.
+    public func idToken(uid: String, issuedAt: Date = Date()) throws -> String {
+        try sign(idTokenClaims(uid: uid, issuedAt: issuedAt), kind: .idToken)
+    }
+
+    /// An App Check token for the app `appID` (`1:<number>:android:<hex>`).
+    public func appCheckToken(appID: String, issuedAt: Date = Date()) throws -> String {
+        try sign(appCheckClaims(appID: appID, issuedAt: issuedAt), kind: .appCheck)
+    }
+
+    /// `claims` signed with the key of `kind` (or, `stray`, a key no set publishes).
+    public func sign(_ claims: [String: JSONValue], kind: FirebaseTokenRules.Kind, stray: Bool = false) throws -> String {
+        let key = stray ? strayKey : (kind == .idToken ? idTokenKey : appCheckKey)
+        return try JSONWebToken.signed(claims: .object(claims), keyID: kind == .idToken ? idTokenKeyID : appCheckKeyID, key: key)
+    }
+
+    /// The app id the simulator's devices use.
+    public var sampleAppID: String { "1:\(projectNumber):android:0a1b2c3d4e5f6a7b" }
+
+    /// One token of the corpus the outside check runs: its name, kind and text, and whether
+    /// Firebase's rules accept it.
+    public struct CorpusToken: Sendable {
+        public let name: String
+        public let kind: FirebaseTokenRules.Kind
+        public let token: String
+        public let valid: Bool
+    }
+
+    /// Good and bad tokens of both kinds: expired, not yet valid, wrong `aud`, wrong `iss`,
+    /// an unknown `kid`, `alg: none`, HS256 signed with the public key, a flipped signature
+    /// bit, a token 10 KB long (valid), an empty `sub`.
+    public func corpus(now: Date = Date()) throws -> [CorpusToken] {
+        var tokens: [CorpusToken] = []
+        for kind in [FirebaseTokenRules.Kind.idToken, .appCheck] {
+            let base = kind == .idToken ? idTokenClaims(uid: "corpus-user", issuedAt: now - 60) : appCheckClaims(appID: sampleAppID, issuedAt: now - 60)
+            func add(_ name: String, _ valid: Bool, _ token: String) {
+                tokens.append(CorpusToken(name: kind.rawValue + "/" + name, kind: kind, token: token, valid: valid))
+            }
+            func with(_ changes: [String: JSONValue]) -> [String: JSONValue] { base.merging(changes) { $1 } }
+            let good = try sign(base, kind: kind)
+            add("good", true, good)
+            let past = Int(now.timeIntervalSince1970) - 7200, future = Int(now.timeIntervalSince1970) + 3600
+            add("expired", false, try sign(with(["iat": .number(JSONNumber(past)), "exp": .number(JSONNumber(past + 3600)),
+                                                 "auth_time": .number(JSONNumber(past))].filter { kind == .idToken || $0.key != "auth_time" }), kind: kind))
+            add("not-yet-valid", false, try sign(with(["iat": .number(JSONNumber(future)), "nbf": .number(JSONNumber(future)),
+                                                       "exp": .number(JSONNumber(future + 3600))]), kind: kind))
+            add("wrong-aud", false, try sign(with(["aud": kind == .idToken ? "another-project" : .array(["projects/999", "projects/another-project"])]),
+                                             kind: kind))
+            add("wrong-iss", false, try sign(with(["iss": kind == .idToken ? "https://securetoken.google.com/another-project"
+                                                                          : "https://accounts.google.com/"]), kind: kind))
+            add("unknown-kid", false, try sign(base, kind: kind, stray: true))
+            add("empty-sub", false, try sign(with(["sub": ""]), kind: kind))
+            let parts = good.split(separator: ".").map(String.init)
+            let noneHeader = Base64URL.encode(Array(#"{"alg":"none","kid":"\#(kind == .idToken ? idTokenKeyID : appCheckKeyID)","typ":"JWT"}"#.utf8))
+            add("alg-none", false, noneHeader + "." + parts[1] + ".")
+            let hsHeader = Base64URL.encode(Array(#"{"alg":"HS256","kid":"\#(kind == .idToken ? idTokenKeyID : appCheckKeyID)","typ":"JWT"}"#.utf8))
+            let publicPEM = kind == .idToken ? idTokenCertificatePEM : appCheckKey.publicKeyPEM
+            add("hs256-public-key", false, hsHeader + "." + parts[1] + "." + Base64URL.encode(Self.hmacSHA256(key: Array(publicPEM.utf8),
+                                                                                                                 data: Array((hsHeader + "." + parts[1]).utf8))))
+            var signature = Base64URL.decode(parts[2]) ?? []
+            signature[signature.count / 2] ^= 0x01
+            add("flipped-bit", false, parts[0] + "." + parts[1] + "." + Base64URL.encode(signature))
+            add("long-10kb", true, try sign(with(["padding": .string(String(repeating: "x", count: 7600))]), kind: kind))
+        }
+        return tokens
+    }
+
+    private static func hmacSHA256(key: [UInt8], data: [UInt8]) -> [UInt8] {
+        var output = [UInt8](repeating: 0, count: 32)
+        var length: UInt32 = 32
+        _ = HMAC(EVP_sha256(), key, Int32(key.count), data, data.count, &output, &length)
+        return Array(output.prefix(Int(length)))
+    }
+}

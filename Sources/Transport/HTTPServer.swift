@@ -1,0 +1,90 @@
+import Foundation
+import Runtime
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// An HTTP server: a listening socket (`AcceptLoop`) and one `HTTPServerConnection` on a
+/// thread of its own per accepted connection, HTTP/2 or HTTP/1.1, over TLS or plain. The
+/// worker's metrics endpoint and HTTPS ingress and the simulators serve through it.
+///
+/// The TLS identity can be replaced while serving (`replaceTLS`): connections accepted
+/// afterwards use the new one, connections already open keep theirs. At most
+/// `maximumConnections` are served at once; one accepted past that is closed at once (the
+/// client retries, or its load balancer picks another instance).
+package final class HTTPServer: Sendable {
+    package let port: Int
+    private let acceptLoop: AcceptLoop
+    private let name: String
+    private let limits: HTTPServerLimits
+    private let maximumConnections: Int
+    private let handler: HTTPServerConnection.Handler
+    private let tls: BlockingLock<TLSContext?>
+    private let connections = BlockingLock<[Int: HTTPReplyMailbox]>([:])
+    private let nextConnection = Atomic(0)
+    private let refusedConnections = Atomic(0)
+    private let draining = Atomic(false)
+
+    /// Listens on `host:port` (0: a free port) and serves once `start` is called.
+    /// - Parameter tls: nil serves plain HTTP (HTTP/1.1, or HTTP/2 with prior knowledge).
+    /// - Throws: `TransportError.connectFailed` when the address cannot be listened on.
+    package init(host: String, port: Int, tls: TLSContext?, name: String, limits: HTTPServerLimits = HTTPServerLimits(),
+                 maximumConnections: Int = 1024, handler: @escaping HTTPServerConnection.Handler) throws(TransportError) {
+        acceptLoop = try AcceptLoop(host: host, port: port)
+        self.port = acceptLoop.port
+        self.name = name
+        self.limits = limits
+        self.maximumConnections = maximumConnections
+        self.handler = handler
+        self.tls = BlockingLock(tls)
+    }
+
+    /// Starts accepting.
+    package func start() {
+        acceptLoop.start(name: "\(name) accept") { [self] fd in accept(fd) }
+    }
+
+    /// Connections accepted past `maximumConnections` and closed at once, so far.
+    package var refusedCount: Int { refusedConnections.load(ordering: .relaxed) }
+
+    /// Connections being served now.
+    package var openCount: Int { connections.withLock { $0.count } }
+
+    /// Serves connections accepted from now on with `context`.
+    package func replaceTLS(_ context: TLSContext) {
+        tls.withLock { $0 = context }
+    }
+
+    /// Stops accepting (the port is free when it returns) and asks every open connection to
+    /// finish the requests under way and close (HTTP/2: GOAWAY; HTTP/1.1: `Connection:
+    /// close` on the answer under way). Answers given later still go out until the
+    /// connection closes.
+    package func drain() {
+        draining.store(true, ordering: .relaxed)
+        acceptLoop.stop()
+        for mailbox in connections.withLock({ Array($0.values) }) { mailbox.requestGoAway() }
+    }
+
+    /// Waits (up to `timeout`) until every connection has closed.
+    package func waitUntilClosed(timeout: Duration) async {
+        let deadline = ContinuousClock.now + timeout
+        while openCount > 0 && ContinuousClock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+    }
+
+    private func accept(_ fd: Int32) {
+        let id = nextConnection.add(1, ordering: .relaxed).newValue
+        guard openCount < maximumConnections, !draining.load(ordering: .relaxed) else {
+            refusedConnections.add(1, ordering: .relaxed)
+            close(fd)
+            return
+        }
+        // Only this thread adds connections, so the count cannot pass the limit meanwhile.
+        HTTPServerConnection.serve(fd: fd, context: tls.withLock { $0 }, name: "\(name) connection", limits: limits,
+                                   register: { mailbox in connections.withLock { $0[id] = mailbox } },
+                                   onEnd: { [weak self] in self?.connections.withLock { _ = $0.removeValue(forKey: id) } },
+                                   handler: handler)
+    }
+}

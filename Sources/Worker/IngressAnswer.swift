@@ -1,0 +1,93 @@
+import FCM
+import Foundation
+import Runtime
+import Synchronization
+import Transport
+
+/// The answer a device waits for, sent once every message of its request is acked the way
+/// the ack mode promises (journal: on disk; durable: committed): the route its messages'
+/// `DurableAck`s take. One per request.
+final class IngressAnswer: UpstreamAckRoute {
+    private struct State {
+        /// Per message of the request, in order: its id (the pipeline's), and its status
+        /// once known (`accepted`, `duplicate`, or a refusal already decided).
+        var statuses: [String?]
+        var waiting: Int
+        var sent = false
+    }
+
+    let label = "https"
+    private let reply: HTTPServerReply
+    private let clientIDs: [String]
+    private let pipelineIDs: [String?]
+    private let batch: Bool
+    private let started: ContinuousClock.Instant
+    private let metrics: IngressMetrics
+    private let state: BlockingLock<State>
+
+    /// - Parameters:
+    ///   - clientIDs: each message's id as the device sent it (`?` for one that was invalid).
+    ///   - pipelineIDs: each message's ingress id, nil for one refused already.
+    ///   - statuses: what is known already (a refused message's), nil for those to wait for.
+    init(reply: HTTPServerReply, clientIDs: [String], pipelineIDs: [String?], statuses: [String?], batch: Bool,
+         started: ContinuousClock.Instant, metrics: IngressMetrics) {
+        self.reply = reply
+        self.clientIDs = clientIDs
+        self.pipelineIDs = pipelineIDs
+        self.batch = batch
+        self.started = started
+        self.metrics = metrics
+        state = BlockingLock(State(statuses: statuses, waiting: statuses.count { $0 == nil }))
+    }
+
+    func write(_ acks: [DurableAck]) async throws {
+        try writeWithoutWaiting(acks)
+    }
+
+    func writeWithoutWaiting(_ acks: [DurableAck]) throws {
+        let done = state.withLock { state -> [String?]? in
+            for ack in acks {
+                // A batch may carry an id twice: each of its places is answered.
+                for index in pipelineIDs.indices where pipelineIDs[index] == ack.messageID && state.statuses[index] == nil {
+                    state.statuses[index] = ack.wasDuplicate ? "duplicate" : "accepted"
+                    state.waiting -= 1
+                    break
+                }
+            }
+            guard state.waiting == 0, !state.sent else { return nil }
+            state.sent = true
+            return state.statuses
+        }
+        if let done { send(done) }
+    }
+
+    /// Answers at once with what is known (immediate mode: every valid message accepted).
+    func sendNow(acceptingTheRest: Bool) {
+        let statuses = state.withLock { state -> [String?]? in
+            guard !state.sent else { return nil }
+            state.sent = true
+            return state.statuses.map { $0 ?? (acceptingTheRest ? "accepted" : nil) }
+        }
+        if let statuses { send(statuses) }
+    }
+
+    private func send(_ statuses: [String?]) {
+        let response = Self.response(clientIDs: clientIDs, statuses: statuses.map { $0 ?? "accepted" }, batch: batch)
+        metrics.answered(status: response.status, reason: "ok", after: ContinuousClock.now - started)
+        reply.send(response)
+    }
+
+    /// `{"message_id": …, "status": …}`, or for a batch `{"results": [...]}`.
+    static func response(clientIDs: [String], statuses: [String], batch: Bool) -> HTTPServerResponse {
+        var items: [JSONValue] = []
+        for (id, status) in zip(clientIDs, statuses) {
+            if status.hasPrefix("invalid:") {
+                items.append(.object(["message_id": .string(id), "status": "invalid", "error": .string(String(status.dropFirst(8)))]))
+            } else {
+                items.append(.object(["message_id": .string(id), "status": .string(status)]))
+            }
+        }
+        let body = batch ? JSONValue.object(["results": .array(items)]) : items[0]
+        return HTTPServerResponse(status: 200, headers: [("content-type", "application/json")], body: Array(body.serialized.utf8))
+    }
+}

@@ -1,0 +1,45 @@
+import Foundation
+import Ingress
+import Runtime
+import Synchronization
+
+/// The HTTPS ingress's counters for `/metrics`: answers by status and reason, token
+/// refusals by kind and reason, the time from a request's arrival to its answer, and the
+/// age of each key set. Tokens and bodies are never part of a label.
+final class IngressMetrics: Sendable {
+    private struct Key: Hashable {
+        let status: Int
+        let reason: String
+    }
+
+    private let answers = BlockingLock<[Key: Int]>([:])
+    private let authFailures = BlockingLock<[String: Int]>([:])
+    private let answerSeconds = BlockingLock(Histogram.seconds)
+    let keySources = BlockingLock<[(kind: String, source: FirebaseKeySource)]>([])
+
+    func answered(status: Int, reason: String, after elapsed: Duration) {
+        answers.withLock { $0[Key(status: status, reason: reason), default: 0] += 1 }
+        answerSeconds.withLock { $0.observe(elapsed.seconds) }
+    }
+
+    func refusedToken(kind: String, reason: String) {
+        authFailures.withLock { $0[kind + " " + reason, default: 0] += 1 }
+    }
+
+    func render(into page: inout PrometheusText) {
+        let answers = self.answers.withLock { $0 }.sorted { ($0.key.status, $0.key.reason) < ($1.key.status, $1.key.reason) }
+        page.counter("fcm_worker_ingress_requests_total", "HTTPS ingress requests answered, by status and reason",
+                     answers.map { ([("status", String($0.key.status)), ("reason", $0.key.reason)], Double($0.value)) })
+        let failures = authFailures.withLock { $0 }.sorted { $0.key < $1.key }
+        page.counter("fcm_worker_ingress_auth_failures_total", "tokens the HTTPS ingress refused, by kind and reason",
+                     failures.map { entry in
+                         let parts = entry.key.split(separator: " ", maxSplits: 1).map(String.init)
+                         return ([("kind", parts[0]), ("reason", parts.count > 1 ? parts[1] : "")], Double(entry.value))
+                     })
+        page.histogram("fcm_worker_ingress_answer_seconds",
+                       "from a request's arrival to its answer (immediate: queued; journal: on disk; durable: committed)",
+                       [([], answerSeconds.withLock { $0 })])
+        page.gauge("fcm_worker_ingress_key_set_age_seconds", "seconds since each signing key set was fetched (-1 before the first fetch)",
+                   keySources.withLock { $0 }.map { ([("kind", $0.kind)], $0.source.age ?? -1) })
+    }
+}

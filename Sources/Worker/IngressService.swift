@@ -1,0 +1,355 @@
+import FCM
+import Foundation
+import Ingress
+import Runtime
+import Synchronization
+import Transport
+
+/// The HTTPS ingress: devices post upstream messages (`POST /v1/messages`, `POST
+/// /v1/messages:batch`), each checked (tokens, limits, rate), handed to the same pipeline
+/// as CCS's messages, and answered as the ack mode promises (docs/ingress.md): immediate
+/// once queued, journal once on disk, durable once committed. Every refusal has a JSON body
+/// with a reason code; nothing is answered 200 that might be lost in that mode.
+///
+/// Runs as two services, like CCS's connections: `receiving` stops taking requests when
+/// the shutdown begins (HTTP/2 GOAWAY, `Connection: close`), `connections` keeps the open
+/// ones until the pipeline has committed, so that durable answers still go out.
+final class IngressService: Sendable {
+    let settings: IngressSettings
+    private let pipeline: UpstreamPipeline
+    private let journal: UpstreamJournal?
+    private let ackMode: CCSAckMode
+    private let authenticator: IngressAuthenticator
+    private let rateLimit: SenderRateLimit
+    private let metrics: IngressMetrics
+    private let logger: Logger
+    private let reloads: ReloadGeneration
+    private let observer: WorkerObserver?
+    private let server: HTTPServer
+    private let stopping = Atomic(false)
+
+    /// Opens the listening socket and prepares the key sources (nothing served before `receiving` runs).
+    /// - Throws: `ConfigurationError` for an address that cannot be listened on, a
+    ///   certificate or key that cannot be read, or a key URL that is not https.
+    init(settings: IngressSettings, trust: TLSTrust, pipeline: UpstreamPipeline, journal: UpstreamJournal?, ackMode: CCSAckMode,
+         metrics: IngressMetrics, reloads: ReloadGeneration, observer: WorkerObserver?, logger: Logger) throws(ConfigurationError) {
+        if let problem = settings.problem { throw ConfigurationError(problem) }
+        self.settings = settings
+        self.pipeline = pipeline
+        self.journal = journal
+        self.ackMode = ackMode
+        self.metrics = metrics
+        self.logger = logger
+        self.reloads = reloads
+        self.observer = observer
+        self.rateLimit = SenderRateLimit(perSecond: settings.ratePerSecond, burst: settings.rateBurst)
+        var checks: [(rules: FirebaseTokenRules, keys: FirebaseKeySource)] = []
+        for kind in settings.authentication.kinds {
+            let url = kind == .idToken ? settings.idTokenKeysURL : settings.appCheckKeysURL
+            do {
+                let source = try FirebaseKeySource(url: url, trust: trust, logger: logger)
+                checks.append((FirebaseTokenRules(kind: kind, projectID: settings.projectID ?? "", projectNumber: settings.projectNumber,
+                                                  clockSkew: settings.clockSkew), source))
+                metrics.keySources.withLock { $0.append((kind.rawValue, source)) }
+            } catch {
+                throw ConfigurationError("invalid \(kind.rawValue) key URL \(url): \(error)")
+            }
+        }
+        authenticator = IngressAuthenticator(checks: checks)
+        let tls = try settings.plain ? nil : Self.tlsContext(settings)
+        let (host, port) = settings.hostAndPort!
+        let limits = HTTPServerLimits(maximumBodyBytes: settings.maximumBodyBytes, maximumConcurrentStreams: settings.maximumStreamsPerConnection,
+                                      idleTimeout: settings.idleTimeout, requestTimeout: settings.requestTimeout)
+        let handling = Handling()
+        do {
+            server = try HTTPServer(host: host, port: port, tls: tls, name: "ingress", limits: limits,
+                                    maximumConnections: settings.maximumConnections) { request in handling.handle(request) }
+        } catch {
+            throw ConfigurationError("cannot serve the ingress on \(settings.address): \(error)")
+        }
+        handling.service.withLock { $0 = self }
+    }
+
+    /// The port listened on (the one asked for, or the system's choice for port 0).
+    var port: Int { server.port }
+
+    /// Lets the server's closure reach the service without a cycle at init.
+    private final class Handling: Sendable {
+        let service = BlockingLock<IngressService?>(nil)
+        func handle(_ request: HTTPServerRequest) -> HTTPServerAction {
+            guard let service = service.withLock({ $0 }) else {
+                return .respond(IngressService.refusal(503, "starting", "the worker is starting", retryAfter: 1))
+            }
+            return service.handle(request)
+        }
+    }
+
+    private static func tlsContext(_ settings: IngressSettings) throws(ConfigurationError) -> TLSContext {
+        guard let certificateFile = settings.certificateFile, let keyFile = settings.keyFile else {
+            throw ConfigurationError("the ingress needs --ingress-tls-cert and --ingress-tls-key")
+        }
+        guard let chain = try? String(contentsOfFile: certificateFile, encoding: .utf8) else {
+            throw ConfigurationError("cannot read the ingress certificate \(certificateFile)")
+        }
+        guard let key = try? String(contentsOfFile: keyFile, encoding: .utf8) else {
+            throw ConfigurationError("cannot read the ingress key \(keyFile)")
+        }
+        do {
+            return try TLSContext.server(identity: TLSIdentity(certificateChainPEM: chain, privateKeyPEM: key), offersHTTP2: true)
+        } catch {
+            throw ConfigurationError("the ingress certificate \(certificateFile) and key \(keyFile) cannot be used: \(error)")
+        }
+    }
+
+    /// Serves until the stage stops: fetches the key sets (and keeps them fresh), reloads
+    /// the certificate on SIGHUP, then stops taking requests.
+    var receiving: some Service { Receiving(ingress: self) }
+
+    /// Keeps the open connections until its stage stops (answers of committed messages go
+    /// out meanwhile), then waits up to a second for them to close.
+    var connections: some Service { Connections(ingress: self) }
+
+    private struct Receiving: Service {
+        let ingress: IngressService
+        var name: String { "ingress" }
+        func run(until stop: ShutdownSignal) async {
+            await ingress.serve(until: stop)
+        }
+    }
+
+    private struct Connections: Service {
+        let ingress: IngressService
+        var name: String { "ingress connections" }
+        func run(until stop: ShutdownSignal) async {
+            await stop.wait()
+            await ingress.server.waitUntilClosed(timeout: .seconds(1))
+        }
+    }
+
+    private func serve(until stop: ShutdownSignal) async {
+        // The first fetch before serving: a token cannot be checked without the keys.
+        for source in authenticator.keySources {
+            do {
+                try await source.fetch()
+            } catch {
+                logger.warning("could not fetch the signing keys from \(source.url) (\(error)); requests are refused (503) until a fetch succeeds")
+            }
+        }
+        server.start()
+        observer?(.servingIngress(port: server.port))
+        logger.info("HTTPS ingress on \(settings.address) (port \(server.port), \(settings.plain ? "plain HTTP/1.1 and h2c" : "TLS, h2 and HTTP/1.1"), "
+                    + "auth \(settings.authentication.rawValue), ack mode \(ackMode.rawValue))")
+        await withTaskGroup(of: Void.self) { group in
+            for source in authenticator.keySources {
+                group.addTask { await source.run(until: stop) }
+            }
+            group.addTask { await self.reloadCertificates(until: stop) }
+            await stop.wait()
+            stopping.store(true, ordering: .relaxed)
+            server.drain()
+            logger.info("HTTPS ingress stopped taking requests (\(server.openCount) connection(s) finishing)")
+            await group.waitForAll()
+        }
+    }
+
+    /// On SIGHUP, reads the certificate and key again: new connections use them, open
+    /// ones keep theirs. A pair that cannot be used is logged and the old one kept.
+    private func reloadCertificates(until stop: ShutdownSignal) async {
+        guard !settings.plain else { return }
+        var seen = reloads.value
+        while !stop.isRequested {
+            try? await Task.sleep(for: .milliseconds(250))
+            guard reloads.value != seen else { continue }
+            seen = reloads.value
+            do {
+                server.replaceTLS(try Self.tlsContext(settings))
+                logger.notice("reloaded the ingress certificate \(settings.certificateFile ?? ""): new connections use it")
+            } catch {
+                logger.error("could not reload the ingress certificate: \(error); the one loaded before is kept")
+            }
+        }
+    }
+
+    // MARK: - Requests (on the connection's thread: nothing here waits)
+
+    private func handle(_ request: HTTPServerRequest) -> HTTPServerAction {
+        let started = ContinuousClock.now
+        let action = answer(request, started: started)
+        if case .respond(let response, _, _) = action {
+            metrics.answered(status: response.status, reason: Self.reason(of: response), after: ContinuousClock.now - started)
+        }
+        return action
+    }
+
+    private func answer(_ request: HTTPServerRequest, started: ContinuousClock.Instant) -> HTTPServerAction {
+        let path = request.path.split(separator: "?", maxSplits: 1).first.map(String.init) ?? request.path
+        let batch: Bool
+        switch path {
+        case "/v1/messages": batch = false
+        case "/v1/messages:batch": batch = true
+        default: return .respond(Self.refusal(404, "not_found", "POST /v1/messages or /v1/messages:batch"))
+        }
+        guard request.method == "POST" else {
+            var response = Self.refusal(405, "method_not_allowed", "only POST is accepted here")
+            response.headers.append(("allow", "POST"))
+            return .respond(response)
+        }
+        if stopping.load(ordering: .relaxed) {
+            return .respond(Self.refusal(503, "shutting_down", "the worker is shutting down; post again (another instance answers)", retryAfter: 1),
+                            then: .goAway)
+        }
+        let contentType = request.headers["content-type"]?.lowercased() ?? ""
+        guard contentType.hasPrefix("application/json") else {
+            return .respond(Self.refusal(415, "unsupported_media_type", "the body must be application/json"))
+        }
+        // Who posts.
+        let identity: IngressIdentity
+        switch authenticator.authenticate(authorization: request.headers["authorization"], appCheck: request.headers["x-firebase-appcheck"]) {
+        case .success(let verified):
+            identity = verified
+        case .failure(let failure):
+            metrics.refusedToken(kind: failure.kind.rawValue, reason: failure.refusal.reason.rawValue)
+            logger.info("refused a \(failure.kind.rawValue) token: \(failure.refusal)")
+            return .respond(Self.authRefusal(failure))
+        }
+        // What is posted.
+        let parsed: [Result<IngressMessage, IngressMessage.Invalid>]
+        do {
+            parsed = try IngressMessage.parse(body: request.body, batch: batch)
+        } catch {
+            return .respond(Self.refusal(error.tooLarge ? 413 : 400, error.tooLarge ? "too_large" : "invalid_message", error.description))
+        }
+        if !batch, case .failure(let invalid) = parsed[0] {
+            return .respond(Self.refusal(invalid.tooLarge ? 413 : 400, invalid.tooLarge ? "too_large" : "invalid_message", invalid.description))
+        }
+        var senders: [String?] = []
+        for result in parsed {
+            guard case .success(let message) = result else { senders.append(nil); continue }
+            guard let sender = Self.sender(identity, token: message.token) else {
+                return .respond(Self.refusal(400, "invalid_message", "token is required when no verified token names the sender"))
+            }
+            senders.append(sender)
+        }
+        // How fast this sender posts.
+        var counts: [String: Int] = [:]
+        for case let sender? in senders { counts[sender, default: 0] += 1 }
+        for (sender, count) in counts {
+            if let wait = rateLimit.take(count, for: sender) {
+                var response = Self.refusal(429, "rate_limited",
+                                            "this sender posts faster than \(settings.ratePerSecond)/s (burst \(settings.rateBurst))")
+                response.headers.append(("retry-after", String(wait.components.seconds)))
+                return .respond(response)
+            }
+        }
+        // Whether the pipeline can promise what this mode says.
+        if ackMode == .durable && pipeline.isDatabaseDown {
+            return .respond(Self.refusal(503, "database_unavailable", "the database is unavailable: nothing can be committed now", retryAfter: 5))
+        }
+        return admit(parsed, senders: senders, identity: identity, request: request, batch: batch, started: started)
+    }
+
+    private func admit(_ parsed: [Result<IngressMessage, IngressMessage.Invalid>], senders: [String?], identity: IngressIdentity,
+                       request: HTTPServerRequest, batch: Bool, started: ContinuousClock.Instant) -> HTTPServerAction {
+        let now = Date()
+        var clientIDs: [String] = [], pipelineIDs: [String?] = [], statuses: [String?] = []
+        for (result, sender) in zip(parsed, senders) {
+            switch result {
+            case .failure(let invalid):
+                clientIDs.append("?")
+                pipelineIDs.append(nil)
+                statuses.append("invalid:" + invalid.description)
+            case .success(let message):
+                clientIDs.append(message.messageID)
+                pipelineIDs.append(IngressMessageID.make(sender: sender!, clientMessageID: message.messageID))
+                statuses.append(nil)
+            }
+        }
+        guard statuses.contains(where: { $0 == nil }) else {
+            return .respond(Self.refusal(400, "invalid_message", "no message of the batch is valid: "
+                                         + statuses.compactMap { $0.map { String($0.dropFirst(8)) } }.joined(separator: "; ")))
+        }
+        let answer = IngressAnswer(reply: request.reply, clientIDs: clientIDs, pipelineIDs: pipelineIDs, statuses: statuses, batch: batch,
+                                   started: started, metrics: metrics)
+        var work: [UpstreamWork] = []
+        var records: [UpstreamJournal.Record] = []
+        for (result, id) in zip(parsed, pipelineIDs) {
+            guard case .success(let message) = result, let id else { continue }
+            let payload = Self.payload(message, id: id, identity: identity, protocolName: request.protocolName)
+            let upstream = CCSUpstreamMessage(messageID: id, from: message.token ?? "", category: message.category, dataJSON: message.dataJSON,
+                                              json: payload, connection: "https", receivedAt: now)
+            var ack = CCSAck.sent
+            if ackMode != .immediate {
+                let durable = DurableAck(messageID: id, stanza: "", route: answer, tracksDuplicates: ackMode == .durable)
+                ack = .afterCommit(durable)
+                records.append(UpstreamJournal.Record(entry: Spool.Entry(connection: "https", payload: payload,
+                                                                         receivedAt: now.timeIntervalSince1970), ack: durable))
+            }
+            work.append(UpstreamWork(kind: .message(UpstreamMessage(upstream)), ack: ack))
+        }
+        if ackMode == .journal, let journal {
+            // Room first: once journaled, a message is the pipeline's whatever happens.
+            guard pipeline.hasRoom(for: work) else { return .respond(Self.overloaded()) }
+            let segment = journal.append(records)
+            for index in work.indices { work[index].ack = .afterJournal(segment: segment) }
+            _ = pipeline.offer(work, evenIfFull: true)
+            return .later
+        }
+        guard pipeline.offer(work) else { return .respond(Self.overloaded()) }
+        if ackMode == .immediate { answer.sendNow(acceptingTheRest: true) }
+        return .later
+    }
+
+    /// The sender messages are keyed by: the verified user, else the verified app and the
+    /// device's token, else (no authentication) the device's token.
+    static func sender(_ identity: IngressIdentity, token: String?) -> String? {
+        if let uid = identity.uid { return "uid:" + uid }
+        if let app = identity.appID { return "app:" + app + "/" + (token ?? "") }
+        return token.map { "token:" + $0 }
+    }
+
+    /// The message as the pipeline, the journal and the spool keep it: CCS's upstream
+    /// shape, with who posted it under `ingress`.
+    static func payload(_ message: IngressMessage, id: String, identity: IngressIdentity, protocolName: String) -> String {
+        var origin: [String: JSONValue] = ["message_id": .string(message.messageID), "protocol": .string(protocolName)]
+        if let uid = identity.uid { origin["uid"] = .string(uid) }
+        if let app = identity.appID { origin["app_id"] = .string(app) }
+        var members: [String: JSONValue] = ["message_id": .string(id), "from": .string(message.token ?? ""),
+                                            "data": .object(message.data.mapValues(JSONValue.string)), "ingress": .object(origin)]
+        if let category = message.category { members["category"] = .string(category) }
+        if let ttl = message.timeToLive { members["time_to_live"] = .number(JSONNumber(ttl)) }
+        return JSONValue.object(members).serialized
+    }
+
+    // MARK: - Refusals
+
+    static func refusal(_ status: Int, _ reason: String, _ message: String, retryAfter: Int? = nil) -> HTTPServerResponse {
+        let body = JSONValue.object(["error": .object(["code": .number(JSONNumber(status)), "status": .string(reason), "message": .string(message)])])
+        var headers: [(name: String, value: String)] = [("content-type", "application/json")]
+        if let retryAfter { headers.append(("retry-after", String(retryAfter))) }
+        return HTTPServerResponse(status: status, headers: headers, body: Array(body.serialized.utf8))
+    }
+
+    private static func overloaded() -> HTTPServerResponse {
+        refusal(503, "overloaded", "the worker's queues are full; post again later", retryAfter: 1)
+    }
+
+    private static func authRefusal(_ failure: IngressAuthenticator.Failure) -> HTTPServerResponse {
+        switch failure.refusal.reason {
+        case .keysUnavailable:
+            return refusal(503, "keys_unavailable", "the signing keys could not be fetched yet", retryAfter: 5)
+        case .wrongAudience, .wrongIssuer:
+            return refusal(403, "wrong_project", "the \(failure.kind.rawValue) token is for another project (\(failure.refusal.reason.rawValue))")
+        default:
+            var response = refusal(401, "unauthenticated", "the \(failure.kind.rawValue) token was refused: \(failure.refusal.reason.rawValue)")
+            response.headers.append(("www-authenticate", "Bearer error=\"invalid_token\", error_description=\"\(failure.refusal.reason.rawValue)\""))
+            return response
+        }
+    }
+
+    /// The reason code of a refusal's body, for the metrics.
+    private static func reason(of response: HTTPServerResponse) -> String {
+        guard response.status != 200, case .object(let error)? = (try? JSONValue.parse(String(decoding: response.body, as: UTF8.self)))?["error"],
+              let status = error["status"]?.stringValue else { return "ok" }
+        return status
+    }
+}
