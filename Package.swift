@@ -65,7 +65,7 @@ let package = Package(
         .target(name: "Simulator", dependencies: ["Runtime", "Transport", "XMPP", "FCM", "Ingress", "COpenSSL"], swiftSettings: swiftSettings),
         .target(name: "WorkerTesting", dependencies: ["Worker", "Simulator", "FCM", "Postgres", "Runtime", "Transport"],
                 swiftSettings: swiftSettings),
-        .executableTarget(name: "fcm-worker", dependencies: ["Worker", "Handlers", "Simulator", "Outbox", "FCM", "Postgres", "XMPP", "Transport",
+        .executableTarget(name: "fcm-worker", dependencies: ["Ingress", "Worker", "Handlers", "Simulator", "Outbox", "FCM", "Postgres", "XMPP", "Transport",
                                                              "Runtime", "Benchmarks"], swiftSettings: swiftSettings),
         // The parsers' properties, fuzzed by scripts/fuzz and replayed by FuzzRegressionTests.
         .target(name: "FuzzChecks", dependencies: ["FCM", "Transport", "XMPP", "Worker"], swiftSettings: swiftSettings),

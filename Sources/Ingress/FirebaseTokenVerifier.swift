@@ -65,9 +65,11 @@ public enum FirebaseTokenVerifier {
                 throw TokenRefusal(.notYetValid, "\(claim) is \(Int(time - clock)) s in the future")
             }
         }
-        guard let subject = token.string("sub"), !subject.isEmpty else { throw TokenRefusal(.badSubject, "sub is missing or empty") }
-        if rules.kind == .idToken && subject.count > 128 {
-            throw TokenRefusal(.badSubject, "sub is over 128 characters")
+        // firebase-admin: an ID token's sub is 1 to 128 characters (the uid); an App Check
+        // token's need only be a string.
+        guard let subject = token.string("sub") else { throw TokenRefusal(.badSubject, "sub is missing or not a string") }
+        if rules.kind == .idToken && (subject.isEmpty || subject.count > 128) {
+            throw TokenRefusal(.badSubject, subject.isEmpty ? "sub is empty" : "sub is over 128 characters")
         }
         return VerifiedToken(subject: subject, expiresAt: Date(timeIntervalSince1970: exp))
     }

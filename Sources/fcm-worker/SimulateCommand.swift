@@ -179,6 +179,14 @@ enum SimulateCommand {
             }
             v1Simulator = try FCMV1Simulator(identity: identity, settings: v1Settings)
             let accountPath = outDirectory + "/service-account.json"
+            // Firebase's tokens for devices posting to an ingress: one of each kind (valid an
+            // hour), and the corpus of good and bad tokens the firebase-admin check runs.
+            let tokens = v1Simulator.firebaseTokens
+            try writePrivately(try tokens.idToken(uid: "simulated-user") + "\n", to: outDirectory + "/id-token")
+            try writePrivately(try tokens.appCheckToken(appID: tokens.sampleAppID) + "\n", to: outDirectory + "/app-check-token")
+            let corpus = try tokens.corpus().map { JSONValue.object(["name": .string($0.name), "kind": .string($0.kind.rawValue),
+                                                                      "token": .string($0.token), "valid": .bool($0.valid)]) }
+            try writePrivately(JSONValue.array(corpus).serialized + "\n", to: outDirectory + "/token-corpus.json")
             // Its private key: readable by its owner only.
             try writePrivately(v1Simulator.account.keyFileJSON, to: accountPath)
             script.attach(simulator)
@@ -195,6 +203,10 @@ enum SimulateCommand {
                 FCM_HTTP_ENDPOINT=\(endpointHost):\(httpSimulator.port)
                 FCM_V1_ENDPOINT=\(endpointHost):\(v1Simulator.port)
                 GOOGLE_APPLICATION_CREDENTIALS=\(accountPath)
+                FCM_INGRESS_PROJECT_ID=\(tokens.projectID)
+                FCM_INGRESS_PROJECT_NUMBER=\(tokens.projectNumber)
+                FCM_INGRESS_ID_TOKEN_KEYS_URL=\(v1Simulator.idTokenKeysURL)
+                FCM_INGRESS_APP_CHECK_KEYS_URL=\(v1Simulator.appCheckKeysURL)
 
                 """, to: envPath)
             printLine("""
@@ -207,6 +219,8 @@ enum SimulateCommand {
                   server key    \(serverKey)
                   CA file       \(caPath)
                   service acct  \(accountPath) (a key made at start; its token_uri names the simulator)
+                  Firebase keys \(v1Simulator.idTokenKeysURL) (ID tokens), \(v1Simulator.appCheckKeysURL) (App Check)
+                  device tokens \(outDirectory)/id-token, \(outDirectory)/app-check-token (valid an hour, project \(tokens.projectID))
                   settings      \(envPath) (the variables for fcm-worker run)
                 """)
         } catch {

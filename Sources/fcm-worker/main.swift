@@ -6,5 +6,5 @@ import Worker
 // a worker executable, and the simulator, benchmarks and device groups.
 var handlers = UpstreamHandlers()
 for name in BuiltInHandlers.all.keys.sorted() { handlers.register(name, BuiltInHandlers.all[name]!) }
-exit(await WorkerMain.run(handlers: handlers, defaultHandlers: ["store"], commands: [GroupsCommand.command, SendCommand.command, SimulateCommand.command, BenchCommand.command],
+exit(await WorkerMain.run(handlers: handlers, defaultHandlers: ["store"], commands: [GroupsCommand.command, SendCommand.command, VerifyTokenCommand.command, SimulateCommand.command, BenchCommand.command],
                           program: "fcm-worker"))
