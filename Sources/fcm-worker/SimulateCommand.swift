@@ -183,6 +183,10 @@ enum SimulateCommand {
             // hour), and the corpus of good and bad tokens the firebase-admin check runs.
             let tokens = v1Simulator.firebaseTokens
             try writePrivately(try tokens.idToken(uid: "simulated-user") + "\n", to: outDirectory + "/id-token")
+            // A certificate for an ingress on this machine, from the simulator's CA (ca.pem).
+            let ingressIdentity = try authority.issueServerIdentity()
+            try ingressIdentity.certificateChainPEM.write(toFile: outDirectory + "/ingress-cert.pem", atomically: true, encoding: .utf8)
+            try writePrivately(ingressIdentity.privateKeyPEM, to: outDirectory + "/ingress-key.pem")
             try writePrivately(try tokens.appCheckToken(appID: tokens.sampleAppID) + "\n", to: outDirectory + "/app-check-token")
             let corpus = try tokens.corpus().map { JSONValue.object(["name": .string($0.name), "kind": .string($0.kind.rawValue),
                                                                       "token": .string($0.token), "valid": .bool($0.valid)]) }
@@ -221,6 +225,7 @@ enum SimulateCommand {
                   service acct  \(accountPath) (a key made at start; its token_uri names the simulator)
                   Firebase keys \(v1Simulator.idTokenKeysURL) (ID tokens), \(v1Simulator.appCheckKeysURL) (App Check)
                   device tokens \(outDirectory)/id-token, \(outDirectory)/app-check-token (valid an hour, project \(tokens.projectID))
+                  ingress TLS   \(outDirectory)/ingress-cert.pem, \(outDirectory)/ingress-key.pem (for 127.0.0.1 and localhost, from ca.pem)
                   settings      \(envPath) (the variables for fcm-worker run)
                 """)
         } catch {

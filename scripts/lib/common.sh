@@ -2,7 +2,7 @@
 # PostgreSQL 15 cluster owned by an unprivileged OS user. Source it; do not run it.
 
 # Debian packages the project needs to build, test and demo (scripts/test adds pgbouncer).
-FCM_APT_PACKAGES=(pkg-config libpq-dev libssl-dev libexpat1-dev libnghttp2-dev postgresql-15 openssl ca-certificates)
+FCM_APT_PACKAGES=(pkg-config libpq-dev libssl-dev libexpat1-dev libnghttp2-dev postgresql-15 openssl ca-certificates curl)
 
 log() { printf '%s: %s\n' "${FCM_SCRIPT_NAME:-fcm-worker}" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -162,4 +162,17 @@ stop_cluster() {
   as_pg_user "$(pg_bindir)/pg_ctl" -D "$FCM_PG_DIR/data" -m immediate -w stop >/dev/null 2>&1 || true
   rm -rf "$FCM_PG_DIR"
   FCM_PG_DIR=
+}
+
+# Runs the curl example of docs/ingress.md (the sh block after its
+# "scripts/ingress-example runs the next block" marker) with SIM (a `fcm-worker simulate
+# --out` folder) and PORT (the worker's ingress port) set; prints the answer.
+run_ingress_example() {
+  local block
+  block=$(awk '/scripts\/ingress-example runs the next block/ {found=1; next}
+               found && /^```sh/ {inside=1; next}
+               inside && /^```/ {exit}
+               inside {print}' docs/ingress.md)
+  [ -n "$block" ] || die "docs/ingress.md has no curl example after its marker"
+  SIM=$1 PORT=$2 bash -c "set -euo pipefail; $block"
 }
