@@ -68,7 +68,7 @@ let package = Package(
         .executableTarget(name: "fcm-worker", dependencies: ["Ingress", "Worker", "Handlers", "Simulator", "Outbox", "FCM", "Postgres", "XMPP", "Transport",
                                                              "Runtime", "Benchmarks"], swiftSettings: swiftSettings),
         // The parsers' properties, fuzzed by scripts/fuzz and replayed by FuzzRegressionTests.
-        .target(name: "FuzzChecks", dependencies: ["FCM", "Transport", "XMPP", "Worker"], swiftSettings: swiftSettings),
+        .target(name: "FuzzChecks", dependencies: ["FCM", "Transport", "XMPP", "Worker", "Ingress"], swiftSettings: swiftSettings),
         .executableTarget(name: "fcm-worker-fuzz", dependencies: ["FuzzChecks", "CSystem"], swiftSettings: swiftSettings),
         .testTarget(name: "RuntimeTests", dependencies: ["Runtime"]),
         .testTarget(name: "TransportTests", dependencies: ["Transport", "Runtime"]),

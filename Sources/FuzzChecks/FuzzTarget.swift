@@ -1,5 +1,6 @@
 import FCM
 import Foundation
+import Ingress
 import Transport
 import Worker
 import XMPP
@@ -27,6 +28,13 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
     /// An outbox row's payload becomes a downstream message or a field error; a message
     /// that validates has a wire form that parses and names the same message.
     case outbox
+    /// A token the HTTPS ingress reads (`JSONWebToken`, `FirebaseTokenVerifier`) is taken
+    /// apart or refused, never crashes, and is never accepted: no input verifies against a
+    /// key whose private half the input cannot know.
+    case jwt
+    /// An ingress body (`IngressMessage.parse`, single and batch) is read or refused with a
+    /// reason, never crashes; what is read keeps FCM's upstream limits.
+    case ingress
 
     /// Checks the property on `bytes`.
     /// - Throws: `FuzzFinding` when it does not hold (a crash is a finding by itself).
@@ -40,6 +48,8 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
         case .http: try Self.checkSplits(bytes, "HTTP message reader", Self.httpMessages)
         case .spool: try Self.checkSpool(bytes)
         case .outbox: try Self.checkOutbox(bytes)
+        case .jwt: try Self.checkJWT(bytes)
+        case .ingress: try Self.checkIngress(bytes)
         }
     }
 
@@ -226,6 +236,46 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
             guard let back = try? DownstreamMessage(target: target, condition: nil, payload: .object(members), messageID: "ds-1"),
                   back == message else {
                 throw FuzzFinding("the wire form does not read back as the same message")
+            }
+        }
+    }
+
+    // MARK: - Ingress
+
+    /// A key set of one freshly made key: no input can carry its signature.
+    private static let fuzzKeys: FirebaseKeySet? = {
+        guard let key = try? RSAPrivateKey.generate(), let publicKey = try? RSAPublicKey(pem: key.publicKeyPEM) else { return nil }
+        return FirebaseKeySet(keys: ["fuzz-key": publicKey])
+    }()
+
+    private static func checkJWT(_ bytes: [UInt8]) throws(FuzzFinding) {
+        let text = String(decoding: bytes, as: UTF8.self)
+        if let token = try? JSONWebToken(text) {
+            guard token.signingInput.count <= text.utf8.count else { throw FuzzFinding("the signing input is longer than the token") }
+        }
+        for kind in [FirebaseTokenRules.Kind.idToken, .appCheck] {
+            let rules = FirebaseTokenRules(kind: kind, projectID: "fuzz-project", projectNumber: "1")
+            if let accepted = try? FirebaseTokenVerifier.verify(text, rules: rules, keys: fuzzKeys, now: Date()) {
+                throw FuzzFinding("a \(kind.rawValue) token the fuzzer could not have signed was accepted (sub \(accepted.subject.prefix(40)))")
+            }
+        }
+    }
+
+    private static func checkIngress(_ bytes: [UInt8]) throws(FuzzFinding) {
+        for batch in [false, true] {
+            guard let results = try? IngressMessage.parse(body: bytes, batch: batch) else { continue }
+            guard (1...IngressMessage.maximumBatch).contains(results.count), batch || results.count == 1 else {
+                throw FuzzFinding("\(results.count) message(s) read from one \(batch ? "batch" : "body")")
+            }
+            for case .success(let message) in results {
+                let dataBytes = message.data.reduce(0) { $0 + $1.key.utf8.count + $1.value.utf8.count }
+                guard !message.messageID.isEmpty, message.messageID.utf8.count <= IngressMessage.maximumIDLength,
+                      dataBytes <= IngressMessage.maximumDataBytes else {
+                    throw FuzzFinding("a message over the limits was read (id of \(message.messageID.utf8.count) bytes, data of \(dataBytes))")
+                }
+                guard (try? JSONParser.parse(message.dataJSON))?.objectValue?.count == message.data.count else {
+                    throw FuzzFinding("a message's data text does not parse back to its data")
+                }
             }
         }
     }

@@ -15,16 +15,25 @@ struct IngressSetup {
     let ccs: TestCCS
     let v1: FCMV1Simulator
     let database: TestDatabase
+    /// The database's name when it is one of its own (`dedicated`), for cutting it off.
+    let databaseName: String?
+    let folder: String
     var configuration: WorkerConfiguration
 
-    init(ackMode: CCSAckMode = .immediate, auth: IngressSettings.Authentication = .idToken) async throws {
+    init(ackMode: CCSAckMode = .immediate, auth: IngressSettings.Authentication = .idToken, dedicated: Bool = false) async throws {
         ccs = try TestCCS()
         v1 = try FCMV1Simulator(identity: try ccs.authority.issueServerIdentity())
-        database = try await TestDatabase.make()
+        if dedicated {
+            let (database, name) = try await TestDatabase.makeDedicated()
+            (self.database, databaseName) = (database, name)
+        } else {
+            database = try await TestDatabase.make()
+            databaseName = nil
+        }
         configuration = try ccs.worker(database: database)
         configuration.ackMode = ackMode
         let identity = try ccs.authority.issueServerIdentity()
-        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("ingress-\(UUID())").path
+        folder = FileManager.default.temporaryDirectory.appendingPathComponent("ingress-\(UUID())").path
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
         try identity.certificateChainPEM.write(toFile: folder + "/cert.pem", atomically: true, encoding: .utf8)
         try identity.privateKeyPEM.write(toFile: folder + "/key.pem", atomically: true, encoding: .utf8)
@@ -54,6 +63,22 @@ struct IngressSetup {
     }
 
     func idToken(uid: String) throws -> String { try v1.firebaseTokens.idToken(uid: uid) }
+
+    /// The flags that give `fcm-worker run` this setup's ingress on `port`.
+    func processFlags(port: Int) -> [String] {
+        let ingress = configuration.ingressSettings
+        return ["--ack-mode", configuration.ackMode.rawValue, "--ingress-address", "127.0.0.1:\(port)",
+                "--ingress-tls-cert", ingress.certificateFile!, "--ingress-tls-key", ingress.keyFile!,
+                "--ingress-project-id", ingress.projectID!, "--ingress-id-token-keys-url", ingress.idTokenKeysURL,
+                "--ingress-burst", "100000", "--ingress-rate", "100000"]
+    }
+}
+
+/// A port free now (the system's choice, released at once) for a child process to listen on.
+func freePort() throws -> Int {
+    let listener = try TCPListener.open(host: "127.0.0.1", port: 0, nonBlocking: false)
+    close(listener.fd)
+    return listener.port
 }
 
 extension HTTPSClient {
@@ -159,5 +184,146 @@ extension HTTPSClient {
         let limited = try await client.postMessage(#"{"message_id":"rate-4","token":"t","data":{}}"#, token: good)
         expectRefusal(limited, 429, "rate_limited")
         #expect(Int(limited.headers["retry-after"] ?? "") ?? 0 >= 1)
+    }
+}
+
+/// The ingress's protocols: HTTP/2 over TLS (ALPN h2), HTTP/1.1 keep-alive, plain HTTP/1.1
+/// and h2c with prior knowledge for a port behind a load balancer, and its certificate
+/// reloaded without dropping connections.
+@Suite struct IngressProtocolTests {
+    @Test func http2ClientsShareAConnectionForManyPosts() async throws {
+        var setup = try await IngressSetup(ackMode: .durable)
+        setup.configuration.ingressSettings.rateBurst = 50
+        defer { setup.stop() }
+        let (task, events, _) = try await setup.start()
+        defer { task.cancel() }
+        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
+        let client = try HTTP2Client(host: "127.0.0.1", port: port, trust: .caPEM(setup.ccs.authority.rootCertificatePEM), maximumConnections: 1)
+        let token = try setup.idToken(uid: "h2-user")
+        try await withThrowingTaskGroup(of: Int.self) { group in
+            for index in 0..<50 {
+                group.addTask {
+                    let body = #"{"message_id":"h2-\#(index)","token":"t","data":{"n":"\#(index)"}}"#
+                    return try await client.send(method: "POST", path: "/v1/messages",
+                                                 headers: ["content-type": "application/json", "authorization": "Bearer " + token],
+                                                 body: Array(body.utf8)).status
+                }
+            }
+            for try await status in group { #expect(status == 200) }
+        }
+        #expect(!client.fellBackToHTTP1)
+        #expect(client.openConnections == 1)
+        #expect(try await setup.database.count("upstream_messages") == 50)
+    }
+
+    /// `curl` (an outside client) against a plain port: HTTP/1.1, and HTTP/2 with prior knowledge.
+    @Test(arguments: ["--http1.1", "--http2-prior-knowledge"])
+    func aPlainPortServesHTTP1AndH2CWithPriorKnowledge(flag: String) async throws {
+        var setup = try await IngressSetup(ackMode: .durable)
+        setup.configuration.ingressSettings.plain = true
+        setup.configuration.ingressSettings.certificateFile = nil
+        setup.configuration.ingressSettings.keyFile = nil
+        defer { setup.stop() }
+        let (task, events) = startWorker(setup.configuration)
+        defer { task.cancel() }
+        try await events.wait(for: "the ingress to serve") { $0.contains { if case .servingIngress = $0 { true } else { false } } }
+        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
+        let curl = Process()
+        curl.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
+        curl.arguments = ["--silent", "--show-error", flag, "--write-out", "\n%{http_version}", "http://127.0.0.1:\(port)/v1/messages",
+                          "-H", "authorization: Bearer " + (try setup.idToken(uid: "plain")), "-H", "content-type: application/json",
+                          "-d", #"{"message_id":"plain-1","token":"t","data":{}}"#]
+        let output = Pipe()
+        curl.standardOutput = output
+        curl.environment = childEnvironment()
+        try launch(curl)
+        let text = String(decoding: await readToEnd(output.fileHandleForReading), as: UTF8.self)
+        #expect(await exitStatus(of: curl) == 0)
+        #expect(text.contains(#""status":"accepted""#), "\(text)")
+        #expect(text.hasSuffix(flag == "--http1.1" ? "1.1" : "2"), "\(text)")
+        #expect(try await setup.database.count("upstream_messages") == 1)
+    }
+
+    @Test func aSlowRequestIsAnswered408AndTheConnectionClosed() async throws {
+        var setup = try await IngressSetup()
+        setup.configuration.ingressSettings.plain = true
+        setup.configuration.ingressSettings.certificateFile = nil
+        setup.configuration.ingressSettings.keyFile = nil
+        setup.configuration.ingressSettings.requestTimeout = .milliseconds(500)
+        defer { setup.stop() }
+        let (task, events) = startWorker(setup.configuration)
+        defer { task.cancel() }
+        try await events.wait(for: "the ingress to serve") { $0.contains { if case .servingIngress = $0 { true } else { false } } }
+        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
+        // Half a head, then nothing: a slowloris client.
+        let answer = await rawExchange(port: port, sending: "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n", within: 10)
+        #expect(answer.hasPrefix("HTTP/1.1 408"), "\(answer)")
+        #expect(answer.contains("request_timeout"))
+    }
+
+    @Test func aReloadedCertificateServesNewConnectionsAndKeepsOpenOnes() async throws {
+        let setup = try await IngressSetup()
+        defer { setup.stop() }
+        let (worker, task, events) = launchWorker(setup.configuration)
+        defer { task.cancel() }
+        try await events.wait(for: "the ingress to serve") { $0.contains { if case .servingIngress = $0 { true } else { false } } }
+        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
+        let oldClient = try HTTPSClient(host: "127.0.0.1", port: port, trust: .caPEM(setup.ccs.authority.rootCertificatePEM), maximumConnections: 1)
+        let token = try setup.idToken(uid: "reload")
+        #expect(try await oldClient.postMessage(#"{"message_id":"before","token":"t","data":{}}"#, token: token).status == 200)
+        // A certificate from another authority replaces the files; SIGHUP reloads it.
+        let otherAuthority = try CertificateAuthority(commonName: "the replacement CA")
+        let replacement = try otherAuthority.issueServerIdentity()
+        try replacement.certificateChainPEM.write(toFile: setup.configuration.ingressSettings.certificateFile!, atomically: true, encoding: .utf8)
+        try replacement.privateKeyPEM.write(toFile: setup.configuration.ingressSettings.keyFile!, atomically: true, encoding: .utf8)
+        worker.reloadCredentials()
+        let newClient = try HTTPSClient(host: "127.0.0.1", port: port, trust: .caPEM(otherAuthority.rootCertificatePEM), maximumConnections: 1)
+        try await waitUntilAsync("a new connection gets the new certificate", within: .seconds(10)) {
+            (try? await newClient.postMessage(#"{"message_id":"after","token":"t","data":{}}"#, token: token))?.status == 200
+        }
+        // The connection opened before the reload goes on with the old certificate.
+        #expect(try await oldClient.postMessage(#"{"message_id":"kept","token":"t","data":{}}"#, token: token).status == 200)
+        await setup.database.waitForRows(in: "upstream_messages", count: 3, within: .seconds(10))
+        #expect(try await setup.database.count("upstream_messages") == 3)
+    }
+}
+
+/// Waits until the async `condition` holds, checking every 50 ms; throws after `limit`.
+func waitUntilAsync(_ what: String, within limit: Duration, _ condition: () async throws -> Bool) async throws {
+    let deadline = ContinuousClock.now + limit
+    while try await !condition() {
+        guard ContinuousClock.now < deadline else { throw SimulatorError("timed out after \(limit) waiting until \(what)") }
+        try await Task.sleep(for: .milliseconds(50))
+    }
+}
+
+/// Connects to `port`, writes `text`, and reads until the server closes (or `within`
+/// seconds pass), on a thread of its own; returns what was read.
+func rawExchange(port: Int, sending text: String, within seconds: Int) async -> String {
+    await withCheckedContinuation { continuation in
+        let thread = Thread {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            defer { close(fd) }
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_port = in_port_t(UInt16(port).bigEndian)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            let connected = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            guard connected == 0 else { return continuation.resume(returning: "") }
+            var timeout = timeval(tv_sec: seconds, tv_usec: 0)
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+            _ = text.withCString { send(fd, $0, strlen($0), 0) }
+            var received: [UInt8] = []
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            while true {
+                let count = recv(fd, &buffer, buffer.count, 0)
+                if count <= 0 { break }
+                received += buffer[..<count]
+            }
+            continuation.resume(returning: String(decoding: received, as: UTF8.self))
+        }
+        thread.start()
     }
 }
