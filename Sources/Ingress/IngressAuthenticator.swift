@@ -27,7 +27,7 @@ public final class IngressAuthenticator: Sendable {
     private let verified = BlockingLock<[String: VerifiedToken]>([:])
     private let cacheSize: Int
 
-    public init(checks: [(rules: FirebaseTokenRules, keys: FirebaseKeySource)], cacheSize: Int = 50_000) {
+    public init(checks: [(rules: FirebaseTokenRules, keys: FirebaseKeySource)], cacheSize: Int = 10_000) {
         self.checks = checks
         self.cacheSize = cacheSize
     }

@@ -12,7 +12,9 @@ import Glibc
 /// The TLS identity can be replaced while serving (`replaceTLS`): connections accepted
 /// afterwards use the new one, connections already open keep theirs. At most
 /// `maximumConnections` are served at once; one accepted past that is closed at once (the
-/// client retries, or its load balancer picks another instance).
+/// client retries, or its load balancer picks another instance), or, with
+/// `dropsOldestWhenFull` (the metrics endpoint: a probe must never wait behind idle
+/// clients), the oldest open connection is closed for it.
 package final class HTTPServer: Sendable {
     package let port: Int
     private let acceptLoop: AcceptLoop
@@ -25,12 +27,15 @@ package final class HTTPServer: Sendable {
     private let nextConnection = Atomic(0)
     private let refusedConnections = Atomic(0)
     private let draining = Atomic(false)
+    private let dropsOldestWhenFull: Bool
 
     /// Listens on `host:port` (0: a free port) and serves once `start` is called.
     /// - Parameter tls: nil serves plain HTTP (HTTP/1.1, or HTTP/2 with prior knowledge).
     /// - Throws: `TransportError.connectFailed` when the address cannot be listened on.
     package init(host: String, port: Int, tls: TLSContext?, name: String, limits: HTTPServerLimits = HTTPServerLimits(),
-                 maximumConnections: Int = 1024, handler: @escaping HTTPServerConnection.Handler) throws(TransportError) {
+                 maximumConnections: Int = 1024, dropsOldestWhenFull: Bool = false,
+                 handler: @escaping HTTPServerConnection.Handler) throws(TransportError) {
+        self.dropsOldestWhenFull = dropsOldestWhenFull
         acceptLoop = try AcceptLoop(host: host, port: port)
         self.port = acceptLoop.port
         self.name = name
@@ -56,6 +61,13 @@ package final class HTTPServer: Sendable {
         tls.withLock { $0 = context }
     }
 
+    /// Stops accepting and closes every connection at once.
+    package func stop() {
+        draining.store(true, ordering: .relaxed)
+        acceptLoop.stop()
+        for mailbox in connections.withLock({ Array($0.values) }) { mailbox.abort() }
+    }
+
     /// Stops accepting (the port is free when it returns) and asks every open connection to
     /// finish the requests under way and close (HTTP/2: GOAWAY; HTTP/1.1: `Connection:
     /// close` on the answer under way). Answers given later still go out until the
@@ -76,6 +88,13 @@ package final class HTTPServer: Sendable {
 
     private func accept(_ fd: Int32) {
         let id = nextConnection.add(1, ordering: .relaxed).newValue
+        if openCount >= maximumConnections && dropsOldestWhenFull {
+            let oldest = connections.withLock { open -> HTTPReplyMailbox? in
+                guard let first = open.keys.min() else { return nil }
+                return open.removeValue(forKey: first)
+            }
+            oldest?.abort()
+        }
         guard openCount < maximumConnections, !draining.load(ordering: .relaxed) else {
             refusedConnections.add(1, ordering: .relaxed)
             close(fd)

@@ -53,6 +53,11 @@ package final class HTTPReplyMailbox: Sendable {
         loop?.wake()
     }
 
+    /// Closes the connection at once, answering nothing more (`HTTPServer` making room).
+    package func abort() {
+        state.withLock { $0.loop }?.requestClose(.abort(TransportError.connectionLost("dropped for a newer connection")))
+    }
+
     /// Asks the connection to finish what is under way and close (`HTTPServer.drain`).
     package func requestGoAway() {
         state.withLock { state -> StreamLoop? in
@@ -391,7 +396,7 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
             for (name, value) in response.headers { headers[name] = value }
             let then: HTTPServerAction.Afterwards = http1GoAway ? .goAway : then
             if then == .goAway { headers["connection"] = "close" }
-            let message = HTTPMessage(startLine: ["HTTP/1.1", String(response.status), response.status < 400 ? "OK" : "Error"],
+            let message = HTTPMessage(startLine: ["HTTP/1.1", String(response.status), Self.reasonPhrase(response.status)],
                                       headers: headers, body: response.body)
             loop.write(bytes: message.serialized(), recordSize: StreamLoop.recordSize)
             http1Busy = false
@@ -420,6 +425,26 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
 
     // MARK: - HTTP/1.1
 
+    /// The reason phrase of a status line.
+    static func reasonPhrase(_ status: Int) -> String {
+        switch status {
+        case 200: "OK"
+        case 202: "Accepted"
+        case 400: "Bad Request"
+        case 401: "Unauthorized"
+        case 403: "Forbidden"
+        case 404: "Not Found"
+        case 405: "Method Not Allowed"
+        case 408: "Request Timeout"
+        case 413: "Content Too Large"
+        case 415: "Unsupported Media Type"
+        case 429: "Too Many Requests"
+        case 500: "Internal Server Error"
+        case 503: "Service Unavailable"
+        default: status < 400 ? "OK" : "Error"
+        }
+    }
+
     private func nextHTTP1Request(_ loop: StreamLoop) {
         guard !http1Busy, !loop.isEnded, !loop.isClosing else { return }
         let message: HTTPMessage
@@ -437,6 +462,13 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
         }
         http1Busy = true
         http1RequestStarted = http1?.hasBufferedBytes == true ? .now : nil
+        // HTTP/1.0 closes after the answer unless it asks to keep the connection; HTTP/1.1
+        // keeps it unless it says close.
+        let version = message.startLine.count > 2 ? message.startLine[2] : "HTTP/1.0"
+        let connectionHeader = message.headers["connection"]?.lowercased() ?? ""
+        if connectionHeader.contains("close") || (version == "HTTP/1.0" && !connectionHeader.contains("keep-alive")) {
+            http1GoAway = true
+        }
         unanswered += 1
         let request = HTTPServerRequest(method: message.startLine.first ?? "", path: message.startLine.count > 1 ? message.startLine[1] : "",
                                         headers: message.headers, body: message.body, protocolName: "http/1.1",

@@ -209,7 +209,7 @@ final class IngressService: Sendable {
             identity = verified
         case .failure(let failure):
             metrics.refusedToken(kind: failure.kind.rawValue, reason: failure.refusal.reason.rawValue)
-            logger.info("refused a \(failure.kind.rawValue) token: \(failure.refusal)")
+            logger.debug("refused a \(failure.kind.rawValue) token: \(failure.refusal)")
             return .respond(Self.authRefusal(failure))
         }
         // What is posted.

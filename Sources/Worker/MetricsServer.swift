@@ -1,20 +1,14 @@
 import Foundation
 import Runtime
-import Synchronization
 import Transport
-#if canImport(Glibc)
-import Glibc
-#endif
 
-/// A small HTTP/1.1 server for operators' tools: `GET /metrics` (Prometheus text),
-/// `/healthz` and `/readyz` (200 or 503 with a one-line reason). One thread serves every
-/// connection at once with `poll`: a request is answered as soon as it has arrived,
-/// whatever other clients do, and each connection has `requestDeadline` from its accept to
-/// send its request and take its answer, then it is closed. At most `maximumConnections`
-/// are kept; beyond that the oldest is dropped for the new one, so idle or slow clients
-/// can never delay a probe by more than its own request (one connection at a time, 2 s each,
-/// let 18 idle ones time out a `curl -m 3` probe). It never touches the database or the
-/// connections: it reads what the worker keeps (`WorkerMetrics`, `Health`).
+/// The operators' endpoint: `GET /metrics` (Prometheus text), `/healthz` and `/readyz` (200
+/// or 503 with a one-line reason), on the same HTTP server as the ingress and the
+/// simulators (`HTTPServer`, plain HTTP/1.1 here). Each connection is answered and closed;
+/// one that sends nothing, or not its whole request, within `requestDeadline` is closed;
+/// at most `maximumConnections` are kept, the oldest dropped for a new one, so idle or
+/// slow clients never delay a probe. It never touches the database or the connections: it
+/// reads what the worker keeps (`WorkerMetrics`, `Health`).
 final class MetricsServer: Sendable {
     /// What a probe answers.
     struct Probe: Sendable {
@@ -22,36 +16,15 @@ final class MetricsServer: Sendable {
         let reason: String
     }
 
-    /// The answers, computed on the server's thread for each request.
+    /// The answers, computed on the connection's thread for each request.
     struct Routes: Sendable {
         let metrics: @Sendable () -> String
         let health: @Sendable () -> Probe
         let readiness: @Sendable () -> Probe
     }
 
-    /// One client connection: what it sent so far, what is left to send it, and when it
-    /// must be done.
-    private struct Client {
-        let fd: Int32
-        let deadline: ContinuousClock.Instant
-        var request: [UInt8] = []
-        var response: [UInt8] = []
-        var sent = 0
-        var answered: Bool { !response.isEmpty }
-    }
-
     let port: Int
-    /// How long a connection has, from its accept, to send its request and take its answer.
-    let requestDeadline: Duration
-    /// Connections kept at once; the oldest goes when a new one would pass it.
-    let maximumConnections: Int
-    private let fd: Int32
-    /// Wakes the serving thread to stop.
-    private let wake: WakePipe
-    private let routes: Routes
-    private let stopped = Atomic(false)
-    /// The longest request head read.
-    private static let maximumRequest = 8192
+    private let server: HTTPServer
 
     /// Listens on `address` (`host:port`, `[v6]:port`).
     /// - Throws: `ConfigurationError` when it cannot listen there.
@@ -63,152 +36,43 @@ final class MetricsServer: Sendable {
         }
         if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
         guard let port = Int(portText) else { throw ConfigurationError("invalid metrics address \(address): expected host:port") }
-        do { self.wake = try WakePipe() } catch { throw ConfigurationError("cannot serve metrics: \(error)") }
         do {
-            let listener = try TCPListener.open(host: host.isEmpty ? "0.0.0.0" : host, port: port, nonBlocking: true, backlog: 64)
-            self.fd = listener.fd
-            self.port = listener.port
+            server = try HTTPServer(host: host.isEmpty ? "0.0.0.0" : host, port: port, tls: nil, name: "fcm-worker metrics",
+                                    limits: HTTPServerLimits(maximumBodyBytes: 8192, idleTimeout: requestDeadline, requestTimeout: requestDeadline),
+                                    maximumConnections: max(1, maximumConnections), dropsOldestWhenFull: true) { request in
+                .respond(Self.answer(request, routes: routes), then: .goAway)
+            }
         } catch {
             throw ConfigurationError("cannot serve metrics: \(error)")
         }
-        self.routes = routes
-        self.requestDeadline = requestDeadline
-        self.maximumConnections = max(1, maximumConnections)
-        let thread = Thread { [self] in serveLoop() }
-        thread.name = "fcm-worker metrics"
-        thread.start()
+        self.port = server.port
+        server.start()
     }
 
-    /// Stops serving: the thread closes every connection and ends.
+    /// Stops serving and closes every connection.
     func stop() {
-        guard !stopped.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        wake.wake()
+        server.stop()
     }
 
-    private func serveLoop() {
-        var clients: [Client] = []
-        defer {
-            for client in clients { close(client.fd) }
-            close(fd)
+    private static func answer(_ request: HTTPServerRequest, routes: Routes) -> HTTPServerResponse {
+        guard request.method == "GET" || request.method == "HEAD" else {
+            return response(405, type: "text/plain", body: "only GET\n")
         }
-        while !stopped.load(ordering: .acquiring) {
-            let now = ContinuousClock.now
-            // Past their deadline: closed, answered or not.
-            clients.removeAll { client in
-                guard client.deadline <= now else { return false }
-                close(client.fd)
-                return true
-            }
-            var polled = [wake.pollDescriptor, pollfd(fd: fd, events: Int16(POLLIN), revents: 0)]
-            for client in clients {
-                polled.append(pollfd(fd: client.fd, events: Int16(client.answered ? POLLOUT : POLLIN), revents: 0))
-            }
-            let wait = clients.map(\.deadline).min().map { max(.zero, $0 - now) } ?? .seconds(60)
-            let timeout = max(1, wait.pollMilliseconds)
-            let ready = poll(&polled, nfds_t(polled.count), timeout)
-            if ready < 0 {
-                if errno == EINTR { continue }
-                return
-            }
-            if polled[0].revents != 0 { return }
-            // Clients first (their indices match), then new connections.
-            var index = clients.count - 1
-            while index >= 0 {
-                let events = polled[index + 2].revents
-                if events != 0, !serve(&clients[index], events: events) {
-                    close(clients[index].fd)
-                    clients.remove(at: index)
-                }
-                index -= 1
-            }
-            if polled[1].revents & Int16(POLLIN) != 0 { accept(into: &clients) }
-        }
-    }
-
-    /// Takes every pending connection, dropping the oldest kept one for each beyond the
-    /// maximum.
-    private func accept(into clients: inout [Client]) {
-        while true {
-            let client = Glibc.accept(fd, nil, nil)
-            if client < 0 {
-                if errno == EINTR || errno == ECONNABORTED { continue }
-                return
-            }
-            _ = fcntl(client, F_SETFD, FD_CLOEXEC)
-            _ = fcntl(client, F_SETFL, fcntl(client, F_GETFL) | O_NONBLOCK)
-            if clients.count >= maximumConnections {
-                close(clients[0].fd)
-                clients.removeFirst()
-            }
-            clients.append(Client(fd: client, deadline: .now + requestDeadline))
-        }
-    }
-
-    /// Reads what `client` sent (answering once its request head is complete) or sends it
-    /// what is left of its answer. False when it is done with (answered, gone, or bad).
-    private func serve(_ client: inout Client, events: Int16) -> Bool {
-        if client.answered {
-            return send(&client)
-        }
-        var buffer = [UInt8](repeating: 0, count: 4096)
-        while true {
-            let count = buffer.withUnsafeMutableBytes { recv(client.fd, $0.baseAddress, $0.count, 0) }
-            if count < 0 {
-                if errno == EINTR { continue }
-                return errno == EAGAIN || errno == EWOULDBLOCK
-            }
-            guard count > 0 else { return false }
-            client.request += buffer[..<count]
-            if client.request.firstRange(of: [13, 10, 13, 10]) != nil || client.request.count >= Self.maximumRequest {
-                client.response = answer(client.request)
-                return send(&client)
-            }
-        }
-    }
-
-    /// Sends what is left of the answer; false once it is all sent (or the client is gone).
-    private func send(_ client: inout Client) -> Bool {
-        while client.sent < client.response.count {
-            let written = client.response[client.sent...].withUnsafeBytes { Glibc.send(client.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-            if written < 0 {
-                if errno == EINTR { continue }
-                return errno == EAGAIN || errno == EWOULDBLOCK
-            }
-            client.sent += written
-        }
-        return false
-    }
-
-    /// The response to a request head.
-    private func answer(_ request: [UInt8]) -> [UInt8] {
-        let head = String(decoding: request, as: UTF8.self)
-        // ("\r\n" is one Character: split on newlines, not on "\r".)
-        let parts = (head.split(whereSeparator: \.isNewline).first ?? "").split(separator: " ")
-        guard parts.count == 3, parts[2].hasPrefix("HTTP/1."), request.firstRange(of: [13, 10, 13, 10]) != nil else {
-            return Self.response(status: "400 Bad Request", type: "text/plain", body: "bad request\n")
-        }
-        guard parts[0] == "GET" || parts[0] == "HEAD" else {
-            return Self.response(status: "405 Method Not Allowed", type: "text/plain", body: "only GET\n")
-        }
-        let path = parts[1].split(separator: "?").first.map(String.init) ?? ""
-        let headOnly = parts[0] == "HEAD"
+        let path = request.path.split(separator: "?").first.map(String.init) ?? ""
+        let headOnly = request.method == "HEAD"
         switch path {
         case "/metrics":
-            return Self.response(status: "200 OK", type: "text/plain; version=0.0.4; charset=utf-8", body: routes.metrics(), headOnly: headOnly)
+            return response(200, type: "text/plain; version=0.0.4; charset=utf-8", body: routes.metrics(), headOnly: headOnly)
         case "/healthz", "/readyz":
             let probe = path == "/healthz" ? routes.health() : routes.readiness()
-            return Self.response(status: probe.ok ? "200 OK" : "503 Service Unavailable", type: "text/plain",
-                                 body: probe.reason + "\n", headOnly: headOnly)
+            return response(probe.ok ? 200 : 503, type: "text/plain", body: probe.reason + "\n", headOnly: headOnly)
         default:
-            return Self.response(status: "404 Not Found", type: "text/plain", body: "not found: /metrics, /healthz, /readyz\n",
-                                 headOnly: headOnly)
+            return response(404, type: "text/plain", body: "not found: /metrics, /healthz, /readyz\n", headOnly: headOnly)
         }
     }
 
-    private static func response(status: String, type: String, body: String, headOnly: Bool = false) -> [UInt8] {
+    private static func response(_ status: Int, type: String, body: String, headOnly: Bool = false) -> HTTPServerResponse {
         let payload = Array(body.utf8)
-        var bytes = Array("HTTP/1.1 \(status)\r\nContent-Type: \(type)\r\nContent-Length: \(payload.count)\r\nConnection: close\r\n\r\n".utf8)
-        if !headOnly { bytes += payload }
-        return bytes
+        return HTTPServerResponse(status: status, headers: [("content-type", type)], body: headOnly ? [] : payload)
     }
 }

@@ -33,6 +33,9 @@ enum BenchCommand {
         var transport = "xmpp"
         var minutes = 30.0
         var upstreamRate = 1000
+        /// `bench upstream --source`: where upstream messages come from.
+        var source = UpstreamBench.Source.ccs
+        var h2load = true
         var downstreamRate = 300
         var ackMode = CCSAckMode.journal
         var faultSeconds = 30
@@ -59,6 +62,12 @@ enum BenchCommand {
                  help: "CCS connections of the durable-mode run (acks wait for the commit, so CCS's 100 unacked per connection bound the batches)",
                  \.durableConnections),
         positive("--concurrency", default: "4", help: "handling lanes", \.concurrency),
+        CommandOption("--source", placeholder: "ccs|https", default: "ccs",
+                      help: "https: each throughput run over CCS is paired with one through the HTTPS ingress (HTTP/2, many devices), and the ratios printed") { settings, text throws(ConfigurationError) in
+            guard let source = UpstreamBench.Source(rawValue: text) else { throw ConfigurationError("bench: --source takes ccs or https") }
+            settings.source = source
+        },
+        .toggle("--no-h2load", help: "with --source https: skip the run driven by h2load (nghttp2-client)") { settings, on in settings.h2load = !on },
         positive("--rate", default: "10000", help: "offered load of the latency run, msgs/s", \.rate),
         positive("--rate-seconds", default: "5", help: "length of the latency run", \.rateSeconds),
         CommandOption("--phases", placeholder: "LIST", default: "floor,ceiling,immediate,journal,durable,latency",
@@ -182,7 +191,7 @@ enum BenchCommand {
                     try await UpstreamBench(databaseURL: settings.databaseURL, messages: settings.messages, connections: settings.connections,
                                             durableConnections: settings.durableConnections, concurrency: settings.concurrency,
                                             rate: settings.rate, rateSeconds: settings.rateSeconds, phases: settings.phases,
-                                            poolerURL: settings.poolerURL).run()
+                                            poolerURL: settings.poolerURL, source: settings.source, h2load: settings.h2load).run()
                 }
                 return 0
             } catch {
@@ -204,6 +213,18 @@ struct UpstreamBench {
     let phases: Set<Phase>
     /// A transaction pooler in front of the same server (the pooled phase).
     var poolerURL: String? = nil
+    /// `https`: each throughput run over CCS is paired with one through the ingress.
+    var source = Source.ccs
+    /// With `https`: also drive the ingress with h2load when it is installed.
+    var h2load = true
+
+    /// Where the upstream messages of a run come from.
+    enum Source: String, Sendable {
+        /// The simulated CCS, over the worker's XMPP connections.
+        case ccs
+        /// Simulated devices posting to the worker's HTTPS ingress (HTTP/2, TLS, ID tokens).
+        case https
+    }
 
     /// The parts of the benchmark, in the order they run. `floor` is the receive path's
     /// own parsers alone (`UpstreamReceiveFloor`); `pooled` (not run by default) pairs
@@ -298,6 +319,21 @@ struct UpstreamBench {
             if phases.contains(.ceiling) { try await measureCeiling() }
             try await truncate(url)
             let result = try await throughputRun(url: url, mode: mode, cpu: cpu)
+            if source == .https {
+                try await truncate(url)
+                let https = try await throughputRun(url: url, mode: mode, cpu: cpu, source: .https)
+                let ccsCPU = CPUAccount.Spent(from: result.cpuBefore, to: result.cpuAfter, units: messages).worker
+                let httpsCPU = CPUAccount.Spent(from: https.cpuBefore, to: https.cpuAfter, units: messages).worker
+                say(String(format: "%@ ack mode over CCS: persisted %.0f msgs/s, worker CPU %.1f µs per message", mode.rawValue,
+                           result.persistedPerSecond, ccsCPU))
+                say(String(format: "%@ ack mode through the HTTPS ingress (HTTP/2, %d devices): answered %.0f msgs/s, persisted %.0f msgs/s, "
+                           + "worker CPU %.1f µs per message", mode.rawValue, Self.httpsDevices, https.ackedPerSecond, https.persistedPerSecond, httpsCPU))
+                say("  answer latency (devices-measured) \(https.ackLatency); receive-to-commit \(https.commitLatency)")
+                say(String(format: "  HTTPS / CCS: persisted %.2f×, worker CPU per message %.2f×", https.persistedPerSecond / result.persistedPerSecond,
+                           httpsCPU / ccsCPU))
+                if h2load { try await h2loadRun(url: url, mode: mode) }
+                continue
+            }
             let (before, after) = (result.cpuBefore, result.cpuAfter)
             let share = ceiling.map { String(format: " = %.0f%% of the ceiling", 100 * result.persistedPerSecond / $0) } ?? ""
             say(String(format: "%@ ack mode (%d connections): acked %.0f msgs/s, persisted %.0f msgs/s", mode.rawValue,
@@ -459,10 +495,11 @@ struct UpstreamBench {
     /// - Parameter directURL: set when `url` is a transaction pooler: the worker runs with
     ///   `--database-pooler transaction` and this as its direct URL.
     private func throughputRun(url: String, mode: WorkerConfiguration.AckMode, cpu: CPUAccount,
-                               directURL: String? = nil) async throws -> ThroughputResult {
+                               directURL: String? = nil, source: Source = .ccs) async throws -> ThroughputResult {
         let cpuBefore = cpu.sample()
         let setup = try await Setup.start(url: url, connections: connections(for: mode),
-                                          concurrency: concurrency, mode: mode, messages: messages, rate: 0, directURL: directURL)
+                                          concurrency: concurrency, mode: mode, messages: messages, rate: 0, directURL: directURL,
+                                          source: source)
         defer { setup.stop() }
         let (ackedAt, stats) = try await setup.waitForAllAcked(limit: .seconds(600))
         let started = try await setup.firstConnection()
@@ -493,6 +530,42 @@ struct UpstreamBench {
         try await bench.truncate(url)
         return CPUReference(messages: messages, persistedPerSecond: result.persistedPerSecond,
                             spent: CPUAccount.Spent(from: result.cpuBefore, to: result.cpuAfter, units: messages))
+    }
+
+    /// Devices posting in an HTTPS run.
+    static let httpsDevices = 1000
+
+    /// The ingress driven by h2load (an outside load generator, Debian's nghttp2-client):
+    /// one device's token and one body (each request after the first a duplicate, handled
+    /// once), 32 connections with 16 streams each; prints h2load's own summary lines.
+    private func h2loadRun(url: String, mode: WorkerConfiguration.AckMode) async throws {
+        guard let h2load = ["/usr/bin/h2load", "/usr/local/bin/h2load"].first(where: { FileManager.default.isExecutableFile(atPath: $0) }) else {
+            say("  h2load: not installed (Debian's nghttp2-client), skipped")
+            return
+        }
+        try await truncate(url)
+        let setup = try await Setup.start(url: url, connections: 1, concurrency: concurrency, mode: mode, messages: 1, rate: 0, source: .https,
+                                          postsItself: false)
+        defer { setup.stop() }
+        let port = try await setup.ingressPort()
+        let token = try String(contentsOfFile: setup.directory + "/id-token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        let body = setup.directory + "/h2load-body.json"
+        try #"{"message_id":"h2load-1","token":"h2load-device","data":{"text":"hello"}}"#.write(toFile: body, atomically: true, encoding: .utf8)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: h2load)
+        process.arguments = ["-n", "\(messages)", "-c", "32", "-m", "16", "-H", "authorization: Bearer \(token)", "-H", "content-type: application/json",
+                             "-d", body, "https://127.0.0.1:\(port)/v1/messages"]
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let output = await Task.detached { String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self) }.value
+        while process.isRunning { try await Task.sleep(for: .milliseconds(5)) }
+        for line in output.split(separator: "\n") where line.hasPrefix("finished in") || line.hasPrefix("requests:") || line.hasPrefix("status codes:")
+            || line.hasPrefix("time for request:") {
+            say("  h2load (\(mode.rawValue), one device, 32 connections × 16 streams): \(line)")
+        }
+        await setup.shutdown()
     }
 
     /// The connections of a throughput run in `mode`.
@@ -587,6 +660,9 @@ enum BenchDatabase {
 final class Setup: Sendable {
     final class Commits: Sendable {
         private let state = BlockingLock((count: 0, latencies: [UInt32](), firstConnection: ContinuousClock.Instant?.none))
+        private let port = BlockingLock<Int?>(nil)
+        var ingressPort: Int? { port.withLock { $0 } }
+        func serving(_ ingress: Int) { port.withLock { $0 = ingress } }
         var count: Int { state.withLock { $0.count } }
         var latencies: [UInt32] { state.withLock { $0.latencies } }
         var firstConnection: ContinuousClock.Instant? { state.withLock { $0.firstConnection } }
@@ -611,10 +687,19 @@ final class Setup: Sendable {
         self.simulator = simulator
     }
 
+    /// - Parameters:
+    ///   - source: `https`: the worker serves its ingress on a free port, and (with
+    ///     `postsItself`) the simulator's devices post `messages` to it.
     static func start(url: String, connections: Int, concurrency: Int, mode: WorkerConfiguration.AckMode,
-                      messages: Int, rate: Int, directURL: String? = nil) async throws -> Setup {
-        let process = try await SimulatorProcess.start(
-            arguments: ["--upstream", "\(messages)", "--upstream-rate", "\(rate)", "--exit-when-acked"], capturesOutput: true)
+                      messages: Int, rate: Int, directURL: String? = nil, source: UpstreamBench.Source = .ccs,
+                      postsItself: Bool = true) async throws -> Setup {
+        let ingressPort = source == .https ? try Self.freePort() : 0
+        let arguments = source == .ccs
+            ? ["--upstream", "\(messages)", "--upstream-rate", "\(rate)", "--exit-when-acked"]
+            : postsItself ? ["--post-to", "127.0.0.1:\(ingressPort)", "--post-messages", "\(messages)", "--post-devices", "\(UpstreamBench.httpsDevices)",
+                             "--post-in-flight", "512", "--post-connections", "16", "--exit-when-posted", "--quiet"]
+                          : ["--quiet"]
+        let process = try await SimulatorProcess.start(arguments: arguments, capturesOutput: true)
         let setup = Setup(simulator: process)
         let out = process.directory
         let environment = process.environment
@@ -629,13 +714,24 @@ final class Setup: Sendable {
         configuration.pipeline.partitions = concurrency
         configuration.ackMode = mode
         configuration.spoolFile = out + "/spool"
+        if source == .https {
+            var ingress = configuration.ingressSettings
+            ingress.address = "127.0.0.1:\(ingressPort)"
+            ingress.certificateFile = out + "/ingress-cert.pem"
+            ingress.keyFile = out + "/ingress-key.pem"
+            ingress.ratePerSecond = 1_000_000
+            ingress.rateBurst = 1_000_000
+            ingress.maximumStreamsPerConnection = 256
+            configuration.ingressSettings = ingress
+        }
         var handlers = UpstreamHandlers()
         handlers.register("store", StoreHandler())
         let worker = FCMWorker(configuration: configuration, handlers: handlers, logger: Logger(label: "bench", minimumLevel: .error),
                                observer: { [committed = setup.committed] event in
                                    switch event {
                                    case .committed(let handled, _, _): committed.record(handled)
-                                   case .connected: committed.connected()
+                                   case .connected where source == .ccs: committed.connected()
+                                   case .servingIngress(let port) where source == .https: committed.connected(); committed.serving(port)
                                    default: break
                                    }
                                })
@@ -656,6 +752,26 @@ final class Setup: Sendable {
         return String(format: "%.0f flushes, %.2f ms and %.1f messages each on average", count,
                       (values["fcm_worker_journal_flush_seconds_sum"] ?? 0) / count * 1000,
                       (values["fcm_worker_journal_flush_messages_sum"] ?? 0) / count)
+    }
+
+    /// The simulator's folder (its CA, tokens, the ingress certificate).
+    var directory: String { simulator.directory }
+
+    /// The port of the worker's ingress, once it serves.
+    func ingressPort() async throws -> Int {
+        let deadline = ContinuousClock.now + .seconds(30)
+        while committed.ingressPort == nil {
+            guard ContinuousClock.now < deadline else { throw SimulatorError("the worker's ingress did not start") }
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        return committed.ingressPort!
+    }
+
+    /// A port free now (the system's choice, released at once).
+    static func freePort() throws -> Int {
+        let listener = try TCPListener.open(host: "127.0.0.1", port: 0, nonBlocking: false)
+        close(listener.fd)
+        return listener.port
     }
 
     /// When the worker's first connection was up.

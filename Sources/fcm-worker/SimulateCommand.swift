@@ -26,6 +26,23 @@ enum SimulateCommand {
         var v1Latency = 0
         var v1Streams = 100
         var v1HTTP1Only = false
+        /// Devices posting to an HTTPS ingress (`--post-to`).
+        var postTo: String?
+        var postMessages = 1000
+        var postDevices = 100
+        var postRate = 0
+        var postInFlight = 256
+        var postConnections = 8
+        var postDuplicates = 0.0
+        var postBadTokens = 0.0
+        var exitWhenPosted = false
+    }
+
+    private static func share(_ flag: String, help: String, _ apply: @escaping @Sendable (inout Settings, Double) -> Void) -> CommandOption<Settings> {
+        CommandOption(flag, placeholder: "SHARE", default: "0", help: help) { settings, text throws(ConfigurationError) in
+            guard let value = Double(text), (0...1).contains(value) else { throw ConfigurationError("simulate: \(flag) takes a share from 0 to 1") }
+            apply(&settings, value)
+        }
     }
 
     private static func whole(_ flag: String, default value: String, help: String, minimum: Int = 0,
@@ -81,6 +98,23 @@ enum SimulateCommand {
         },
         .toggle("--v1-http1-only", help: "the v1 API offers HTTP/1.1 only (a client's fallback from h2)") { $0.v1HTTP1Only = $1 },
         .toggle("--quiet", help: "log sessions and protocol violations, not every message") { $0.quiet = $1 },
+        CommandOption("--post-to", placeholder: "HOST:PORT", default: "off",
+                      help: "simulated devices post upstream messages to the HTTPS ingress there (HTTP/2, each with an ID token this simulator minted; its certificate from ingress-cert.pem)") { settings, text throws(ConfigurationError) in
+            guard let colon = text.lastIndex(of: ":"), Int(text[text.index(after: colon)...]) != nil else {
+                throw ConfigurationError("simulate: --post-to takes HOST:PORT")
+            }
+            settings.postTo = text
+        },
+        whole("--post-messages", default: "1000", help: "with --post-to: messages to post", minimum: 1) { $0.postMessages = $1 },
+        whole("--post-devices", default: "100", help: "with --post-to: devices posting (each its own uid and token)", minimum: 1) { $0.postDevices = $1 },
+        whole("--post-rate", default: "0", help: "with --post-to: messages a second (0: as fast as the answers come)") { $0.postRate = $1 },
+        whole("--post-in-flight", default: "256", help: "with --post-to: posts awaiting their answer at once", minimum: 1) { $0.postInFlight = $1 },
+        whole("--post-connections", default: "8", help: "with --post-to: HTTP/2 connections", minimum: 1) { $0.postConnections = $1 },
+        share("--post-duplicates", help: "with --post-to: share of posts that repeat an earlier message (a retry)") { $0.postDuplicates = $1 },
+        share("--post-bad-tokens", help: "with --post-to: share of posts with an expired token") { $0.postBadTokens = $1 },
+        .toggle("--exit-when-posted", help: "with --post-to: exit once every post is answered, printing `posted …` and `stats acked=… p50_us=…` (answer latency)") {
+            $0.exitWhenPosted = $1
+        },
     ])
 
     static let command = WorkerCommand(
@@ -240,7 +274,30 @@ enum SimulateCommand {
                       + "p99_us=\(latencies.microseconds(99)) p999_us=\(latencies.microseconds(99.9)) max_us=\(latencies.sorted.last ?? 0)")
             stopped.continuation.finish()
         }
+        let poster = Task {
+            guard let target = settings.postTo, let colon = target.lastIndex(of: ":"), let port = Int(target[target.index(after: colon)...]) else { return }
+            var post = IngressDevices.Settings(port: port, trust: .caFile(outDirectory + "/ca.pem"))
+            post.host = String(target[..<colon]).trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
+            post.messages = settings.postMessages
+            post.devices = settings.postDevices
+            post.rate = settings.postRate
+            post.inFlight = settings.postInFlight
+            post.connections = settings.postConnections
+            post.duplicateShare = settings.postDuplicates
+            post.badTokenShare = settings.postBadTokens
+            do {
+                let report = try await IngressDevices(settings: post, issuer: v1Simulator.firebaseTokens).run()
+                let latencies = LatencySummary(microseconds: report.latencies)
+                printLine(report.summary)
+                printLine("stats acked=\(report.statuses[200] ?? 0) p50_us=\(latencies.microseconds(50)) "
+                          + "p99_us=\(latencies.microseconds(99)) p999_us=\(latencies.microseconds(99.9)) max_us=\(latencies.sorted.last ?? 0)")
+            } catch {
+                logger.error("posting to \(target): \(error)")
+            }
+            if settings.exitWhenPosted { stopped.continuation.finish() }
+        }
         for await _ in stopped.stream {}
+        poster.cancel()
         watcher.cancel()
         _ = trap
         simulator.stop()
