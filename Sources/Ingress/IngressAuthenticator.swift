@@ -24,11 +24,13 @@ public final class IngressAuthenticator: Sendable {
     }
 
     private let checks: [(rules: FirebaseTokenRules, keys: FirebaseKeySource)]
-    private let verified = BlockingLock<[String: VerifiedToken]>([:])
+    /// Per check (one per kind): tokens verified, by their text.
+    private let verified: [BlockingLock<[String: VerifiedToken]>]
     private let cacheSize: Int
 
     public init(checks: [(rules: FirebaseTokenRules, keys: FirebaseKeySource)], cacheSize: Int = 10_000) {
         self.checks = checks
+        self.verified = checks.map { _ in BlockingLock([:]) }
         self.cacheSize = cacheSize
     }
 
@@ -38,13 +40,11 @@ public final class IngressAuthenticator: Sendable {
     /// for ID tokens, `appCheck` for App Check tokens.
     public func authenticate(authorization: String?, appCheck: String?, now: Date = Date()) -> Result<IngressIdentity, Failure> {
         var identity = IngressIdentity()
-        for check in checks {
+        for (index, check) in checks.enumerated() {
             let token: String?
             switch check.rules.kind {
             case .idToken:
-                token = authorization.flatMap { header in
-                    header.count > 7 && header.prefix(7).lowercased() == "bearer " ? String(header.dropFirst(7)).trimmingCharacters(in: .whitespaces) : nil
-                }
+                token = authorization.flatMap(Self.bearerToken)
             case .appCheck:
                 token = appCheck
             }
@@ -52,15 +52,16 @@ public final class IngressAuthenticator: Sendable {
                 return .failure(Failure(refusal: TokenRefusal(.missing, check.rules.kind == .idToken
                     ? "no Authorization: Bearer ID token" : "no X-Firebase-AppCheck token"), kind: check.rules.kind))
             }
-            let cacheKey = check.rules.kind.rawValue + " " + token
+            // A table per kind: a token verified as one kind is never taken as the other.
+            let cache = verified[index]
             var subject: String
-            if let known = verified.withLock({ $0[cacheKey] }), known.expiresAt.timeIntervalSince(now) > -Double(check.rules.clockSkew.components.seconds) {
+            if let known = cache.withLock({ $0[token] }), known.expiresAt.timeIntervalSince(now) > -Double(check.rules.clockSkew.components.seconds) {
                 subject = known.subject
             } else {
                 do {
-                    let token = try FirebaseTokenVerifier.verify(token, rules: check.rules, keys: check.keys.keys, now: now)
-                    subject = token.subject
-                    remember(cacheKey, token, now: now)
+                    let verified = try FirebaseTokenVerifier.verify(token, rules: check.rules, keys: check.keys.keys, now: now)
+                    subject = verified.subject
+                    remember(token, verified, in: cache, now: now)
                 } catch {
                     if error.reason == .unknownKey { check.keys.refreshEarly() }
                     return .failure(Failure(refusal: error, kind: check.rules.kind))
@@ -74,8 +75,25 @@ public final class IngressAuthenticator: Sendable {
         return .success(identity)
     }
 
-    private func remember(_ key: String, _ token: VerifiedToken, now: Date) {
-        verified.withLock { table in
+    /// The token of an `Authorization: Bearer TOKEN` value (the scheme in any case, spaces
+    /// around the token dropped), read as bytes: a token is about a kilobyte, and walking it
+    /// as characters (or through Foundation's trimming) cost more than the rest of a request.
+    static func bearerToken(_ header: String) -> String? {
+        var header = header
+        return header.withUTF8 { bytes -> String? in
+            let scheme: [UInt8] = Array("bearer ".utf8)
+            guard bytes.count > scheme.count else { return nil }
+            for index in scheme.indices where bytes[index] | 0x20 != scheme[index] { return nil }
+            var start = scheme.count, end = bytes.count
+            while start < end && (bytes[start] == 0x20 || bytes[start] == 0x09) { start += 1 }
+            while end > start && (bytes[end - 1] == 0x20 || bytes[end - 1] == 0x09) { end -= 1 }
+            guard start < end else { return nil }
+            return String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<end]), as: UTF8.self)
+        }
+    }
+
+    private func remember(_ key: String, _ token: VerifiedToken, in cache: BlockingLock<[String: VerifiedToken]>, now: Date) {
+        cache.withLock { table in
             if table.count >= cacheSize {
                 table = table.filter { $0.value.expiresAt > now }
                 if table.count >= cacheSize { table.removeAll(keepingCapacity: true) }

@@ -64,7 +64,14 @@ public struct IngressMessage: Sendable, Equatable {
         }
         self.messageID = id
         self.data = data
-        self.dataJSON = JSONValue.object(data.mapValues(JSONValue.string)).serialized
+        var dataJSON = "{"
+        for (key, value) in data {
+            if dataJSON.utf8.count > 1 { dataJSON += "," }
+            JSONValue.appendQuoted(key, to: &dataJSON)
+            dataJSON += ":"
+            JSONValue.appendQuoted(value, to: &dataJSON)
+        }
+        self.dataJSON = dataJSON + "}"
         self.category = category
         self.token = token
         self.timeToLive = timeToLive

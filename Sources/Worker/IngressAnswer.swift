@@ -77,17 +77,23 @@ final class IngressAnswer: UpstreamAckRoute {
         reply.send(response)
     }
 
-    /// `{"message_id": …, "status": …}`, or for a batch `{"results": [...]}`.
+    /// `{"message_id": …, "status": …}`, or for a batch `{"results": [...]}`, written directly.
     static func response(clientIDs: [String], statuses: [String], batch: Bool) -> HTTPServerResponse {
-        var items: [JSONValue] = []
-        for (id, status) in zip(clientIDs, statuses) {
+        var text = batch ? #"{"results":["# : ""
+        for (index, (id, status)) in zip(clientIDs, statuses).enumerated() {
+            if index > 0 { text += "," }
+            text += #"{"message_id":"#
+            JSONValue.appendQuoted(id, to: &text)
             if status.hasPrefix("invalid:") {
-                items.append(.object(["message_id": .string(id), "status": "invalid", "error": .string(String(status.dropFirst(8)))]))
+                text += #","status":"invalid","error":"#
+                JSONValue.appendQuoted(String(status.dropFirst(8)), to: &text)
             } else {
-                items.append(.object(["message_id": .string(id), "status": .string(status)]))
+                text += #","status":"#
+                JSONValue.appendQuoted(status, to: &text)
             }
+            text += "}"
         }
-        let body = batch ? JSONValue.object(["results": .array(items)]) : items[0]
-        return HTTPServerResponse(status: 200, headers: [("content-type", "application/json")], body: Array(body.serialized.utf8))
+        if batch { text += "]}" }
+        return HTTPServerResponse(status: 200, headers: [("content-type", "application/json")], body: Array(text.utf8))
     }
 }
