@@ -29,7 +29,7 @@ public struct IngressMessage: Sendable, Equatable {
     public init(_ value: JSONValue) throws(Invalid) {
         guard case .object(let members) = value else { throw Invalid("a message must be a JSON object") }
         guard case .string(let id)? = members["message_id"], !id.isEmpty else { throw Invalid("message_id is missing or not a non-empty string") }
-        guard id.utf8.count <= Self.maximumIDLength, !id.contains("\u{0}") else {
+        guard id.utf8.count <= Self.maximumIDLength, !id.utf8.contains(0) else {
             throw Invalid("message_id is over \(Self.maximumIDLength) bytes or holds U+0000")
         }
         var data: [String: String] = [:]
@@ -40,7 +40,7 @@ public struct IngressMessage: Sendable, Equatable {
         case .object(let fields)?:
             for (key, value) in fields {
                 guard case .string(let text) = value else { throw Invalid("data.\(key.prefix(64)) is not a string (data is a map of strings)") }
-                guard !key.contains("\u{0}"), !text.contains("\u{0}") else { throw Invalid("data.\(key.prefix(64)) holds U+0000") }
+                guard !key.utf8.contains(0), !text.utf8.contains(0) else { throw Invalid("data.\(key.prefix(64)) holds U+0000") }
                 data[key] = text
                 bytes += key.utf8.count + text.utf8.count
             }
@@ -81,7 +81,7 @@ public struct IngressMessage: Sendable, Equatable {
         switch value {
         case nil, .null?: return nil
         case .string(let text)?:
-            guard !text.isEmpty, text.utf8.count <= maximum, !text.contains("\u{0}") else {
+            guard !text.isEmpty, text.utf8.count <= maximum, !text.utf8.contains(0) else {
                 throw Invalid("\(name) must be a non-empty string of at most \(maximum) bytes")
             }
             return text

@@ -78,11 +78,11 @@ package final class HTTPServer: Sendable {
         for mailbox in connections.withLock({ Array($0.values) }) { mailbox.requestGoAway() }
     }
 
-    /// Waits (up to `timeout`) until every connection has closed.
+    /// Waits (up to `timeout`, or until the task is cancelled) until every connection has closed.
     package func waitUntilClosed(timeout: Duration) async {
         let deadline = ContinuousClock.now + timeout
         while openCount > 0 && ContinuousClock.now < deadline {
-            try? await Task.sleep(for: .milliseconds(20))
+            guard (try? await Task.sleep(for: .milliseconds(20))) != nil else { return }
         }
     }
 

@@ -157,8 +157,10 @@ final class IngressService: Sendable {
     private func reloadCertificates(until stop: ShutdownSignal) async {
         guard !settings.plain else { return }
         var seen = reloads.value
+        // Until the stop, or the task's cancellation (a cancelled sleep throws at once: the
+        // loop must end then, not turn again).
         while !stop.isRequested {
-            try? await Task.sleep(for: .milliseconds(250))
+            guard (try? await Task.sleep(for: .milliseconds(250))) != nil else { return }
             guard reloads.value != seen else { continue }
             seen = reloads.value
             do {
