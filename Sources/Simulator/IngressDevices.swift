@@ -90,7 +90,8 @@ public struct IngressDevices: Sendable {
         await withTaskGroup(of: Void.self) { group in
             for _ in 0..<min(settings.inFlight, max(1, settings.messages)) {
                 group.addTask {
-                    while true {
+                    // Until every message is posted, or the run is cancelled.
+                    while !Task.isCancelled {
                         let index = next.withLock { value -> Int in
                             defer { value += 1 }
                             return value

@@ -28,6 +28,8 @@ package final class HTTPServer: Sendable {
     private let refusedConnections = Atomic(0)
     private let draining = Atomic(false)
     private let dropsOldestWhenFull: Bool
+    /// Rung as each connection ends (`waitUntilClosed`).
+    private let connectionEnded = Doorbell()
 
     /// Listens on `host:port` (0: a free port) and serves once `start` is called.
     /// - Parameter tls: nil serves plain HTTP (HTTP/1.1, or HTTP/2 with prior knowledge).
@@ -81,8 +83,8 @@ package final class HTTPServer: Sendable {
     /// Waits (up to `timeout`, or until the task is cancelled) until every connection has closed.
     package func waitUntilClosed(timeout: Duration) async {
         let deadline = ContinuousClock.now + timeout
-        while openCount > 0 && ContinuousClock.now < deadline {
-            guard (try? await Task.sleep(for: .milliseconds(20))) != nil else { return }
+        while openCount > 0 && ContinuousClock.now < deadline && !Task.isCancelled {
+            await connectionEnded.wait(timeout: deadline - .now)
         }
     }
 
@@ -103,7 +105,10 @@ package final class HTTPServer: Sendable {
         // Only this thread adds connections, so the count cannot pass the limit meanwhile.
         HTTPServerConnection.serve(fd: fd, context: tls.withLock { $0 }, name: "\(name) connection", limits: limits,
                                    register: { mailbox in connections.withLock { $0[id] = mailbox } },
-                                   onEnd: { [weak self] in self?.connections.withLock { _ = $0.removeValue(forKey: id) } },
+                                   onEnd: { [weak self] in
+                                       self?.connections.withLock { _ = $0.removeValue(forKey: id) }
+                                       self?.connectionEnded.ring()
+                                   },
                                    handler: handler)
     }
 }

@@ -12,8 +12,13 @@ final class IngressMetrics: Sendable {
         let reason: String
     }
 
+    private struct RefusalKey: Hashable {
+        let kind: String
+        let reason: String
+    }
+
     private let answers = BlockingLock<[Key: Int]>([:])
-    private let authFailures = BlockingLock<[String: Int]>([:])
+    private let authFailures = BlockingLock<[RefusalKey: Int]>([:])
     private let answerSeconds = BlockingLock(Histogram.seconds)
     let keySources = BlockingLock<[(kind: String, source: FirebaseKeySource)]>([])
 
@@ -23,19 +28,16 @@ final class IngressMetrics: Sendable {
     }
 
     func refusedToken(kind: String, reason: String) {
-        authFailures.withLock { $0[kind + " " + reason, default: 0] += 1 }
+        authFailures.withLock { $0[RefusalKey(kind: kind, reason: reason), default: 0] += 1 }
     }
 
     func render(into page: inout PrometheusText) {
         let answers = self.answers.withLock { $0 }.sorted { ($0.key.status, $0.key.reason) < ($1.key.status, $1.key.reason) }
         page.counter("fcm_worker_ingress_requests_total", "HTTPS ingress requests answered, by status and reason",
                      answers.map { ([("status", String($0.key.status)), ("reason", $0.key.reason)], Double($0.value)) })
-        let failures = authFailures.withLock { $0 }.sorted { $0.key < $1.key }
+        let failures = authFailures.withLock { $0 }.sorted { ($0.key.kind, $0.key.reason) < ($1.key.kind, $1.key.reason) }
         page.counter("fcm_worker_ingress_auth_failures_total", "tokens the HTTPS ingress refused, by kind and reason",
-                     failures.map { entry in
-                         let parts = entry.key.split(separator: " ", maxSplits: 1).map(String.init)
-                         return ([("kind", parts[0]), ("reason", parts.count > 1 ? parts[1] : "")], Double(entry.value))
-                     })
+                     failures.map { ([("kind", $0.key.kind), ("reason", $0.key.reason)], Double($0.value)) })
         page.histogram("fcm_worker_ingress_answer_seconds",
                        "from a request's arrival to its answer (immediate: queued; journal: on disk; durable: committed)",
                        [([], answerSeconds.withLock { $0 })])

@@ -157,10 +157,14 @@ final class IngressService: Sendable {
     private func reloadCertificates(until stop: ShutdownSignal) async {
         guard !settings.plain else { return }
         var seen = reloads.value
-        // Until the stop, or the task's cancellation (a cancelled sleep throws at once: the
-        // loop must end then, not turn again).
-        while !stop.isRequested {
-            guard (try? await Task.sleep(for: .milliseconds(250))) != nil else { return }
+        let changed = Doorbell()
+        reloads.onRequest { changed.ring() }
+        stop.onRequest { changed.ring() }
+        // Woken by a reload request or the stop; a cancelled wait returns at once, and the
+        // loop ends then.
+        while true {
+            await changed.wait(timeout: .seconds(3600))
+            if stop.isRequested || Task.isCancelled { return }
             guard reloads.value != seen else { continue }
             seen = reloads.value
             do {

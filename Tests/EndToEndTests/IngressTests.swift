@@ -95,7 +95,7 @@ extension HTTPSClient {
     func aDevicePostsWithAnIDTokenAndItsMessageIsHandledOnce(mode: CCSAckMode) async throws {
         let setup = try await IngressSetup(ackMode: mode)
         defer { setup.stop() }
-        let (task, _, client) = try await setup.start()
+        let (task, events, client) = try await setup.start()
         defer { task.cancel() }
         let token = try setup.idToken(uid: "user-1")
         let body = #"{"message_id":"m-1","token":"device-token-1","category":"com.example","data":{"text":"hello"}}"#
@@ -111,7 +111,10 @@ extension HTTPSClient {
         let retry = try await client.postMessage(body, token: token)
         #expect(retry.status == 200)
         if mode == .durable { #expect(retry.body.contains(#""status":"duplicate""#), "\(retry.body)") }
-        try await Task.sleep(for: .milliseconds(300))
+        // The retry went through the pipeline: its commit counted it as a duplicate.
+        try await events.wait(for: "the retry committed as a duplicate") { events in
+            events.contains { if case .committed(_, let duplicates, _) = $0 { duplicates > 0 } else { false } }
+        }
         let rows = try await setup.database.query("SELECT message_id, from_token, category, data::text FROM upstream_messages")
         #expect(rows.count == 1)
         #expect(rows.first?.string(0)?.hasPrefix("https:") == true && rows.first?.string(0)?.hasSuffix(":m-1") == true)
