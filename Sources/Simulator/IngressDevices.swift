@@ -75,10 +75,6 @@ public struct IngressDevices: Sendable {
             guard ContinuousClock.now < deadline else { throw SimulatorError("the ingress at \(settings.host):\(settings.port) did not answer within \(limit)") }
             try await Task.sleep(for: .milliseconds(50))
         }
-        let settings = self.settings
-        let report = BlockingLock(Report())
-        let next = BlockingLock(0)
-        let started = ContinuousClock.now
         var generator = SystemRandomGenerator()
         // Decided up front, so that the run is the same whatever the answers' order.
         let plan: [(device: Int, message: Int, bad: Bool)] = (0..<settings.messages).map { index in
@@ -87,43 +83,137 @@ public struct IngressDevices: Sendable {
             let bad = Double.random(in: 0..<1, using: &generator) < settings.badTokenShare
             return (device, repeatOf ? index - settings.devices : index, bad)
         }
-        await withTaskGroup(of: Void.self) { group in
-            for _ in 0..<min(settings.inFlight, max(1, settings.messages)) {
-                group.addTask {
-                    // Until every message is posted, or the run is cancelled.
-                    while !Task.isCancelled {
-                        let index = next.withLock { value -> Int in
-                            defer { value += 1 }
-                            return value
-                        }
-                        guard index < plan.count else { return }
-                        if settings.rate > 0 {
-                            let due = started + .seconds(Double(index) / Double(settings.rate))
-                            if due > .now { try? await Task.sleep(until: due, clock: .continuous) }
-                        }
-                        let (device, message, bad) = plan[index]
-                        let body = #"{"message_id":"sim-\#(message)","token":"simulated-token-\#(device)","category":"com.example.simulated","data":{"n":"\#(message)"}}"#
-                        let sent = ContinuousClock.now
-                        let answer = try? await client.send(method: "POST", path: "/v1/messages",
-                                                            headers: ["content-type": "application/json",
-                                                                      "authorization": "Bearer " + (bad ? badToken : tokens[device])],
-                                                            body: Array(body.utf8))
-                        let micros = UInt32(clamping: Int((ContinuousClock.now - sent).seconds * 1_000_000))
-                        let outcome = answer.flatMap { $0.status == 200 ? (try? JSONValue.parse($0.body))?["status"]?.stringValue : nil }
-                        report.withLock { report in
-                            report.posted += 1
-                            report.statuses[answer?.status ?? 0, default: 0] += 1
-                            if let outcome { report.outcomes[outcome, default: 0] += 1 }
-                            report.latencies.append(micros)
-                        }
-                    }
-                }
-            }
+        let posting = Posting(settings: settings, client: client, plan: plan, authorizations: tokens.map { "Bearer " + $0 },
+                              badAuthorization: "Bearer " + badToken)
+        await withTaskCancellationHandler {
+            await posting.run()
+        } onCancel: {
+            posting.cancel()
+            client.cancelAll()
         }
         client.cancelAll()
-        return report.withLock { report in
-            report.seconds = (ContinuousClock.now - started).seconds
-            return report
+        return posting.report
+    }
+}
+
+/// The posts of one run, each sent from the answer of the one before it in its slot
+/// (`inFlight` slots): no task per post, so that the devices cost little next to the
+/// ingress they load.
+private final class Posting: Sendable {
+    private struct State {
+        var report = IngressDevices.Report()
+        var next = 0
+        var submitted = 0
+        var completed = 0
+        var cancelled = false
+        var finished: CheckedContinuation<Void, Never>?
+    }
+
+    private let settings: IngressDevices.Settings
+    private let client: HTTP2Client
+    private let plan: [(device: Int, message: Int, bad: Bool)]
+    private let authorizations: [String]
+    private let badAuthorization: String
+    private let started = ContinuousClock.now
+    private let state = BlockingLock(State())
+
+    init(settings: IngressDevices.Settings, client: HTTP2Client, plan: [(device: Int, message: Int, bad: Bool)], authorizations: [String],
+         badAuthorization: String) {
+        self.settings = settings
+        self.client = client
+        self.plan = plan
+        self.authorizations = authorizations
+        self.badAuthorization = badAuthorization
+    }
+
+    /// Posts every message of the plan (or until cancelled) and returns once each post is answered or failed.
+    func run() async {
+        await withCheckedContinuation { continuation in
+            let resumeNow = state.withLock { state -> Bool in
+                state.finished = continuation
+                return plan.isEmpty || state.cancelled
+            }
+            if resumeNow { takeFinished()?.resume() }
+            for _ in 0..<min(settings.inFlight, plan.count) { postNext() }
         }
+    }
+
+    /// Posts nothing more; those under way end as they are answered or cancelled.
+    func cancel() {
+        state.withLock { $0.cancelled = true }
+        takeFinished()?.resume()
+    }
+
+    var report: IngressDevices.Report {
+        state.withLock { state in
+            state.report.seconds = (ContinuousClock.now - started).seconds
+            return state.report
+        }
+    }
+
+    /// The waiting `run` once every post taken has ended and no more will be.
+    private func takeFinished() -> CheckedContinuation<Void, Never>? {
+        state.withLock { state in
+            guard state.completed == state.submitted, state.next >= plan.count || state.cancelled else { return nil }
+            defer { state.finished = nil }
+            return state.finished
+        }
+    }
+
+    private func postNext() {
+        let index = state.withLock { state -> Int? in
+            guard state.next < plan.count, !state.cancelled else { return nil }
+            defer {
+                state.next += 1
+                state.submitted += 1
+            }
+            return state.next
+        }
+        guard let index else { return }
+        if settings.rate > 0 {
+            let due = started + .seconds(Double(index) / Double(settings.rate))
+            let wait = due - .now
+            if wait > .zero {
+                DispatchQueue.global().asyncAfter(deadline: .now() + wait.seconds) { self.post(index) }
+                return
+            }
+        }
+        post(index)
+    }
+
+    private func post(_ index: Int) {
+        if state.withLock({ $0.cancelled }) { return finish(status: 0, outcome: nil, sent: .now) }
+        let (device, message, bad) = plan[index]
+        let body = #"{"message_id":"sim-\#(message)","token":"simulated-token-\#(device)","category":"com.example.simulated","data":{"n":"\#(message)"}}"#
+        let sent = ContinuousClock.now
+        client.submit(method: "POST", path: "/v1/messages",
+                      headers: [("content-type", "application/json"), ("authorization", bad ? badAuthorization : authorizations[device])],
+                      body: Array(body.utf8)) { [self] result in
+            switch result {
+            case .success(let answer): finish(status: answer.status, outcome: answer.status == 200 ? Self.status(of: answer.body) : nil, sent: sent)
+            case .failure: finish(status: 0, outcome: nil, sent: sent)
+            }
+        }
+    }
+
+    private func finish(status: Int, outcome: String?, sent: ContinuousClock.Instant) {
+        let micros = UInt32(clamping: Int((ContinuousClock.now - sent).seconds * 1_000_000))
+        state.withLock { state in
+            state.completed += 1
+            state.report.posted += 1
+            state.report.statuses[status, default: 0] += 1
+            if let outcome { state.report.outcomes[outcome, default: 0] += 1 }
+            state.report.latencies.append(micros)
+        }
+        takeFinished()?.resume()
+        postNext()
+    }
+
+    /// The `status` member of an answer `{"message_id": …, "status": "…"}`, read without a parse.
+    static func status(of body: String) -> String? {
+        guard let range = body.range(of: #""status":""#) else { return nil }
+        let rest = body[range.upperBound...]
+        guard let end = rest.firstIndex(of: "\"") else { return nil }
+        return String(rest[..<end])
     }
 }

@@ -21,7 +21,8 @@ package final class HTTPServer: Sendable {
     private let name: String
     private let limits: HTTPServerLimits
     private let maximumConnections: Int
-    private let handler: HTTPServerConnection.Handler
+    /// A connection for each socket accepted, with its limits and what it runs when it ends.
+    private let makeConnection: @Sendable (HTTPServerLimits, _ onEnd: @escaping @Sendable () -> Void) -> HTTPServerConnection
     private let tls: BlockingLock<TLSContext?>
     private let connections = BlockingLock<[Int: HTTPReplyMailbox]>([:])
     private let nextConnection = Atomic(0)
@@ -31,20 +32,43 @@ package final class HTTPServer: Sendable {
     /// Rung as each connection ends (`waitUntilClosed`).
     private let connectionEnded = Doorbell()
 
-    /// Listens on `host:port` (0: a free port) and serves once `start` is called.
+    /// Listens on `host:port` (0: a free port) and serves once `start` is called, handing
+    /// `batchHandler` the requests of each read of a connection together.
     /// - Parameter tls: nil serves plain HTTP (HTTP/1.1, or HTTP/2 with prior knowledge).
     /// - Throws: `TransportError.connectFailed` when the address cannot be listened on.
-    package init(host: String, port: Int, tls: TLSContext?, name: String, limits: HTTPServerLimits = HTTPServerLimits(),
-                 maximumConnections: Int = 1024, dropsOldestWhenFull: Bool = false,
-                 handler: @escaping HTTPServerConnection.Handler) throws(TransportError) {
+    package convenience init(host: String, port: Int, tls: TLSContext?, name: String, limits: HTTPServerLimits = HTTPServerLimits(),
+                             maximumConnections: Int = 1024, dropsOldestWhenFull: Bool = false,
+                             batchHandler: @escaping HTTPServerConnection.BatchHandler) throws(TransportError) {
+        try self.init(host: host, port: port, tls: tls, name: name, limits: limits, maximumConnections: maximumConnections,
+                      dropsOldestWhenFull: dropsOldestWhenFull) { limits, onEnd in
+            HTTPServerConnection(limits: limits, onEnd: onEnd, batchHandler: batchHandler)
+        }
+    }
+
+    private init(host: String, port: Int, tls: TLSContext?, name: String, limits: HTTPServerLimits, maximumConnections: Int,
+                 dropsOldestWhenFull: Bool,
+                 makeConnection: @escaping @Sendable (HTTPServerLimits, _ onEnd: @escaping @Sendable () -> Void) -> HTTPServerConnection)
+        throws(TransportError) {
         self.dropsOldestWhenFull = dropsOldestWhenFull
         acceptLoop = try AcceptLoop(host: host, port: port)
         self.port = acceptLoop.port
         self.name = name
         self.limits = limits
         self.maximumConnections = maximumConnections
-        self.handler = handler
+        self.makeConnection = makeConnection
         self.tls = BlockingLock(tls)
+    }
+
+    /// Listens on `host:port` (0: a free port) and serves once `start` is called, handing
+    /// `handler` each request as soon as it is parsed.
+    /// - Throws: `TransportError.connectFailed` when the address cannot be listened on.
+    package convenience init(host: String, port: Int, tls: TLSContext?, name: String, limits: HTTPServerLimits = HTTPServerLimits(),
+                             maximumConnections: Int = 1024, dropsOldestWhenFull: Bool = false,
+                             handler: @escaping HTTPServerConnection.Handler) throws(TransportError) {
+        try self.init(host: host, port: port, tls: tls, name: name, limits: limits, maximumConnections: maximumConnections,
+                      dropsOldestWhenFull: dropsOldestWhenFull) { limits, onEnd in
+            HTTPServerConnection(limits: limits, onEnd: onEnd, handler: handler)
+        }
     }
 
     /// Starts accepting.
@@ -103,12 +127,11 @@ package final class HTTPServer: Sendable {
             return
         }
         // Only this thread adds connections, so the count cannot pass the limit meanwhile.
-        HTTPServerConnection.serve(fd: fd, context: tls.withLock { $0 }, name: "\(name) connection", limits: limits,
-                                   register: { mailbox in connections.withLock { $0[id] = mailbox } },
-                                   onEnd: { [weak self] in
-                                       self?.connections.withLock { _ = $0.removeValue(forKey: id) }
-                                       self?.connectionEnded.ring()
-                                   },
-                                   handler: handler)
+        let connection = makeConnection(limits) { [weak self] in
+            self?.connections.withLock { _ = $0.removeValue(forKey: id) }
+            self?.connectionEnded.ring()
+        }
+        connection.serve(fd: fd, context: tls.withLock { $0 }, name: "\(name) connection",
+                         register: { mailbox in connections.withLock { $0[id] = mailbox } })
     }
 }

@@ -5,8 +5,8 @@ import Runtime
 package struct HTTPServerRequest: Sendable {
     package let method: String
     package let path: String
-    /// Names lower-cased; HTTP/2's pseudo-headers left out.
-    package let headers: [String: String]
+    /// As received, names lower-cased; HTTP/2's pseudo-headers left out.
+    package let headerList: [(name: String, value: String)]
     package let body: [UInt8]
     /// `h2` or `http/1.1`.
     package let protocolName: String
@@ -14,6 +14,19 @@ package struct HTTPServerRequest: Sendable {
     package let reply: HTTPServerReply
 
     package var bodyText: String { String(decoding: body, as: UTF8.self) }
+
+    /// The headers by name (a name given twice: its last value).
+    package var headers: [String: String] {
+        var headers: [String: String] = [:]
+        for (name, value) in headerList { headers[name] = value }
+        return headers
+    }
+
+    /// The first value of the header named `name` (lower-case), found without building a
+    /// table: a request has a handful, and a table per request cost more than the search.
+    package func header(_ name: String) -> String? {
+        headerList.first { $0.name == name }?.value
+    }
 }
 
 /// The way back to one request for an answer given later (`HTTPServerAction.later`): safe
@@ -144,8 +157,20 @@ package enum HTTPServerAction: Sendable {
 /// contract); other threads reach it only through its `HTTPReplyMailbox`.
 package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
     package typealias Handler = @Sendable (HTTPServerRequest) -> HTTPServerAction
+    /// Takes the requests one read of the connection completed, in the order they came,
+    /// and returns an action for each, in the same order: a server that hands work on (the
+    /// ingress) does so once per read rather than once per request.
+    package typealias BatchHandler = @Sendable ([HTTPServerRequest]) -> [HTTPServerAction]
 
-    private let handler: Handler
+    private enum Handling {
+        /// Each request as soon as it is parsed (a GOAWAY it asks for refuses the streams
+        /// after it, even those of the same read).
+        case single(Handler)
+        /// The requests of a read together, once it is parsed.
+        case batch(BatchHandler)
+    }
+
+    private let handling: Handling
     private let limits: HTTPServerLimits
     private let mailbox = HTTPReplyMailbox()
     private let onEnd: (@Sendable () -> Void)?
@@ -173,33 +198,40 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
     private var openStreams: Set<Int32> = []
     /// HTTP/1.1: close after the answer under way.
     private var http1GoAway = false
+    /// HTTP/2: the requests completed by the bytes being read, handed over together once
+    /// they are all parsed.
+    private var received: [(request: HTTPServerRequest, streamID: Int32)] = []
 
     /// - Parameter onEnd: called once the connection has ended (on its thread).
+    package init(limits: HTTPServerLimits = HTTPServerLimits(), onEnd: (@Sendable () -> Void)? = nil, batchHandler: @escaping BatchHandler) {
+        handling = .batch(batchHandler)
+        self.limits = limits
+        self.onEnd = onEnd
+    }
+
+    /// One request at a time.
     package init(limits: HTTPServerLimits = HTTPServerLimits(), onEnd: (@Sendable () -> Void)? = nil, handler: @escaping Handler) {
-        self.handler = handler
+        handling = .single(handler)
         self.limits = limits
         self.onEnd = onEnd
     }
 
     /// Starts serving an accepted socket on a thread of its own; a nil `context` serves it
     /// plain. `register` gets the connection's mailbox before it starts (`HTTPServer` asks
-    /// it to go away through it); `onEnd` runs once it has ended.
-    package static func serve(fd: Int32, context: TLSContext?, name: String, limits: HTTPServerLimits = HTTPServerLimits(),
-                              register: (HTTPReplyMailbox) -> Void = { _ in }, onEnd: (@Sendable () -> Void)? = nil,
-                              handler: @escaping Handler) {
-        let connection = HTTPServerConnection(limits: limits, onEnd: onEnd, handler: handler)
+    /// it to go away through it).
+    package func serve(fd: Int32, context: TLSContext?, name: String, register: (HTTPReplyMailbox) -> Void = { _ in }) {
         let loop = StreamLoop(name: name, origin: .accepted(fd: fd), tlsContext: context, role: .server, handshakeTimeout: .seconds(10),
-                              outboundCapacity: 1 << 20, driver: connection)
-        connection.mailbox.attach(loop)
-        register(connection.mailbox)
+                              outboundCapacity: 1 << 20, driver: self)
+        mailbox.attach(loop)
+        register(mailbox)
         loop.start()
     }
 
     /// Starts serving an accepted socket on a thread of its own.
     package static func serve(fd: Int32, context: TLSContext, name: String, maximumConcurrentStreams: UInt32 = 100,
                               handler: @escaping Handler) {
-        serve(fd: fd, context: Optional(context), name: name, limits: HTTPServerLimits(maximumConcurrentStreams: maximumConcurrentStreams),
-              handler: handler)
+        HTTPServerConnection(limits: HTTPServerLimits(maximumConcurrentStreams: maximumConcurrentStreams), handler: handler)
+            .serve(fd: fd, context: context, name: name)
     }
 
     package func streamDidOpen(_ loop: StreamLoop) {
@@ -245,6 +277,7 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
                 loop.abort(reason: error)
                 return
             }
+            handleReceived(loop)
             flush(loop)
         } else if http1 != nil {
             if http1RequestStarted == nil { http1RequestStarted = .now }
@@ -338,13 +371,23 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
                 return
             }
             openStreams.insert(streamID)
-            var headers: [String: String] = [:]
-            for (name, value) in message.headers where !name.hasPrefix(":") { headers[name] = value }
-            let request = HTTPServerRequest(method: message.header(":method") ?? "", path: message.header(":path") ?? "",
-                                            headers: headers, body: message.body, protocolName: "h2",
+            var method = "", path = ""
+            var headers: [(name: String, value: String)] = []
+            headers.reserveCapacity(message.headers.count)
+            for (name, value) in message.headers {
+                switch name {
+                case ":method": method = value
+                case ":path": path = value
+                default: if !name.hasPrefix(":") { headers.append((name, value)) }
+                }
+            }
+            let request = HTTPServerRequest(method: method, path: path, headerList: headers, body: message.body, protocolName: "h2",
                                             reply: HTTPServerReply(mailbox: mailbox, streamID: streamID))
             unanswered += 1
-            carryOut(handler(request), streamID: streamID, loop: loop)
+            switch handling {
+            case .single(let handler): carryOut(handler(request), streamID: streamID, processedThrough: streamID, loop: loop)
+            case .batch: received.append((request, streamID))
+            }
         case .streamClosed(let streamID, _):
             openStreams.remove(streamID)
             // Closed before its answer was due (the client reset it): the answer is dropped.
@@ -355,13 +398,30 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
         }
     }
 
-    private func carryOut(_ action: HTTPServerAction, streamID: Int32, loop: StreamLoop) {
+    /// Hands the requests the last read completed to the handler, and carries out its actions.
+    private func handleReceived(_ loop: StreamLoop) {
+        guard !received.isEmpty, case .batch(let handler) = handling else { return }
+        let batch = received
+        received.removeAll(keepingCapacity: true)
+        let actions = handler(batch.map(\.request))
+        // Every request of the batch was processed, whatever the handler says about the others.
+        let processedThrough = batch.map(\.streamID).max() ?? 0
+        for (index, item) in batch.enumerated() {
+            let action = index < actions.count ? actions[index]
+                : .respond(HTTPServerResponse(status: 500, headers: [("content-type", "text/plain")], body: Array("no answer".utf8)))
+            carryOut(action, streamID: item.streamID, processedThrough: processedThrough, loop: loop)
+            if loop.isEnded { return }
+        }
+    }
+
+    /// - Parameter processedThrough: the highest stream the handler has seen (a GOAWAY names it).
+    private func carryOut(_ action: HTTPServerAction, streamID: Int32, processedThrough: Int32, loop: StreamLoop) {
         switch action {
         case .respond(let response, let delay, let then):
             if then == .goAway, let session, goAwayLastStreamID == nil {
-                // At once: every stream processed so far has a lower id than this one.
-                goAwayLastStreamID = streamID
-                session.goAway(lastStreamID: streamID)
+                // At once: every stream processed so far has an id up to `processedThrough`.
+                goAwayLastStreamID = processedThrough
+                session.goAway(lastStreamID: processedThrough)
             }
             if delay <= .zero {
                 send(response, on: streamID, then: then, loop: loop)
@@ -471,9 +531,16 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
         }
         unanswered += 1
         let request = HTTPServerRequest(method: message.startLine.first ?? "", path: message.startLine.count > 1 ? message.startLine[1] : "",
-                                        headers: message.headers, body: message.body, protocolName: "http/1.1",
+                                        headerList: message.headers.map { ($0.key, $0.value) }, body: message.body, protocolName: "http/1.1",
                                         reply: HTTPServerReply(mailbox: mailbox, streamID: 0))
-        carryOut(handler(request), streamID: 0, loop: loop)
+        let action: HTTPServerAction
+        switch handling {
+        case .single(let handler): action = handler(request)
+        case .batch(let handler):
+            action = handler([request]).first ?? .respond(HTTPServerResponse(status: 500, headers: [("content-type", "text/plain")],
+                                                                             body: Array("no answer".utf8)))
+        }
+        carryOut(action, streamID: 0, processedThrough: 0, loop: loop)
     }
 }
 

@@ -61,16 +61,6 @@ final class IngressAnswer: UpstreamAckRoute {
         if let done { send(done) }
     }
 
-    /// Answers at once with what is known (immediate mode: every valid message accepted).
-    func sendNow(acceptingTheRest: Bool) {
-        let statuses = state.withLock { state -> [String?]? in
-            guard !state.sent else { return nil }
-            state.sent = true
-            return state.statuses.map { $0 ?? (acceptingTheRest ? "accepted" : nil) }
-        }
-        if let statuses { send(statuses) }
-    }
-
     private func send(_ statuses: [String?]) {
         let response = Self.response(clientIDs: clientIDs, statuses: statuses.map { $0 ?? "accepted" }, batch: batch)
         metrics.answered(status: response.status, reason: "ok", after: ContinuousClock.now - started)

@@ -63,7 +63,7 @@ final class IngressService: Sendable {
         let handling = Handling()
         do {
             server = try HTTPServer(host: host, port: port, tls: tls, name: "ingress", limits: limits,
-                                    maximumConnections: settings.maximumConnections) { request in handling.handle(request) }
+                                    maximumConnections: settings.maximumConnections) { requests in handling.handle(requests) }
         } catch {
             throw ConfigurationError("cannot serve the ingress on \(settings.address): \(error)")
         }
@@ -76,11 +76,11 @@ final class IngressService: Sendable {
     /// Lets the server's closure reach the service without a cycle at init.
     private final class Handling: Sendable {
         let service = BlockingLock<IngressService?>(nil)
-        func handle(_ request: HTTPServerRequest) -> HTTPServerAction {
+        func handle(_ requests: [HTTPServerRequest]) -> [HTTPServerAction] {
             guard let service = service.withLock({ $0 }) else {
-                return .respond(IngressService.refusal(503, "starting", "the worker is starting", retryAfter: 1))
+                return requests.map { _ in .respond(IngressService.refusal(503, "starting", "the worker is starting", retryAfter: 1)) }
             }
-            return service.handle(request)
+            return service.handle(requests)
         }
     }
 
@@ -178,86 +178,122 @@ final class IngressService: Sendable {
 
     // MARK: - Requests (on the connection's thread: nothing here waits)
 
-    private func handle(_ request: HTTPServerRequest) -> HTTPServerAction {
-        let started = ContinuousClock.now
-        let action = answer(request, started: started)
-        if case .respond(let response, _, _) = action {
-            metrics.answered(status: response.status, reason: Self.reason(of: response), after: ContinuousClock.now - started)
-        }
-        return action
+    /// A request that passed every check, its messages ready for the pipeline.
+    private struct Admitted {
+        /// Its place among the read's requests.
+        let index: Int
+        let clientIDs: [String]
+        /// A refused message's status, nil for those queued.
+        let statuses: [String?]
+        let batch: Bool
+        var work: [UpstreamWork]
+        var records: [UpstreamJournal.Record]
     }
 
-    private func answer(_ request: HTTPServerRequest, started: ContinuousClock.Instant) -> HTTPServerAction {
-        let path = request.path.split(separator: "?", maxSplits: 1).first.map(String.init) ?? request.path
+    private enum Checked {
+        case refused(HTTPServerAction)
+        case admitted(Admitted)
+    }
+
+    /// The requests one read of a connection completed: each checked on its own, the
+    /// messages of those admitted queued together (one hand-over to the pipeline, and in
+    /// journal mode one append, per read, as CCS's reads are).
+    private func handle(_ requests: [HTTPServerRequest]) -> [HTTPServerAction] {
+        let started = ContinuousClock.now
+        var actions: [HTTPServerAction] = []
+        actions.reserveCapacity(requests.count)
+        var admitted: [Admitted] = []
+        for request in requests {
+            switch check(request, index: actions.count, started: started) {
+            case .refused(let action):
+                actions.append(action)
+            case .admitted(let ready):
+                admitted.append(ready)
+                actions.append(.later)
+            }
+        }
+        if !admitted.isEmpty { queue(admitted, into: &actions, started: started) }
+        return actions
+    }
+
+    private func check(_ request: HTTPServerRequest, index: Int, started: ContinuousClock.Instant) -> Checked {
         let batch: Bool
-        switch path {
+        switch request.path {
         case "/v1/messages": batch = false
         case "/v1/messages:batch": batch = true
-        default: return .respond(Self.refusal(404, "not_found", "POST /v1/messages or /v1/messages:batch"))
+        default:
+            switch request.path.split(separator: "?", maxSplits: 1).first ?? "" {
+            case "/v1/messages": batch = false
+            case "/v1/messages:batch": batch = true
+            default: return refuse(404, "not_found", "POST /v1/messages or /v1/messages:batch", started: started)
+            }
         }
         guard request.method == "POST" else {
-            var response = Self.refusal(405, "method_not_allowed", "only POST is accepted here")
-            response.headers.append(("allow", "POST"))
-            return .respond(response)
+            return refuse(405, "method_not_allowed", "only POST is accepted here", headers: [("allow", "POST")], started: started)
         }
         if stopping.load(ordering: .relaxed) {
-            return .respond(Self.refusal(503, "shutting_down", "the worker is shutting down; post again (another instance answers)", retryAfter: 1),
-                            then: .goAway)
+            return refuse(503, "shutting_down", "the worker is shutting down; post again (another instance answers)", retryAfter: 1,
+                          then: .goAway, started: started)
         }
-        let contentType = request.headers["content-type"]?.lowercased() ?? ""
-        guard contentType.hasPrefix("application/json") else {
-            return .respond(Self.refusal(415, "unsupported_media_type", "the body must be application/json"))
+        guard Self.isJSON(request.header("content-type")) else {
+            return refuse(415, "unsupported_media_type", "the body must be application/json", started: started)
         }
         // Who posts.
         let identity: IngressIdentity
-        switch authenticator.authenticate(authorization: request.headers["authorization"], appCheck: request.headers["x-firebase-appcheck"]) {
+        switch authenticator.authenticate(authorization: request.header("authorization"), appCheck: request.header("x-firebase-appcheck")) {
         case .success(let verified):
             identity = verified
         case .failure(let failure):
             metrics.refusedToken(kind: failure.kind.rawValue, reason: failure.refusal.reason.rawValue)
             logger.debug("refused a \(failure.kind.rawValue) token: \(failure.refusal)")
-            return .respond(Self.authRefusal(failure))
+            return authRefusal(failure, started: started)
         }
         // What is posted.
         let parsed: [Result<IngressMessage, IngressMessage.Invalid>]
         do {
             parsed = try IngressMessage.parse(body: request.body, batch: batch)
         } catch {
-            return .respond(Self.refusal(error.tooLarge ? 413 : 400, error.tooLarge ? "too_large" : "invalid_message", error.description))
+            return refuse(error.tooLarge ? 413 : 400, error.tooLarge ? "too_large" : "invalid_message", error.description, started: started)
         }
         if !batch, case .failure(let invalid) = parsed[0] {
-            return .respond(Self.refusal(invalid.tooLarge ? 413 : 400, invalid.tooLarge ? "too_large" : "invalid_message", invalid.description))
+            return refuse(invalid.tooLarge ? 413 : 400, invalid.tooLarge ? "too_large" : "invalid_message", invalid.description, started: started)
         }
         var senders: [String?] = []
+        senders.reserveCapacity(parsed.count)
         for result in parsed {
             guard case .success(let message) = result else { senders.append(nil); continue }
             guard let sender = Self.sender(identity, token: message.token) else {
-                return .respond(Self.refusal(400, "invalid_message", "token is required when no verified token names the sender"))
+                return refuse(400, "invalid_message", "token is required when no verified token names the sender", started: started)
             }
             senders.append(sender)
         }
-        // How fast this sender posts.
-        var counts: [String: Int] = [:]
-        for case let sender? in senders { counts[sender, default: 0] += 1 }
+        // How fast this sender posts (a request's messages usually share one).
+        var counts: [(sender: String, count: Int)] = []
+        for case let sender? in senders {
+            if let place = counts.firstIndex(where: { $0.sender == sender }) { counts[place].count += 1 } else { counts.append((sender, 1)) }
+        }
         for (sender, count) in counts {
             if let wait = rateLimit.take(count, for: sender) {
-                var response = Self.refusal(429, "rate_limited",
-                                            "this sender posts faster than \(settings.ratePerSecond)/s (burst \(settings.rateBurst))")
-                response.headers.append(("retry-after", String(wait.components.seconds)))
-                return .respond(response)
+                return refuse(429, "rate_limited", "this sender posts faster than \(settings.ratePerSecond)/s (burst \(settings.rateBurst))",
+                              headers: [("retry-after", String(wait.components.seconds))], started: started)
             }
         }
         // Whether the pipeline can promise what this mode says.
         if ackMode == .durable && pipeline.isDatabaseDown {
-            return .respond(Self.refusal(503, "database_unavailable", "the database is unavailable: nothing can be committed now", retryAfter: 5))
+            return refuse(503, "database_unavailable", "the database is unavailable: nothing can be committed now", retryAfter: 5, started: started)
         }
-        return admit(parsed, senders: senders, identity: identity, request: request, batch: batch, started: started)
+        return prepare(parsed, senders: senders, identity: identity, request: request, index: index, batch: batch, started: started)
     }
 
-    private func admit(_ parsed: [Result<IngressMessage, IngressMessage.Invalid>], senders: [String?], identity: IngressIdentity,
-                       request: HTTPServerRequest, batch: Bool, started: ContinuousClock.Instant) -> HTTPServerAction {
+    /// The request's messages as the pipeline takes them, each acked (journal and durable
+    /// modes) through one `IngressAnswer` for the request.
+    private func prepare(_ parsed: [Result<IngressMessage, IngressMessage.Invalid>], senders: [String?], identity: IngressIdentity,
+                         request: HTTPServerRequest, index: Int, batch: Bool, started: ContinuousClock.Instant) -> Checked {
         let now = Date()
         var clientIDs: [String] = [], pipelineIDs: [String?] = [], statuses: [String?] = []
+        clientIDs.reserveCapacity(parsed.count)
+        pipelineIDs.reserveCapacity(parsed.count)
+        statuses.reserveCapacity(parsed.count)
         for (result, sender) in zip(parsed, senders) {
             switch result {
             case .failure(let invalid):
@@ -271,20 +307,23 @@ final class IngressService: Sendable {
             }
         }
         guard statuses.contains(where: { $0 == nil }) else {
-            return .respond(Self.refusal(400, "invalid_message", "no message of the batch is valid: "
-                                         + statuses.compactMap { $0.map { String($0.dropFirst(8)) } }.joined(separator: "; ")))
+            return refuse(400, "invalid_message", "no message of the batch is valid: "
+                          + statuses.compactMap { $0.map { String($0.dropFirst(8)) } }.joined(separator: "; "), started: started)
         }
-        let answer = IngressAnswer(reply: request.reply, clientIDs: clientIDs, pipelineIDs: pipelineIDs, statuses: statuses, batch: batch,
-                                   started: started, metrics: metrics)
+        // Immediate mode answers at once: nothing waits for an ack.
+        let answer = ackMode == .immediate ? nil
+            : IngressAnswer(reply: request.reply, clientIDs: clientIDs, pipelineIDs: pipelineIDs, statuses: statuses, batch: batch,
+                            started: started, metrics: metrics)
         var work: [UpstreamWork] = []
         var records: [UpstreamJournal.Record] = []
+        work.reserveCapacity(parsed.count)
         for (result, id) in zip(parsed, pipelineIDs) {
             guard case .success(let message) = result, let id else { continue }
             let payload = Self.payload(message, id: id, identity: identity, protocolName: request.protocolName)
             let upstream = CCSUpstreamMessage(messageID: id, from: message.token ?? "", category: message.category, dataJSON: message.dataJSON,
                                               json: payload, connection: "https", receivedAt: now)
             var ack = CCSAck.sent
-            if ackMode != .immediate {
+            if let answer {
                 let durable = DurableAck(messageID: id, stanza: "", route: answer, tracksDuplicates: ackMode == .durable)
                 ack = .afterCommit(durable)
                 records.append(UpstreamJournal.Record(entry: Spool.Entry(connection: "https", payload: payload,
@@ -292,17 +331,55 @@ final class IngressService: Sendable {
             }
             work.append(UpstreamWork(kind: .message(UpstreamMessage(upstream)), ack: ack))
         }
+        return .admitted(Admitted(index: index, clientIDs: clientIDs, statuses: statuses, batch: batch, work: work, records: records))
+    }
+
+    /// Hands the admitted requests' messages to the pipeline together: all of them, or
+    /// (a lane full) none, each request then answered 503.
+    private func queue(_ admitted: [Admitted], into actions: inout [HTTPServerAction], started: ContinuousClock.Instant) {
+        var work: [UpstreamWork]
+        if admitted.count == 1 {
+            work = admitted[0].work
+        } else {
+            work = []
+            work.reserveCapacity(admitted.reduce(0) { $0 + $1.work.count })
+            for request in admitted { work += request.work }
+        }
         if ackMode == .journal, let journal {
             // Room first: once journaled, a message is the pipeline's whatever happens.
-            guard pipeline.hasRoom(for: work) else { return .respond(Self.overloaded()) }
-            let segment = journal.append(records)
+            guard pipeline.hasRoom(for: work) else { return refuseAsOverloaded(admitted, into: &actions, started: started) }
+            let segment = journal.append(admitted.count == 1 ? admitted[0].records : admitted.flatMap(\.records))
             for index in work.indices { work[index].ack = .afterJournal(segment: segment) }
             _ = pipeline.offer(work, evenIfFull: true)
-            return .later
+            return
         }
-        guard pipeline.offer(work) else { return .respond(Self.overloaded()) }
-        if ackMode == .immediate { answer.sendNow(acceptingTheRest: true) }
-        return .later
+        guard pipeline.offer(work) else { return refuseAsOverloaded(admitted, into: &actions, started: started) }
+        guard ackMode == .immediate else { return }
+        for request in admitted {
+            let response = IngressAnswer.response(clientIDs: request.clientIDs, statuses: request.statuses.map { $0 ?? "accepted" },
+                                                  batch: request.batch)
+            metrics.answered(status: 200, reason: "ok", after: ContinuousClock.now - started)
+            actions[request.index] = .respond(response)
+        }
+    }
+
+    private func refuseAsOverloaded(_ admitted: [Admitted], into actions: inout [HTTPServerAction], started: ContinuousClock.Instant) {
+        for request in admitted {
+            guard case .refused(let action) = refuse(503, "overloaded", "the worker's queues are full; post again later", retryAfter: 1,
+                                                     started: started) else { continue }
+            actions[request.index] = action
+        }
+    }
+
+    /// Whether a `Content-Type` names JSON (`application/json`, any case, parameters allowed).
+    static func isJSON(_ contentType: String?) -> Bool {
+        guard let contentType else { return false }
+        let expected = "application/json".utf8
+        var actual = contentType.utf8.makeIterator()
+        for byte in expected {
+            guard let next = actual.next(), next | (next >= 0x41 && next <= 0x5A ? 0x20 : 0) == byte else { return false }
+        }
+        return true
     }
 
     /// The sender messages are keyed by: the verified user, else the verified app and the
@@ -352,27 +429,25 @@ final class IngressService: Sendable {
         return HTTPServerResponse(status: status, headers: headers, body: Array(body.serialized.utf8))
     }
 
-    private static func overloaded() -> HTTPServerResponse {
-        refusal(503, "overloaded", "the worker's queues are full; post again later", retryAfter: 1)
+    /// A refusal with its reason code, counted in the metrics.
+    private func refuse(_ status: Int, _ reason: String, _ message: String, retryAfter: Int? = nil, headers: [(name: String, value: String)] = [],
+                        then: HTTPServerAction.Afterwards = .keepOpen, started: ContinuousClock.Instant) -> Checked {
+        var response = Self.refusal(status, reason, message, retryAfter: retryAfter)
+        response.headers += headers
+        metrics.answered(status: status, reason: reason, after: ContinuousClock.now - started)
+        return .refused(.respond(response, then: then))
     }
 
-    private static func authRefusal(_ failure: IngressAuthenticator.Failure) -> HTTPServerResponse {
+    private func authRefusal(_ failure: IngressAuthenticator.Failure, started: ContinuousClock.Instant) -> Checked {
+        let reason = failure.refusal.reason.rawValue
         switch failure.refusal.reason {
         case .keysUnavailable:
-            return refusal(503, "keys_unavailable", "the signing keys could not be fetched yet", retryAfter: 5)
+            return refuse(503, "keys_unavailable", "the signing keys could not be fetched yet", retryAfter: 5, started: started)
         case .wrongAudience, .wrongIssuer:
-            return refusal(403, "wrong_project", "the \(failure.kind.rawValue) token is for another project (\(failure.refusal.reason.rawValue))")
+            return refuse(403, "wrong_project", "the \(failure.kind.rawValue) token is for another project (\(reason))", started: started)
         default:
-            var response = refusal(401, "unauthenticated", "the \(failure.kind.rawValue) token was refused: \(failure.refusal.reason.rawValue)")
-            response.headers.append(("www-authenticate", "Bearer error=\"invalid_token\", error_description=\"\(failure.refusal.reason.rawValue)\""))
-            return response
+            return refuse(401, "unauthenticated", "the \(failure.kind.rawValue) token was refused: \(reason)",
+                          headers: [("www-authenticate", "Bearer error=\"invalid_token\", error_description=\"\(reason)\"")], started: started)
         }
-    }
-
-    /// The reason code of a refusal's body, for the metrics.
-    private static func reason(of response: HTTPServerResponse) -> String {
-        guard response.status != 200, case .object(let error)? = (try? JSONValue.parse(String(decoding: response.body, as: UTF8.self)))?["error"],
-              let status = error["status"]?.stringValue else { return "ok" }
-        return status
     }
 }
