@@ -262,6 +262,24 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
     }
 
     private static func checkIngress(_ bytes: [UInt8]) throws(FuzzFinding) {
+        // A single message is read the quick way where it can be: it must read as the full read does.
+        let quick = Result { () throws(IngressMessage.Invalid) in try IngressMessage.parse(body: bytes, batch: false)[0] }.flatMap { $0 }
+        let full: Result<IngressMessage, IngressMessage.Invalid>
+        if let value = try? JSONParser.parse(String(decoding: bytes, as: UTF8.self)) {
+            full = Result { () throws(IngressMessage.Invalid) in try IngressMessage(value) }
+        } else {
+            full = .failure(IngressMessage.Invalid("the body is not JSON"))
+        }
+        switch (quick, full) {
+        case (.success(let a), .success(let b)):
+            guard a.messageID == b.messageID, a.category == b.category, a.token == b.token, a.timeToLive == b.timeToLive, a.data == b.data else {
+                throw FuzzFinding("the quick read of a message differs from the full read")
+            }
+        case (.failure(let a), .failure(let b)):
+            guard a == b else { throw FuzzFinding("the quick read refuses a message otherwise than the full read (\(a) / \(b))") }
+        default:
+            throw FuzzFinding("the quick read and the full read of a message disagree on whether it is valid")
+        }
         for batch in [false, true] {
             guard let results = try? IngressMessage.parse(body: bytes, batch: batch) else { continue }
             guard (1...IngressMessage.maximumBatch).contains(results.count), batch || results.count == 1 else {

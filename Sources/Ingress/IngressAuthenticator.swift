@@ -25,7 +25,7 @@ public final class IngressAuthenticator: Sendable {
 
     private let checks: [(rules: FirebaseTokenRules, keys: FirebaseKeySource)]
     /// Per check (one per kind): tokens verified, by their text.
-    private let verified: [BlockingLock<[String: VerifiedToken]>]
+    private let verified: [BlockingLock<[TokenKey: VerifiedToken]>]
     private let cacheSize: Int
 
     public init(checks: [(rules: FirebaseTokenRules, keys: FirebaseKeySource)], cacheSize: Int = 10_000) {
@@ -41,27 +41,24 @@ public final class IngressAuthenticator: Sendable {
     public func authenticate(authorization: String?, appCheck: String?, now: Date = Date()) -> Result<IngressIdentity, Failure> {
         var identity = IngressIdentity()
         for (index, check) in checks.enumerated() {
-            let token: String?
-            switch check.rules.kind {
-            case .idToken:
-                token = authorization.flatMap(Self.bearerToken)
-            case .appCheck:
-                token = appCheck
-            }
-            guard let token, !token.isEmpty else {
-                return .failure(Failure(refusal: TokenRefusal(.missing, check.rules.kind == .idToken
-                    ? "no Authorization: Bearer ID token" : "no X-Firebase-AppCheck token"), kind: check.rules.kind))
-            }
+            // The header as sent is the cache's key: a hit copies nothing out of it.
+            let header = check.rules.kind == .idToken ? authorization : appCheck
+            let missing = Failure(refusal: TokenRefusal(.missing, check.rules.kind == .idToken
+                ? "no Authorization: Bearer ID token" : "no X-Firebase-AppCheck token"), kind: check.rules.kind)
+            guard let header, !header.isEmpty else { return .failure(missing) }
             // A table per kind: a token verified as one kind is never taken as the other.
             let cache = verified[index]
+            let key = TokenKey(header)
             var subject: String
-            if let known = cache.withLock({ $0[token] }), known.expiresAt.timeIntervalSince(now) > -Double(check.rules.clockSkew.components.seconds) {
+            if let known = cache.withLock({ $0[key] }), known.expiresAt.timeIntervalSince(now) > -Double(check.rules.clockSkew.components.seconds) {
                 subject = known.subject
             } else {
+                let token = check.rules.kind == .idToken ? Self.bearerToken(header) : header
+                guard let token, !token.isEmpty else { return .failure(missing) }
                 do {
                     let verified = try FirebaseTokenVerifier.verify(token, rules: check.rules, keys: check.keys.keys, now: now)
                     subject = verified.subject
-                    remember(token, verified, in: cache, now: now)
+                    remember(key, verified, in: cache, now: now)
                 } catch {
                     if error.reason == .unknownKey { check.keys.refreshEarly() }
                     return .failure(Failure(refusal: error, kind: check.rules.kind))
@@ -92,13 +89,34 @@ public final class IngressAuthenticator: Sendable {
         }
     }
 
-    private func remember(_ key: String, _ token: VerifiedToken, in cache: BlockingLock<[String: VerifiedToken]>, now: Date) {
+    private func remember(_ key: TokenKey, _ token: VerifiedToken, in cache: BlockingLock<[TokenKey: VerifiedToken]>, now: Date) {
         cache.withLock { table in
             if table.count >= cacheSize {
                 table = table.filter { $0.value.expiresAt > now }
                 if table.count >= cacheSize { table.removeAll(keepingCapacity: true) }
             }
             table[key] = token
+        }
+    }
+}
+
+/// A token header's text as a key of the verified-token cache: hashed by its length and
+/// last 32 bytes, compared in full. The tail is part of the token's signature, which differs
+/// between any two tokens that verified; hashing a kilobyte-long token whole cost more than
+/// the rest of the lookup. Only verified tokens are stored, so a client cannot fill a
+/// bucket with tokens made to share a tail.
+struct TokenKey: Hashable, Sendable {
+    let text: String
+
+    init(_ text: String) { self.text = text }
+
+    static func == (a: TokenKey, b: TokenKey) -> Bool { a.text == b.text }
+
+    func hash(into hasher: inout Hasher) {
+        var text = text
+        text.withUTF8 { bytes in
+            hasher.combine(bytes.count)
+            hasher.combine(bytes: UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: bytes[max(0, bytes.count - 32)...])))
         }
     }
 }

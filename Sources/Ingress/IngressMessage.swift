@@ -27,6 +27,11 @@ public struct IngressMessage: Sendable, Equatable {
     /// Reads one message object.
     /// - Throws: `IngressMessage.Invalid` naming the member that is wrong.
     public init(_ value: JSONValue) throws(Invalid) {
+        try self.init(value, dataJSON: nil)
+    }
+
+    /// - Parameter sentData: `data`'s text as sent, when known (kept as `dataJSON`).
+    private init(_ value: JSONValue, dataJSON sentData: String?) throws(Invalid) {
         guard case .object(let members) = value else { throw Invalid("a message must be a JSON object") }
         guard case .string(let id)? = members["message_id"], !id.isEmpty else { throw Invalid("message_id is missing or not a non-empty string") }
         guard id.utf8.count <= Self.maximumIDLength, !id.utf8.contains(0) else {
@@ -64,6 +69,13 @@ public struct IngressMessage: Sendable, Equatable {
         }
         self.messageID = id
         self.data = data
+        self.category = category
+        self.token = token
+        self.timeToLive = timeToLive
+        if let sentData {
+            self.dataJSON = sentData
+            return
+        }
         var dataJSON = "{"
         for (key, value) in data {
             if dataJSON.utf8.count > 1 { dataJSON += "," }
@@ -72,9 +84,6 @@ public struct IngressMessage: Sendable, Equatable {
             JSONValue.appendQuoted(value, to: &dataJSON)
         }
         self.dataJSON = dataJSON + "}"
-        self.category = category
-        self.token = token
-        self.timeToLive = timeToLive
     }
 
     private static func optionalString(_ value: JSONValue?, _ name: String, maximum: Int) throws(Invalid) -> String? {
@@ -93,7 +102,9 @@ public struct IngressMessage: Sendable, Equatable {
     /// message of a batch is read on its own (an invalid one does not refuse the others).
     /// - Throws: `Invalid` when the body as a whole cannot be read.
     public static func parse(body: [UInt8], batch: Bool) throws(Invalid) -> [Result<IngressMessage, Invalid>] {
-        guard let value = try? JSONValue.parse(String(decoding: body, as: UTF8.self)) else { throw Invalid("the body is not JSON") }
+        let text = String(decoding: body, as: UTF8.self)
+        if !batch, let message = try quickly(text, body: body) { return [.success(message)] }
+        guard let value = try? JSONValue.parse(text) else { throw Invalid("the body is not JSON") }
         guard batch else {
             return [.success(try IngressMessage(value))]
         }
@@ -102,6 +113,41 @@ public struct IngressMessage: Sendable, Equatable {
             throw Invalid("a batch holds 1 to \(maximumBatch) messages, this one \(items.count)", tooLarge: items.count > maximumBatch)
         }
         return items.map { item in Result { () throws(Invalid) in try IngressMessage(item) } }
+    }
+
+    /// The top-level members a single message's quick read keeps, in this order.
+    private static let quickMembers = JSONParser.Keys(["message_id", "category", "token"])
+
+    /// A single message read the quick way, when its shape allows: the body checked in full
+    /// but only its string members and `data` built (a message is read per request, and
+    /// building every value cost as much as the rest of its checks). Nil when a member this
+    /// way cannot judge is there (`time_to_live`, or a named member that is not a string,
+    /// which the full read words a refusal for); the caller reads it in full then.
+    /// `dataJSON` is `data` as the device sent it.
+    private static func quickly(_ text: String, body: [UInt8]) throws(Invalid) -> IngressMessage? {
+        guard let skim = try? JSONParser.skim(text, keeping: quickMembers, recording: "data"), skim.isObject,
+              let id = skim.strings[0], !id.isEmpty else { return nil }
+        let category = skim.strings[1], token = skim.strings[2]
+        func mentions(_ name: String) -> Bool {
+            let quoted = Array("\"\(name)\"".utf8)
+            return body.withUnsafeBufferPointer { bytes in
+                guard bytes.count >= quoted.count else { return false }
+                for start in 0...(bytes.count - quoted.count) where bytes[start] == quoted[0] {
+                    if UnsafeBufferPointer(rebasing: bytes[start..<(start + quoted.count)]).elementsEqual(quoted) { return true }
+                }
+                return false
+            }
+        }
+        if mentions("time_to_live") || (category == nil && mentions("category")) || (token == nil && mentions("token")) { return nil }
+        var fields: [String: JSONValue] = [:]
+        if let data = skim.memberText, data != "null" {
+            guard skim.memberIsObject, case .object(let members)? = try? JSONParser.parse(data) else { return nil }
+            fields = members
+        }
+        var members: [String: JSONValue] = ["message_id": .string(id), "data": .object(fields)]
+        if let category { members["category"] = .string(category) }
+        if let token { members["token"] = .string(token) }
+        return try IngressMessage(.object(members), dataJSON: skim.memberIsObject ? skim.memberText : nil)
     }
 
     public struct Invalid: Error, Sendable, Equatable, CustomStringConvertible {

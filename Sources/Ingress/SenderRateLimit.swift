@@ -28,23 +28,26 @@ public final class SenderRateLimit: Sendable {
     public func take(_ count: Int, for sender: String, now: ContinuousClock.Instant = .now) -> Duration? {
         let wanted = min(Double(count), burst)
         return buckets.withLock { buckets -> Duration? in
-            var bucket = buckets[sender] ?? Bucket(tokens: burst, updated: now)
-            let elapsed = Double((now - bucket.updated).components.attoseconds) / 1e18 + Double((now - bucket.updated).components.seconds)
-            bucket.tokens = min(burst, bucket.tokens + max(0, elapsed) * perSecond)
-            bucket.updated = now
-            guard bucket.tokens >= wanted else {
-                buckets[sender] = bucket
-                let missing = wanted - bucket.tokens
-                return .seconds(perSecond > 0 ? max(1, (missing / perSecond).rounded(.up)) : 60)
-            }
-            bucket.tokens -= wanted
-            if buckets[sender] == nil && buckets.count >= trackedSenders { forgetFull(&buckets, now: now) }
-            buckets[sender] = bucket
-            return nil
+            if buckets.count >= trackedSenders && buckets[sender] == nil { forgetFull(&buckets, now: now) }
+            // Found once, and changed where it lies.
+            return Self.take(wanted, from: &buckets[sender, default: Bucket(tokens: burst, updated: now)], now: now, perSecond: perSecond,
+                             burst: burst)
         }
     }
 
-    /// Drops the buckets that have refilled (they behave as new ones would).
+    private static func take(_ wanted: Double, from bucket: inout Bucket, now: ContinuousClock.Instant, perSecond: Double, burst: Double) -> Duration? {
+        let elapsed = now - bucket.updated
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        bucket.tokens = min(burst, bucket.tokens + max(0, seconds) * perSecond)
+        bucket.updated = now
+        guard bucket.tokens >= wanted else {
+            let missing = wanted - bucket.tokens
+            return .seconds(perSecond > 0 ? max(1, (missing / perSecond).rounded(.up)) : 60)
+        }
+        bucket.tokens -= wanted
+        return nil
+    }
+
     private func forgetFull(_ buckets: inout [String: Bucket], now: ContinuousClock.Instant) {
         buckets = buckets.filter { _, bucket in
             let elapsed = Double((now - bucket.updated).components.seconds)

@@ -13,7 +13,7 @@ enum IngressMessageID {
     static let prefixLength = 6 + 32
 
     static func make(sender: String, clientMessageID: String) -> String {
-        scheme + String(SHA256.hex(Array(sender.utf8)).prefix(32)) + ":" + clientMessageID
+        scheme + SHA256.hex(of: sender, digits: 32) + ":" + clientMessageID
     }
 
     /// The sender part of an HTTPS message's id; nil for any other id (CCS's).
