@@ -41,10 +41,12 @@ package final class Outbox: Sendable {
     ///   client holds the server connection then). Nil: no LISTEN, new rows are found by the
     ///   sweep (`settings.sweepInterval`).
     /// - Parameter onListening: called each time the LISTEN for new rows is (re)established.
+    /// - Parameter client: FCM's legacy HTTP client; without one (no server key), rows with
+    ///   transport `http` wait for a worker that has one.
     /// - Parameter v1: FCM's HTTP v1 client; without one, rows with transport `v1` wait for a
     ///   worker that has one.
     /// - Parameter reloads: raised on SIGHUP; v1 sending stopped for a sender mismatch resumes.
-    package init(pool: PostgresPool, listenTarget: PostgresConnectionString?, client: FCMHTTPClient, v1: FCMV1Client? = nil,
+    package init(pool: PostgresPool, listenTarget: PostgresConnectionString?, client: FCMHTTPClient?, v1: FCMV1Client? = nil,
                  reloads: ReloadGeneration = ReloadGeneration(),
                  settings: DownstreamSettings, logger: Logger, metrics: any OutboxMetrics, onListening: @escaping @Sendable () -> Void) {
         let ledger = ClaimLedger()
@@ -66,12 +68,12 @@ package final class Outbox: Sendable {
         let xmppRecorder = OutboxRecorder(transport: "xmpp", writeBack: writeBack, metrics: metrics, doorbell: xmppDoorbell)
         let httpRecorder = OutboxRecorder(transport: "http", writeBack: writeBack, metrics: metrics, doorbell: httpDoorbell)
         let xmpp = XMPPTransport(recorder: xmppRecorder, settings: settings, logger: logger, metrics: metrics)
-        let http = LegacyHTTPTransport(client: client, recorder: httpRecorder, settings: settings, logger: logger.labeled("http"))
         self.xmpp = xmpp
-        var loops = [
-            OutboxClaimLoop(transport: xmpp, store: xmppStore, recorder: xmppRecorder, settings: settings, logger: logger),
-            OutboxClaimLoop(transport: http, store: httpStore, recorder: httpRecorder, settings: settings, logger: logger.labeled("http")),
-        ]
+        var loops = [OutboxClaimLoop(transport: xmpp, store: xmppStore, recorder: xmppRecorder, settings: settings, logger: logger)]
+        if let client {
+            let http = LegacyHTTPTransport(client: client, recorder: httpRecorder, settings: settings, logger: logger.labeled("http"))
+            loops.append(OutboxClaimLoop(transport: http, store: httpStore, recorder: httpRecorder, settings: settings, logger: logger.labeled("http")))
+        }
         if let v1 {
             let v1Recorder = OutboxRecorder(transport: "v1", writeBack: writeBack, metrics: metrics, doorbell: Doorbell())
             let transport = V1Transport(client: v1, recorder: v1Recorder, settings: settings, logger: logger.labeled("v1"),

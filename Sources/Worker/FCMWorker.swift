@@ -86,7 +86,8 @@ public struct FCMWorker: Sendable {
         let spool = Spool(path: configuration.spoolFile)
         try spool.lock()
         let tls = try TLSContext.client(trust: configuration.xmppClient.trust)
-        let httpClient = try FCMHTTPClient(settings: configuration.httpClient)
+        // Without a server key (possible only without CCS) rows with transport http wait.
+        let httpClient = configuration.serverKey.isEmpty ? nil : try FCMHTTPClient(settings: configuration.httpClient)
         let v1Client = try await v1Client()
         let found = foundPreparedStatementsNotKept
         func pool(size: Int) -> PostgresPool {
@@ -148,7 +149,7 @@ public struct FCMWorker: Sendable {
     /// Serves `/metrics`, `/healthz` and `/readyz` from the first moment (readiness says
     /// what the start waits for) while the layers start and run; the observability stops
     /// last, after the layers.
-    private func serve(spool: Spool, tls: TLSContext, httpClient: FCMHTTPClient, v1Client: FCMV1Client?,
+    private func serve(spool: Spool, tls: TLSContext, httpClient: FCMHTTPClient?, v1Client: FCMV1Client?,
                        pools: (upstream: PostgresPool, outbox: PostgresPool)) async throws {
         let observability = ObservabilityService(metrics: metrics, address: configuration.metricsAddress, pool: pools.outbox,
                                                  shutdown: shutdown, logger: logger.labeled("metrics"), observer: observer)
@@ -166,7 +167,7 @@ public struct FCMWorker: Sendable {
         }
     }
 
-    private func serveLayers(spool: Spool, tls: TLSContext, httpClient: FCMHTTPClient, v1Client: FCMV1Client?,
+    private func serveLayers(spool: Spool, tls: TLSContext, httpClient: FCMHTTPClient?, v1Client: FCMV1Client?,
                              pools: (upstream: PostgresPool, outbox: PostgresPool)) async throws {
         try await prepareSchema(pools.upstream)
         guard !shutdown.isRequested else { return }
@@ -201,12 +202,15 @@ public struct FCMWorker: Sendable {
             sources.windows = { outbox.xmpp.windows }
             sources.queueDepth = { pipeline.backlog }
             sources.databaseConnections = { (pools.upstream.openCount, pools.outbox.openCount) }
-            sources.sendableTransports = v1Client == nil ? ["xmpp", "http"] : ["xmpp", "http", "v1"]
+            sources.sendableTransports = configuration.sendableTransports
+            sources.servesCCS = configuration.connections > 0
+            sources.ingressServing = { ingress?.isServing ?? false }
             sources.v1CanSend = { outbox.v1CanSend }
         }
         let group = ServiceGroup(stages: [
             .init("outbox", [outbox.service(shutdownTimeout: configuration.shutdownTimeout, shutdown: shutdown)]),
-            .init("reading", [ccs.reading] + (ingress.map { [$0.receiving] } ?? [])),
+            // Without CCS connections (--connections 0) the ingress is the only source.
+            .init("reading", (configuration.connections > 0 ? [ccs.reading] : []) + (ingress.map { [$0.receiving] } ?? [])),
             .init("pipeline", [UpstreamPipelineService(pipeline: pipeline, spool: spool, shutdownTimeout: configuration.shutdownTimeout,
                                                        shutdown: shutdown, logger: logger.labeled("pipeline"), observer: observer,
                                                        metrics: metrics, losses: losses)]),
@@ -214,7 +218,7 @@ public struct FCMWorker: Sendable {
             // streams are still open) and deletes the segments whose messages all
             // committed; what did not commit stays in it for the next start.
             .init("journal", journal.map { [$0] } ?? []),
-            .init("streams", [ccs.streams] + (ingress.map { [$0.connections] } ?? [])),
+            .init("streams", (configuration.connections > 0 ? [ccs.streams] : []) + (ingress.map { [$0.connections] } ?? [])),
         ], shutdown: shutdown, logger: logger)
         metrics.startup.withLock { $0 = nil }
         try await group.run()

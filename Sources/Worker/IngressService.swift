@@ -27,6 +27,7 @@ final class IngressService: Sendable {
     private let observer: WorkerObserver?
     private let server: HTTPServer
     private let stopping = Atomic(false)
+    private let serving = Atomic(false)
 
     /// Opens the listening socket and prepares the key sources (nothing served before `receiving` runs).
     /// - Throws: `ConfigurationError` for an address that cannot be listened on, a
@@ -72,6 +73,9 @@ final class IngressService: Sendable {
 
     /// The port listened on (the one asked for, or the system's choice for port 0).
     var port: Int { server.port }
+
+    /// True from when it takes requests until it stops taking them.
+    var isServing: Bool { serving.load(ordering: .relaxed) }
 
     /// Lets the server's closure reach the service without a cycle at init.
     private final class Handling: Sendable {
@@ -136,6 +140,7 @@ final class IngressService: Sendable {
             }
         }
         server.start()
+        serving.store(true, ordering: .relaxed)
         observer?(.servingIngress(port: server.port))
         logger.info("HTTPS ingress on \(settings.address) (port \(server.port), \(settings.plain ? "plain HTTP/1.1 and h2c" : "TLS, h2 and HTTP/1.1"), "
                     + "auth \(settings.authentication.rawValue), ack mode \(ackMode.rawValue))")
@@ -146,6 +151,7 @@ final class IngressService: Sendable {
             group.addTask { await self.reloadCertificates(until: stop) }
             await stop.wait()
             stopping.store(true, ordering: .relaxed)
+            serving.store(false, ordering: .relaxed)
             server.drain()
             logger.info("HTTPS ingress stopped taking requests (\(server.openCount) connection(s) finishing)")
             await group.waitForAll()

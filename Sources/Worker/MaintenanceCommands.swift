@@ -103,7 +103,8 @@ struct MaintenanceCommands<Application: Sendable>: Sendable {
             return await Self.running("status", context) {
                 let migrator = try settings.worker.migrator()
                 var report = try await Self.withDatabase(settings) { try await StatusReport.read(from: $0, migrator: migrator) }
-                // Rows a worker with these settings could not send: v1 without a service account.
+                // Rows a worker with these settings could not send: v1 without a service account
+                // (the command is not told the CCS connections or the server key).
                 report.sendableTransports = settings.worker.serviceAccountFile == nil ? ["xmpp", "http"] : ["xmpp", "http", "v1"]
                 let spool = StatusReport.spool(at: settings.worker.spoolFile)
                 if settings.json {

@@ -9,7 +9,7 @@ import Synchronization
 ///
 /// - `/healthz` is 200 while the worker's loops run (the cooperative pool is not stuck): a
 ///   supervisor restarts the process when it is not.
-/// - `/readyz` is 200 while at least one CCS connection is open, the database answered
+/// - `/readyz` is 200 while at least one CCS connection is open (without CCS: while the ingress serves), the database answered
 ///   the last probe (every 2 s, each given 2 s) from a server that takes writes, and no
 ///   shutdown was requested; its line names the server (`127.0.0.1:5432, read-write`).
 struct ObservabilityService: Service {
@@ -165,8 +165,13 @@ struct ObservabilityService: Service {
     static func readiness(_ metrics: WorkerMetrics, shutdown: ShutdownSignal) -> MetricsServer.Probe {
         if shutdown.isRequested { return .init(ok: false, reason: "not ready: shutting down") }
         if let startup = metrics.startup.withLock({ $0 }) { return .init(ok: false, reason: "not ready: \(startup)") }
-        let open = metrics.sources.withLock { $0 }.openConnections()
-        guard open > 0 else { return .init(ok: false, reason: "not ready: no CCS connection is open") }
+        let sources = metrics.sources.withLock { $0 }
+        let open = sources.openConnections()
+        if sources.servesCCS {
+            guard open > 0 else { return .init(ok: false, reason: "not ready: no CCS connection is open") }
+        } else {
+            guard sources.ingressServing() else { return .init(ok: false, reason: "not ready: the HTTPS ingress is not serving yet") }
+        }
         guard metrics.databaseReachable.load(ordering: .relaxed) else {
             return .init(ok: false, reason: "not ready: the database did not answer the last probe")
         }
@@ -178,7 +183,8 @@ struct ObservabilityService: Service {
         if let failure = metrics.journalFailure.withLock({ $0 }) {
             return .init(ok: false, reason: "not ready: the journal cannot be written (\(failure)); messages wait unacked")
         }
-        return .init(ok: true, reason: "ready: \(open) CCS connection(s) open, database \(server?.description ?? "reachable")")
+        let source = sources.servesCCS ? "\(open) CCS connection(s) open" : "the HTTPS ingress serving"
+        return .init(ok: true, reason: "ready: \(source), database \(server?.description ?? "reachable")")
     }
 
     /// When the worker's loop last ran (monotonic milliseconds).

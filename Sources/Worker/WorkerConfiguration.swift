@@ -136,7 +136,7 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
 
     /// The settings of `fcm-worker run`, in the order `--help` lists them.
     public static let options = OptionTable<WorkerConfiguration>([
-        CommandOption("--sender-id", environment: "FCM_SENDER_ID", placeholder: "ID", default: "required",
+        CommandOption("--sender-id", environment: "FCM_SENDER_ID", placeholder: "ID", default: "required (with CCS)",
                       help: "FCM sender ID (letters, digits, - and _)") { settings, text throws(ConfigurationError) in
             guard text.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") }) else {
                 throw ConfigurationError("invalid sender ID: only letters, digits, - and _ are allowed")
@@ -153,8 +153,8 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             settings.serverKey = try serverKey(contents, from: "the server key file \(path)")
             warnIfShared(path, holding: "the server key file", in: &settings)
         },
-        CommandOption("--server-key", environment: "FCM_SERVER_KEY", placeholder: "KEY", default: "required (or a key file)",
-                      help: "FCM server key; wins over a key file given the same way (flags win over variables)") { settings, text throws(ConfigurationError) in
+        CommandOption("--server-key", environment: "FCM_SERVER_KEY", placeholder: "KEY", default: "required with CCS (or a key file)",
+                      help: "FCM server key; wins over a key file given the same way (flags win over variables); without one, rows with transport http wait") { settings, text throws(ConfigurationError) in
             settings.serverKey = try serverKey(text, from: "the server key")
         },
         CommandOption("--endpoint", environment: "FCM_ENDPOINT", placeholder: "HOST:PORT", default: "fcm-xmpp.googleapis.com:5235",
@@ -205,8 +205,9 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         .seconds("--database-timeout", environment: "FCM_DATABASE_TIMEOUT", default: "15",
                  help: "a database call that waits this long has its connection dropped and replaced, and is retried (at least 0.1)",
                  name: "database timeout", minimum: .milliseconds(100), \.databaseTimeout),
-        .integer("--connections", environment: "FCM_CONNECTIONS", default: "1", help: "CCS connections to keep open (1 to 1000)",
-                 name: "connection count", range: 1...1000, \.connections),
+        .integer("--connections", environment: "FCM_CONNECTIONS", default: "1",
+                 help: "CCS connections to keep open (0 to 1000; 0: no CCS, the HTTPS ingress is the only source)",
+                 name: "connection count", range: 0...1000, \.connections),
         CommandOption("--handlers", environment: "FCM_HANDLERS", placeholder: "a,b", default: "every registered handler",
                       help: "handlers to run, by name") { settings, text throws(ConfigurationError) in
             let names = text.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
@@ -384,6 +385,15 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
             if settings.ingressSettings.projectID == nil { settings.ingressSettings.projectID = settings.projectID }
             if let problem = settings.ingressSettings.problem { throw ConfigurationError(problem) }
         }
+        if settings.connections == 0 {
+            // Without CCS the credentials are optional: without a server key, rows with
+            // transport http wait for a worker that has one (as v1 rows do without a
+            // service account).
+            guard !settings.ingressSettings.address.isEmpty else {
+                throw ConfigurationError("--connections 0 leaves the worker nothing to receive: serve the HTTPS ingress (--ingress-address)")
+            }
+            return
+        }
         guard !settings.senderID.isEmpty else {
             throw ConfigurationError("missing sender ID: pass --sender-id or set FCM_SENDER_ID")
         }
@@ -536,6 +546,13 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         try? settings.setEndpoint(httpEndpoint)
         settings.trust = caFile.map { .caFile($0) } ?? .systemDefault
         return settings
+    }
+
+    /// The transports a worker with these settings sends: `xmpp` with CCS connections,
+    /// `http` with a server key, `v1` with a service account. Rows of the others wait for
+    /// a worker that can send them.
+    public var sendableTransports: Set<String> {
+        Set((connections > 0 ? ["xmpp"] : []) + (serverKey.isEmpty ? [] : ["http"]) + (serviceAccountFile == nil ? [] : ["v1"]))
     }
 
     /// The settings of the v1 client (the same trust as XMPP and HTTP).

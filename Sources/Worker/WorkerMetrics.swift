@@ -62,14 +62,20 @@ final class WorkerMetrics: OutboxMetrics {
         var windows: @Sendable () -> [ConnectionWindow] = { [] }
         var queueDepth: @Sendable () -> Int = { 0 }
         var databaseConnections: @Sendable () -> (upstream: Int, outbox: Int) = { (0, 0) }
-        /// The transports this worker can send (v1 only with a service account).
+        /// The transports this worker can send (xmpp only with CCS connections, http only
+        /// with a server key, v1 only with a service account).
         var sendableTransports: Set<String> = ["xmpp", "http", "v1"]
+        /// False with `--connections 0`: readiness then asks for the ingress instead.
+        var servesCCS = true
+        /// Whether the HTTPS ingress is taking requests.
+        var ingressServing: @Sendable () -> Bool = { false }
         /// Whether v1 sending goes on now (false while stopped for a sender mismatch, or held
         /// for refused credentials or a token endpoint that cannot be reached).
         var v1CanSend: @Sendable () -> Bool = { true }
     }
 
-    /// Transports whose rows this worker cannot send: v1 without a service account.
+    /// Transports whose rows this worker cannot send: v1 without a service account, xmpp
+    /// without CCS connections, http without a server key.
     static let transports = ["xmpp", "http", "v1"]
 
     /// Rows of the backlog that this worker cannot send, by transport (every transport

@@ -330,3 +330,36 @@ func rawExchange(port: Int, sending text: String, within seconds: Int) async -> 
         thread.start()
     }
 }
+
+/// A worker with no CCS connection at all (`--connections 0`, no sender ID, no server key):
+/// the ingress is its only source, as for any deployment since CCS closed.
+@Suite struct IngressOnlyTests {
+    @Test func withoutCCSTheIngressIsTheSourceTheWorkerIsReadyAndXMPPRepliesWait() async throws {
+        var setup = try await IngressSetup(ackMode: .durable)
+        defer { setup.stop() }
+        setup.configuration.connections = 0
+        setup.configuration.senderID = ""
+        setup.configuration.serverKey = ""
+        setup.configuration.metricsAddress = "127.0.0.1:0"
+        var handlers = UpstreamHandlers()
+        handlers.register("store", StoreHandler())
+        handlers.register("echo", EchoHandler())
+        let (task, events, client) = try await setup.start(handlers: handlers)
+        defer { task.cancel() }
+        let answer = try await client.postMessage(#"{"message_id":"only-1","token":"device-1","data":{"text":"hi"}}"#,
+                                                  token: try setup.idToken(uid: "user-1"))
+        #expect(answer.status == 200 && answer.body.contains(#""status":"accepted""#), "\(answer.body)")
+        #expect(try await setup.database.count("upstream_messages") == 1)
+        let port = try #require(events.all.compactMap { if case .serving(let port) = $0 { port } else { nil } }.first)
+        let ready = try await httpGet(port: port, path: "/readyz")
+        #expect(ready.status == 200 && ready.body.contains("HTTPS ingress"), "\(ready.body)")
+        #expect(setup.ccs.simulator.boundSessions.isEmpty, "no CCS session was opened")
+        // The echo's reply names no transport (xmpp, the outbox's default): with no CCS
+        // connection it waits, counted as a row this worker cannot send, and is never failed.
+        try await waitUntilAsync("the reply counted as unsendable", within: .seconds(10)) {
+            (try? await httpGet(port: port, path: "/metrics"))?.body.contains(#"fcm_worker_outbox_unsendable_rows{transport="xmpp"} 1"#) == true
+        }
+        let rows = try await setup.database.query("SELECT transport, status FROM downstream_messages")
+        #expect(rows.map { [$0.string(0), $0.string(1)] } == [["xmpp", "pending"]])
+    }
+}

@@ -6,6 +6,25 @@ import XMPP
 @Suite struct WorkerConfigurationTests {
     private let base = ["FCM_SENDER_ID": "123", "FCM_SERVER_KEY": "k"]
 
+    @Test func withoutCCSTheIngressIsRequiredAndTheCredentialsAreNot() throws {
+        // No source at all: refused, naming what to give.
+        #expect {
+            try WorkerConfiguration.parse(arguments: ["--connections", "0"], environment: base)
+        } throws: { error in
+            "\(error)".contains("--ingress-address")
+        }
+        // The ingress alone, without a sender ID or a server key: only v1 (with a service
+        // account) could send; xmpp and http rows wait.
+        let ingressOnly = try WorkerConfiguration.parse(arguments: ["--connections", "0", "--ingress-address", "127.0.0.1:8443",
+                                                                    "--ingress-tls-cert", "/c.pem", "--ingress-tls-key", "/k.pem",
+                                                                    "--ingress-project-id", "p"], environment: [:])
+        #expect(ingressOnly.connections == 0 && ingressOnly.serverKey.isEmpty)
+        #expect(ingressOnly.sendableTransports.isEmpty)
+        #expect(try WorkerConfiguration.parse(arguments: [], environment: base).sendableTransports == ["xmpp", "http"])
+        // With CCS the credentials stay required.
+        #expect(throws: (any Error).self) { try WorkerConfiguration.parse(arguments: [], environment: [:]) }
+    }
+
     @Test func defaultsMatchTheDocumentedTable() throws {
         let configuration = try WorkerConfiguration.parse(arguments: [], environment: base)
         #expect(configuration.host == "fcm-xmpp.googleapis.com")
@@ -128,7 +147,7 @@ import XMPP
             ([], ["FCM_SENDER_ID": "1"], "missing server key"),
             (["--endpoint", "host:99999"], base, "invalid endpoint port"),
             (["--endpoint", "host:abc"], base, "invalid endpoint port"),
-            (["--connections", "0"], base, "invalid connection count"),
+            (["--connections", "1001"], base, "invalid connection count"),
             (["--connections", "many"], base, "invalid connection count"),
             (["--ca-file", "/nonexistent/ca.pem"], base, "does not exist"),
             (["--server-key-file", "/nonexistent/key"], ["FCM_SENDER_ID": "1"], "cannot read the server key file"),
