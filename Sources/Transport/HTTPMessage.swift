@@ -48,6 +48,10 @@ package struct HTTPMessageError: Error, Equatable, Sendable, CustomStringConvert
 package struct HTTPMessageReader {
     private var buffer: [UInt8] = []
     private let maximumBodyBytes: Int
+    /// Whether the message being read asked for `100 Continue` (`Expect: 100-continue`)
+    /// before sending its body, and whether it was told.
+    private enum Continue { case notAsked, asked, told }
+    private var continueState = Continue.notAsked
 
     package init(maximumBodyBytes: Int = 8 << 20) {
         self.maximumBodyBytes = maximumBodyBytes
@@ -60,8 +64,32 @@ package struct HTTPMessageReader {
         buffer.append(contentsOf: bytes)
     }
 
+    /// True once when the message being read is waiting for `HTTP/1.1 100 Continue` before
+    /// it sends its body (an HTTP/1.1 head with `Expect: 100-continue`, its body not yet
+    /// here): the caller writes it then, and the client sends the body without waiting out
+    /// its own timeout.
+    package mutating func takeContinueRequest() -> Bool {
+        guard continueState == .asked else { return false }
+        continueState = .told
+        return true
+    }
+
     /// The next complete message, or nil if more bytes are needed.
     package mutating func next() throws(HTTPMessageError) -> HTTPMessage? {
+        let message = try assemble()
+        if message != nil {
+            continueState = .notAsked
+        }
+        return message
+    }
+
+    private mutating func noteWaiting(_ startLine: [String], _ headers: [String: String]) {
+        if continueState == .notAsked, startLine.count > 2, startLine[2] == "HTTP/1.1", headers["expect"]?.lowercased() == "100-continue" {
+            continueState = .asked
+        }
+    }
+
+    private mutating func assemble() throws(HTTPMessageError) -> HTTPMessage? {
         guard let headEnd = Self.find([13, 10, 13, 10], in: buffer[...]) else {
             if buffer.count > 16 << 10 { throw HTTPMessageError("the message head is over 16 KiB", isTooLarge: true) }
             return nil
@@ -77,14 +105,20 @@ package struct HTTPMessageReader {
         }
         let bodyStart = headEnd + 4
         if headers["transfer-encoding"]?.lowercased().contains("chunked") == true {
-            guard let (body, end) = try chunkedBody(from: bodyStart) else { return nil }
+            guard let (body, end) = try chunkedBody(from: bodyStart) else {
+                noteWaiting(startLine, headers)
+                return nil
+            }
             buffer.removeFirst(end)
             return HTTPMessage(startLine: startLine, headers: headers, body: body)
         }
         let length = Int(headers["content-length"] ?? "0") ?? -1
         guard length >= 0 else { throw HTTPMessageError("an unacceptable Content-Length") }
         guard length <= maximumBodyBytes else { throw HTTPMessageError("the body is over \(maximumBodyBytes) bytes", isTooLarge: true) }
-        guard buffer.count >= bodyStart + length else { return nil }
+        guard buffer.count >= bodyStart + length else {
+            noteWaiting(startLine, headers)
+            return nil
+        }
         let body = Array(buffer[bodyStart..<(bodyStart + length)])
         buffer.removeFirst(bodyStart + length)
         return HTTPMessage(startLine: startLine, headers: headers, body: body)

@@ -509,7 +509,12 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
         guard !http1Busy, !loop.isEnded, !loop.isClosing else { return }
         let message: HTTPMessage
         do {
-            guard let next = try http1?.next() else { return }
+            guard let next = try http1?.next() else {
+                if http1?.takeContinueRequest() == true {
+                    loop.write(bytes: Array("HTTP/1.1 100 Continue\r\n\r\n".utf8), recordSize: StreamLoop.recordSize)
+                }
+                return
+            }
             message = next
         } catch {
             let status = error.isTooLarge ? "413" : "400"

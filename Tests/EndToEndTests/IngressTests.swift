@@ -264,6 +264,28 @@ extension HTTPSClient {
         #expect(answer.contains("request_timeout"))
     }
 
+    @Test func aClientThatExpects100ContinueIsToldToSendItsBody() async throws {
+        var setup = try await IngressSetup()
+        setup.configuration.ingressSettings.plain = true
+        setup.configuration.ingressSettings.certificateFile = nil
+        setup.configuration.ingressSettings.keyFile = nil
+        setup.configuration.ingressSettings.requestTimeout = .seconds(1)
+        defer { setup.stop() }
+        let (task, events) = startWorker(setup.configuration)
+        defer { task.cancel() }
+        try await events.wait(for: "the ingress to serve") { $0.contains { if case .servingIngress = $0 { true } else { false } } }
+        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
+        // The whole head, asking to be told before the body: told at once. The body never
+        // comes here, so the request then times out (408).
+        let head = "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"
+        let answer = await rawExchange(port: port, sending: head, within: 10)
+        #expect(answer.hasPrefix("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 408"), "\(answer)")
+        // Head and body together: nothing to wait for, no 100, the answer.
+        let whole = await rawExchange(port: port, sending: head.replacingOccurrences(of: "Content-Length: 10", with: "Content-Length: 2")
+                                      .replacingOccurrences(of: "Host: x", with: "Host: x\r\nConnection: close") + "{}", within: 10)
+        #expect(whole.hasPrefix("HTTP/1.1 401"), "\(whole)")
+    }
+
     @Test func aReloadedCertificateServesNewConnectionsAndKeepsOpenOnes() async throws {
         let setup = try await IngressSetup()
         defer { setup.stop() }
