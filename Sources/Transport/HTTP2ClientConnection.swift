@@ -335,6 +335,8 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
             goAwayLastStreamID = lastStreamID
             shared.withLock { $0.acceptsExchanges = false }
             onChange(self)
+        case .bodyTooLarge:
+            break  // a server's event
         }
     }
 }

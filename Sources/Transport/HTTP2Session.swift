@@ -33,6 +33,10 @@ package final class HTTP2Session {
         case streamClosed(streamID: Int32, errorCode: UInt32)
         /// The peer will take no new stream: those above `lastStreamID` were not processed.
         case goAway(lastStreamID: Int32, errorCode: UInt32)
+        /// Server: a request's body passed `maximumBody`; the rest of it is dropped as it
+        /// comes, and the request is for the owner to answer (413). (A client resets a
+        /// response that large instead.)
+        case bodyTooLarge(streamID: Int32)
     }
 
     /// HTTP/2's error codes this code names.
@@ -46,6 +50,8 @@ package final class HTTP2Session {
     private struct IncomingStream {
         var headers: [(name: String, value: String)] = []
         var body: [UInt8] = []
+        /// When its first frame came.
+        var startedAt = ContinuousClock.now
     }
 
     let role: Role
@@ -155,6 +161,22 @@ package final class HTTP2Session {
     package var peerMaximumConcurrentStreams: Int {
         guard let session else { return 0 }
         return Int(nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS))
+    }
+
+    /// When the oldest message still arriving (its first frame here, its last not yet)
+    /// began; nil when none is arriving.
+    package var oldestArrivalStart: ContinuousClock.Instant? {
+        var oldest: ContinuousClock.Instant?
+        for stream in incoming.values where oldest == nil || stream.startedAt < oldest! { oldest = stream.startedAt }
+        return oldest
+    }
+
+    /// Gives up on the messages still arriving that began before `instant` (what more comes
+    /// of them is dropped) and returns their streams, for the owner to answer or reset.
+    package func abandonArrivals(startedBefore instant: ContinuousClock.Instant) -> [Int32] {
+        let late = incoming.filter { $0.value.startedAt < instant }.map(\.key).sorted()
+        for streamID in late { incoming[streamID] = nil }
+        return late
     }
 
     // MARK: - Submitting
@@ -267,7 +289,11 @@ package final class HTTP2Session {
         guard let count = incoming[streamID]?.body.count else { return 0 }
         guard count + bytes.count <= maximumBody else {
             incoming[streamID] = nil
-            reset(streamID, errorCode: ErrorCode.internalError)
+            if role == .server {
+                events(.bodyTooLarge(streamID: streamID))
+            } else {
+                reset(streamID, errorCode: ErrorCode.internalError)
+            }
             return 0
         }
         // In place: a copy of the stream taken out and put back would copy its body too.

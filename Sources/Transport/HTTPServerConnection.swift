@@ -308,7 +308,7 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
 
     package func nextDeadline(_ loop: StreamLoop) -> ContinuousClock.Instant? {
         var deadline = scheduled.firstDue
-        if let started = http1RequestStarted, let timeout = limits.requestTimeout {
+        if let started = http1RequestStarted ?? session?.oldestArrivalStart, let timeout = limits.requestTimeout {
             deadline = min(deadline ?? started + timeout, started + timeout)
         }
         if let idle = limits.idleTimeout, unanswered == 0 {
@@ -326,8 +326,16 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
         onEnd?()
     }
 
-    /// A slow request gets 408 and the connection closes; an idle connection closes.
+    /// A slow request gets 408 (HTTP/1.1: and the connection closes; HTTP/2: the stream is
+    /// answered, the rest of its body dropped); an idle connection closes.
     private func checkTimeouts(now: ContinuousClock.Instant, loop: StreamLoop) {
+        if let session, let timeout = limits.requestTimeout {
+            for streamID in session.abandonArrivals(startedBefore: now - timeout) {
+                let body = Array(#"{"error":{"code":408,"status":"request_timeout","message":"the request did not arrive in time"}}"#.utf8)
+                session.submitResponse(HTTP2Session.Message(headers: [(":status", "408"), ("content-type", "application/json"),
+                                                                      ("content-length", String(body.count))], body: body), on: streamID)
+            }
+        }
         if let started = http1RequestStarted, let timeout = limits.requestTimeout, !http1Busy, now >= started + timeout {
             let refusal = HTTPMessage(startLine: ["HTTP/1.1", "408", "Request Timeout"],
                                       headers: ["connection": "close", "content-type": "application/json"],
@@ -395,6 +403,13 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
             closeIfDone(loop)
         case .goAway:
             break
+        case .bodyTooLarge(let streamID):
+            // Answered at once: the client may stop sending (what it still sends is dropped).
+            if let last = goAwayLastStreamID, streamID > last { return }
+            // Submitted only: the frames go out when the read that brought the body is done.
+            let body = Array(#"{"error":{"code":413,"status":"too_large","message":"the body is over \#(limits.maximumBodyBytes) bytes"}}"#.utf8)
+            session?.submitResponse(HTTP2Session.Message(headers: [(":status", "413"), ("content-type", "application/json"),
+                                                                   ("content-length", String(body.count))], body: body), on: streamID)
         }
     }
 

@@ -219,6 +219,26 @@ extension HTTPSClient {
         #expect(try await setup.database.count("upstream_messages") == 50)
     }
 
+    @Test func anHTTP2BodyOverTheLimitIsAnswered413AndTheConnectionGoesOn() async throws {
+        var setup = try await IngressSetup(ackMode: .durable)
+        setup.configuration.ingressSettings.maximumBodyBytes = 64 << 10
+        defer { setup.stop() }
+        let (task, events, _) = try await setup.start()
+        defer { task.cancel() }
+        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
+        let client = try HTTP2Client(host: "127.0.0.1", port: port, trust: .caPEM(setup.ccs.authority.rootCertificatePEM), maximumConnections: 1)
+        let headers = ["content-type": "application/json", "authorization": "Bearer " + (try setup.idToken(uid: "big-poster"))]
+        let big = #"{"message_id":"big","data":{"a":""# + String(repeating: "x", count: 200 << 10) + #""}}"#
+        let refused = try await client.send(method: "POST", path: "/v1/messages", headers: headers, body: Array(big.utf8))
+        #expect(refused.status == 413 && refused.body.contains("too_large"), "\(refused.status) \(refused.body)")
+        // The same connection serves the next post.
+        let next = try await client.send(method: "POST", path: "/v1/messages", headers: headers,
+                                         body: Array(#"{"message_id":"small","data":{"a":"b"}}"#.utf8))
+        #expect(next.status == 200, "\(next.body)")
+        #expect(client.openConnections == 1 && client.outcomeUnknownCount == 0)
+        #expect(try await setup.database.count("upstream_messages") == 1)
+    }
+
     /// `curl` (an outside client) against a plain port: HTTP/1.1, and HTTP/2 with prior knowledge.
     @Test(arguments: ["--http1.1", "--http2-prior-knowledge"])
     func aPlainPortServesHTTP1AndH2CWithPriorKnowledge(flag: String) async throws {
@@ -262,6 +282,28 @@ extension HTTPSClient {
         let answer = await rawExchange(port: port, sending: "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n", within: 10)
         #expect(answer.hasPrefix("HTTP/1.1 408"), "\(answer)")
         #expect(answer.contains("request_timeout"))
+    }
+
+    /// HTTP/2 (h2c from curl): a request whose body does not come is answered 408 on its
+    /// stream when the request timeout passes; the connection is not held by it.
+    @Test func anHTTP2RequestWhoseBodyTricklesIsAnswered408() async throws {
+        var setup = try await IngressSetup()
+        setup.configuration.ingressSettings.plain = true
+        setup.configuration.ingressSettings.certificateFile = nil
+        setup.configuration.ingressSettings.keyFile = nil
+        setup.configuration.ingressSettings.requestTimeout = .milliseconds(500)
+        defer { setup.stop() }
+        let (task, events) = startWorker(setup.configuration)
+        defer { task.cancel() }
+        try await events.wait(for: "the ingress to serve") { $0.contains { if case .servingIngress = $0 { true } else { false } } }
+        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
+        // Everything but the request's last DATA frame: its body never ends.
+        let token = try setup.idToken(uid: "slow")
+        let started = ContinuousClock.now
+        let status = await unfinishedHTTP2Request(port: port, headers: [("authorization", "Bearer " + token), ("content-type", "application/json")],
+                                                  body: #"{"message_id":"slow","data":{}}"#, within: 10)
+        #expect(status == 408)
+        #expect(ContinuousClock.now - started < .seconds(8), "answered at the request timeout")
     }
 
     @Test func aClientThatExpects100ContinueIsToldToSendItsBody() async throws {
@@ -383,5 +425,54 @@ func rawExchange(port: Int, sending text: String, within seconds: Int) async -> 
         }
         let rows = try await setup.database.query("SELECT transport, status FROM downstream_messages")
         #expect(rows.map { [$0.string(0), $0.string(1)] } == [["xmpp", "pending"]])
+    }
+}
+
+/// Sends an HTTP/2 request over plain TCP (h2c with prior knowledge), all of it but its last
+/// DATA frame, and returns the `:status` of the answer (0 when none came within `seconds`).
+func unfinishedHTTP2Request(port: Int, headers: [(name: String, value: String)], body: String, within seconds: Int) async -> Int {
+    await withCheckedContinuation { continuation in
+        let thread = Thread {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            defer { close(fd) }
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_port = in_port_t(UInt16(port).bigEndian)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            let connected = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            guard connected == 0 else { return continuation.resume(returning: 0) }
+            var timeout = timeval(tv_sec: seconds, tv_usec: 0)
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+            var status = 0
+            guard let session = try? HTTP2Session(role: .client, events: { event in
+                if case .message(_, let message) = event { status = Int(message.header(":status") ?? "") ?? 0 }
+            }) else { return continuation.resume(returning: 0) }
+            let request = HTTP2Session.Message(headers: [(":method", "POST"), (":scheme", "http"), (":authority", "127.0.0.1"),
+                                                         (":path", "/v1/messages")] + headers, body: Array(body.utf8))
+            _ = try? session.submitRequest(request)
+            var bytes = session.output()
+            // Frames: 3 bytes of length, a type, flags, 4 bytes of stream id. Drop the last DATA.
+            var offset = 24  // the connection preface
+            var lastData: Range<Int>?
+            while offset + 9 <= bytes.count {
+                let length = Int(bytes[offset]) << 16 | Int(bytes[offset + 1]) << 8 | Int(bytes[offset + 2])
+                if bytes[offset + 3] == 0 { lastData = offset..<(offset + 9 + length) }
+                offset += 9 + length
+            }
+            if let lastData { bytes.removeSubrange(lastData) }
+            _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            while status == 0 {
+                let count = recv(fd, &buffer, buffer.count, 0)
+                if count <= 0 { break }
+                buffer.withUnsafeBytes { try? session.receive(UnsafeRawBufferPointer(rebasing: $0[..<count])) }
+                let reply = session.output()
+                if !reply.isEmpty { _ = reply.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) } }
+            }
+            continuation.resume(returning: status)
+        }
+        thread.start()
     }
 }
