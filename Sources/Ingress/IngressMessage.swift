@@ -34,26 +34,15 @@ public struct IngressMessage: Sendable, Equatable {
     private init(_ value: JSONValue, dataJSON sentData: String?) throws(Invalid) {
         guard case .object(let members) = value else { throw Invalid("a message must be a JSON object") }
         guard case .string(let id)? = members["message_id"], !id.isEmpty else { throw Invalid("message_id is missing or not a non-empty string") }
-        guard id.utf8.count <= Self.maximumIDLength, !id.utf8.contains(0) else {
-            throw Invalid("message_id is over \(Self.maximumIDLength) bytes or holds U+0000")
-        }
-        var data: [String: String] = [:]
-        var bytes = 0
+        try Self.checkID(id)
+        let data: [String: String]
         switch members["data"] {
         case nil, .null?:
-            break
+            data = [:]
         case .object(let fields)?:
-            for (key, value) in fields {
-                guard case .string(let text) = value else { throw Invalid("data.\(key.prefix(64)) is not a string (data is a map of strings)") }
-                guard !key.utf8.contains(0), !text.utf8.contains(0) else { throw Invalid("data.\(key.prefix(64)) holds U+0000") }
-                data[key] = text
-                bytes += key.utf8.count + text.utf8.count
-            }
+            data = try Self.checkedData(fields)
         default:
             throw Invalid("data is not an object of strings")
-        }
-        guard bytes <= Self.maximumDataBytes else {
-            throw Invalid("data is \(bytes) bytes, over FCM's upstream limit of \(Self.maximumDataBytes)", tooLarge: true)
         }
         let category = try Self.optionalString(members["category"], "category", maximum: Self.maximumIDLength)
         let token = try Self.optionalString(members["token"], "token", maximum: Self.maximumTokenLength)
@@ -67,7 +56,21 @@ public struct IngressMessage: Sendable, Equatable {
             timeToLive = Int(seconds)
         default: throw Invalid("time_to_live is not a number")
         }
-        self.messageID = id
+        self.init(messageID: id, data: data, category: category, token: token, timeToLive: timeToLive, dataJSON: sentData)
+    }
+
+    /// The quick read's message: the members it found, checked as the full read checks
+    /// them, in the same order.
+    private init(quickID id: String, fields: [String: JSONValue], category: String?, token: String?, dataJSON: String?) throws(Invalid) {
+        try Self.checkID(id)
+        let data = try Self.checkedData(fields)
+        let category = try Self.optionalString(category.map(JSONValue.string), "category", maximum: Self.maximumIDLength)
+        let token = try Self.optionalString(token.map(JSONValue.string), "token", maximum: Self.maximumTokenLength)
+        self.init(messageID: id, data: data, category: category, token: token, timeToLive: nil, dataJSON: dataJSON)
+    }
+
+    private init(messageID: String, data: [String: String], category: String?, token: String?, timeToLive: Int?, dataJSON sentData: String?) {
+        self.messageID = messageID
         self.data = data
         self.category = category
         self.token = token
@@ -84,6 +87,40 @@ public struct IngressMessage: Sendable, Equatable {
             JSONValue.appendQuoted(value, to: &dataJSON)
         }
         self.dataJSON = dataJSON + "}"
+    }
+
+    private static func checkID(_ id: String) throws(Invalid) {
+        guard id.utf8.count <= maximumIDLength, !id.utf8.contains(0) else {
+            throw Invalid("message_id is over \(maximumIDLength) bytes or holds U+0000")
+        }
+    }
+
+    /// What is wrong with the first of `fields` (in name order) that is not a string or holds U+0000.
+    private static func firstProblem(in fields: [String: JSONValue]) -> Invalid {
+        for key in fields.keys.sorted() {
+            guard case .string(let text) = fields[key]! else { return Invalid("data.\(key.prefix(64)) is not a string (data is a map of strings)") }
+            if key.utf8.contains(0) || text.utf8.contains(0) { return Invalid("data.\(key.prefix(64)) holds U+0000") }
+        }
+        return Invalid("data is not an object of strings")
+    }
+
+    /// `data`'s members as strings, within FCM's upstream limit.
+    private static func checkedData(_ fields: [String: JSONValue]) throws(Invalid) -> [String: String] {
+        var data: [String: String] = [:]
+        data.reserveCapacity(fields.count)
+        var bytes = 0
+        for (key, value) in fields {
+            guard case .string(let text) = value, !key.utf8.contains(0), !text.utf8.contains(0) else {
+                // Named alike whatever the table's order: the first wrong member by name.
+                throw firstProblem(in: fields)
+            }
+            data[key] = text
+            bytes += key.utf8.count + text.utf8.count
+        }
+        guard bytes <= maximumDataBytes else {
+            throw Invalid("data is \(bytes) bytes, over FCM's upstream limit of \(maximumDataBytes)", tooLarge: true)
+        }
+        return data
     }
 
     private static func optionalString(_ value: JSONValue?, _ name: String, maximum: Int) throws(Invalid) -> String? {
@@ -117,6 +154,11 @@ public struct IngressMessage: Sendable, Equatable {
 
     /// The top-level members a single message's quick read keeps, in this order.
     private static let quickMembers = JSONParser.Keys(["message_id", "category", "token"])
+    /// Member names as they appear quoted in a body: one there that the quick read did not
+    /// keep sends the body to the full read.
+    private static let quotedTimeToLive = Array(#""time_to_live""#.utf8)
+    private static let quotedCategory = Array(#""category""#.utf8)
+    private static let quotedToken = Array(#""token""#.utf8)
 
     /// A single message read the quick way, when its shape allows: the body checked in full
     /// but only its string members and `data` built (a message is read per request, and
@@ -128,9 +170,8 @@ public struct IngressMessage: Sendable, Equatable {
         guard let skim = try? JSONParser.skim(text, keeping: quickMembers, recording: "data"), skim.isObject,
               let id = skim.strings[0], !id.isEmpty else { return nil }
         let category = skim.strings[1], token = skim.strings[2]
-        func mentions(_ name: String) -> Bool {
-            let quoted = Array("\"\(name)\"".utf8)
-            return body.withUnsafeBufferPointer { bytes in
+        func mentions(_ quoted: [UInt8]) -> Bool {
+            body.withUnsafeBufferPointer { bytes in
                 guard bytes.count >= quoted.count else { return false }
                 for start in 0...(bytes.count - quoted.count) where bytes[start] == quoted[0] {
                     if UnsafeBufferPointer(rebasing: bytes[start..<(start + quoted.count)]).elementsEqual(quoted) { return true }
@@ -138,16 +179,13 @@ public struct IngressMessage: Sendable, Equatable {
                 return false
             }
         }
-        if mentions("time_to_live") || (category == nil && mentions("category")) || (token == nil && mentions("token")) { return nil }
+        if mentions(quotedTimeToLive) || (category == nil && mentions(quotedCategory)) || (token == nil && mentions(quotedToken)) { return nil }
         var fields: [String: JSONValue] = [:]
         if let data = skim.memberText, data != "null" {
             guard skim.memberIsObject, case .object(let members)? = try? JSONParser.parse(data) else { return nil }
             fields = members
         }
-        var members: [String: JSONValue] = ["message_id": .string(id), "data": .object(fields)]
-        if let category { members["category"] = .string(category) }
-        if let token { members["token"] = .string(token) }
-        return try IngressMessage(.object(members), dataJSON: skim.memberIsObject ? skim.memberText : nil)
+        return try IngressMessage(quickID: id, fields: fields, category: category, token: token, dataJSON: skim.memberIsObject ? skim.memberText : nil)
     }
 
     public struct Invalid: Error, Sendable, Equatable, CustomStringConvertible {

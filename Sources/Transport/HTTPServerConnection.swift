@@ -201,6 +201,8 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
     /// HTTP/2: the requests completed by the bytes being read, handed over together once
     /// they are all parsed.
     private var received: [(request: HTTPServerRequest, streamID: Int32)] = []
+    /// HTTP/2: answers are being submitted together; their frames go out in one write after.
+    private var submittingTogether = false
 
     /// - Parameter onEnd: called once the connection has ended (on its thread).
     package init(limits: HTTPServerLimits = HTTPServerLimits(), onEnd: (@Sendable () -> Void)? = nil, batchHandler: @escaping BatchHandler) {
@@ -294,10 +296,14 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
             if loop.isEnded { return }
         }
         let (replies, goAway) = mailbox.take()
+        // HTTP/2: the answers posted since the last turn leave in one write (the flush below).
+        submittingTogether = session != nil
         for reply in replies {
             send(reply.response, on: reply.streamID, then: goAway ? .goAway : .keepOpen, loop: loop)
             if loop.isEnded { return }
         }
+        submittingTogether = false
+        if !replies.isEmpty && session != nil { flush(loop) }
         if goAway { beginGoingAway(loop) }
         if loop.isEnded || loop.isClosing { return }
         checkTimeouts(now: now, loop: loop)
@@ -421,6 +427,9 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
         let actions = handler(batch.map(\.request))
         // Every request of the batch was processed, whatever the handler says about the others.
         let processedThrough = batch.map(\.streamID).max() ?? 0
+        // The answers given now leave in one write (the caller flushes after).
+        submittingTogether = true
+        defer { submittingTogether = false }
         for (index, item) in batch.enumerated() {
             let action = index < actions.count ? actions[index]
                 : .respond(HTTPServerResponse(status: 500, headers: [("content-type", "text/plain")], body: Array("no answer".utf8)))
@@ -465,7 +474,7 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
             headers += response.headers
             headers.append(("content-length", String(response.body.count)))
             session.submitResponse(HTTP2Session.Message(headers: headers, body: response.body), on: streamID)
-            flush(loop)
+            if !submittingTogether { flush(loop) }
         } else {
             var headers: [String: String] = [:]
             for (name, value) in response.headers { headers[name] = value }

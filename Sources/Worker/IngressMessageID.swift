@@ -12,8 +12,9 @@ enum IngressMessageID {
     /// `https:` and 32 hex digits.
     static let prefixLength = 6 + 32
 
-    static func make(sender: String, clientMessageID: String) -> String {
-        scheme + SHA256.hex(of: sender, digits: 32) + ":" + clientMessageID
+    /// `https:`, the 32 hex digits of `sender`, and `:`: what each of its messages' ids begins with.
+    static func prefix(sender: String) -> String {
+        scheme + SHA256.hex(of: sender, digits: 32) + ":"
     }
 
     /// The sender part of an HTTPS message's id; nil for any other id (CCS's).

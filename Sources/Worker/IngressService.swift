@@ -28,6 +28,9 @@ final class IngressService: Sendable {
     private let server: HTTPServer
     private let stopping = Atomic(false)
     private let serving = Atomic(false)
+    /// Each sender's id prefix (`IngressMessageID.prefix`), kept: a sender posts again and
+    /// again, and a digest per message cost more than finding it here. Emptied at 100,000.
+    private let idPrefixes = BlockingLock<[String: String]>([:])
 
     /// Opens the listening socket and prepares the key sources (nothing served before `receiving` runs).
     /// - Throws: `ConfigurationError` for an address that cannot be listened on, a
@@ -308,7 +311,7 @@ final class IngressService: Sendable {
                 statuses.append("invalid:" + invalid.description)
             case .success(let message):
                 clientIDs.append(message.messageID)
-                pipelineIDs.append(IngressMessageID.make(sender: sender!, clientMessageID: message.messageID))
+                pipelineIDs.append(idPrefix(of: sender!) + message.messageID)
                 statuses.append(nil)
             }
         }
@@ -386,6 +389,16 @@ final class IngressService: Sendable {
             guard let next = actual.next(), next | (next >= 0x41 && next <= 0x5A ? 0x20 : 0) == byte else { return false }
         }
         return true
+    }
+
+    private func idPrefix(of sender: String) -> String {
+        if let known = idPrefixes.withLock({ $0[sender] }) { return known }
+        let prefix = IngressMessageID.prefix(sender: sender)
+        idPrefixes.withLock { table in
+            if table.count >= 100_000 { table.removeAll(keepingCapacity: true) }
+            table[sender] = prefix
+        }
+        return prefix
     }
 
     /// The sender messages are keyed by: the verified user, else the verified app and the
