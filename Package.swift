@@ -70,19 +70,21 @@ let package = Package(
         // The parsers' properties, fuzzed by scripts/fuzz and replayed by FuzzRegressionTests.
         .target(name: "FuzzChecks", dependencies: ["FCM", "Transport", "XMPP", "Worker", "Ingress"], swiftSettings: swiftSettings),
         .executableTarget(name: "fcm-worker-fuzz", dependencies: ["FuzzChecks", "CSystem"], swiftSettings: swiftSettings),
-        .testTarget(name: "RuntimeTests", dependencies: ["Runtime"]),
+        // What the test targets share (waiting for a condition): no product links it.
+        .target(name: "TestSupport", path: "Tests/TestSupport", swiftSettings: swiftSettings),
+        .testTarget(name: "RuntimeTests", dependencies: ["Runtime", "TestSupport"]),
         .testTarget(name: "TransportTests", dependencies: ["Transport", "Runtime"]),
         .testTarget(name: "XMPPTests", dependencies: ["XMPP", "Transport", "Runtime"]),
         .testTarget(name: "FCMTests", dependencies: ["FCM", "XMPP", "Transport", "Runtime"]),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "Runtime"]),
-        .testTarget(name: "WorkerTests", dependencies: ["Worker", "Outbox", "FCM", "Runtime"]),
+        .testTarget(name: "WorkerTests", dependencies: ["Worker", "Outbox", "FCM", "Runtime", "TestSupport"]),
         .testTarget(name: "FuzzRegressionTests", dependencies: ["FuzzChecks"]),
         // The Swift blocks of docs/handlers.md and README.md, copied by scripts/extract-doc-snippets:
         // built with the tests so that the docs always compile (the test among them runs too).
         .testTarget(name: "HandlerDocs", dependencies: ["Worker", "Handlers", "WorkerTesting"], path: "Tests/HandlerDocs",
                     swiftSettings: swiftSettings),
         .testTarget(name: "EndToEndTests", dependencies: ["Worker", "Outbox", "Handlers", "Simulator", "WorkerTesting", "Runtime", "Transport", "XMPP", "Benchmarks",
-                                                          "FCM", "Postgres"]),
+                                                          "FCM", "Postgres", "TestSupport"]),
     ],
     swiftLanguageModes: [.v6]
 )

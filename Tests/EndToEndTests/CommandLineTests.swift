@@ -1,6 +1,7 @@
 import Foundation
 import Simulator
 import Testing
+import TestSupport
 
 /// The `fcm-worker` executable as an operator runs it.
 @Suite struct CommandLineTests {

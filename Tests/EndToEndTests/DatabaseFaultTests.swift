@@ -5,6 +5,7 @@ import Runtime
 import Simulator
 import Testing
 import Worker
+import TestSupport
 
 /// Database faults through a TCP proxy the test controls: nothing acked is lost, and the
 /// worker recovers without a restart.
@@ -294,7 +295,7 @@ import Worker
         defer { task.cancel() }
         try await events.wait(for: "the metrics listener") { $0.contains { if case .serving = $0 { true } else { false } } }
         let port = try #require(events.all.compactMap { if case .serving(let port) = $0 { port } else { nil } }.first)
-        try await waitUntilAsync("readiness says the start waits for the database") {
+        try await waitUntil("readiness says the start waits for the database", within: .seconds(20)) {
             guard let (status, body) = try? await httpGet(port: port, path: "/readyz") else { return false }
             return status == 503 && body.contains("waiting for the database")
         }
@@ -304,7 +305,7 @@ import Worker
         // The database comes: the worker starts and becomes ready.
         proxy.set(.pass)
         try await ccs.simulator.waitForBoundSessions(1)
-        try await waitUntilAsync("ready") { (try? await httpGet(port: port, path: "/readyz"))?.status == 200 }
+        try await waitUntil("ready", within: .seconds(20)) { (try? await httpGet(port: port, path: "/readyz"))?.status == 200 }
     }
 
     /// Stopped while the database was still away at start: a graceful stop's status, and a
@@ -325,14 +326,4 @@ import Worker
         #expect(lines.withLock { $0 }.contains { $0.contains("stopped before the worker started") && $0.contains("waiting for the database") })
     }
 
-    private func waitUntilAsync(_ what: String, within limit: Duration = .seconds(20), _ condition: () async -> Bool) async throws {
-        let deadline = ContinuousClock.now + limit
-        while await !condition() {
-            guard ContinuousClock.now < deadline else {
-                Issue.record("timed out waiting until \(what)")
-                return
-            }
-            try await Task.sleep(for: .milliseconds(50))
-        }
-    }
 }

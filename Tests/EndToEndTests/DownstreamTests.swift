@@ -8,6 +8,7 @@ import Synchronization
 import Testing
 import Worker
 import XMPP
+import TestSupport
 
 /// Every downstream message the simulator received, with how it was answered.
 final class DownstreamLog: Sendable {

@@ -8,6 +8,7 @@ import Testing
 import Worker
 import WorkerTesting
 import XMPP
+import TestSupport
 
 /// Counts calls per message id, can hold the first call until released, and refuses or
 /// fails the messages it is told to.

@@ -3,6 +3,7 @@ import Postgres
 import Runtime
 import Testing
 @testable import Worker
+import TestSupport
 
 /// Waits for its own cancellation (a handler stuck on something that never answers), then
 /// says how it ended.

@@ -7,6 +7,7 @@ import Synchronization
 import Testing
 import Transport
 import Worker
+import TestSupport
 
 /// The HTTPS ingress under faults: what it answered 200 survives what its ack mode says, and
 /// what it cannot promise it refuses with 503.
@@ -41,7 +42,7 @@ import Worker
         let log = Task { String(decoding: await readToEnd(errors.fileHandleForReading), as: UTF8.self) }
         let probe = try HTTPSClient(host: "127.0.0.1", port: port, trust: .caPEM(setup.ccs.authority.rootCertificatePEM), timeout: .seconds(2))
         let probeToken = try setup.idToken(uid: "probe")
-        try await waitUntilAsync("the ingress answers", within: .seconds(30)) {
+        try await waitUntil("the ingress answers", within: .seconds(30)) {
             (try? await probe.postMessage(#"{"message_id":"probe","token":"t","data":{}}"#, token: probeToken))?.status == 200
         }
         let answered = BlockingLock<[String]>([])

@@ -8,6 +8,7 @@ import Simulator
 import Testing
 import Transport
 import Worker
+import TestSupport
 
 /// A worker serving the HTTPS ingress (TLS from a certificate of the test's CA, ID tokens
 /// checked against the v1 simulator's published keys), with a client that trusts the CA.
@@ -345,7 +346,7 @@ extension HTTPSClient {
         try replacement.privateKeyPEM.write(toFile: setup.configuration.ingressSettings.keyFile!, atomically: true, encoding: .utf8)
         worker.reloadCredentials()
         let newClient = try HTTPSClient(host: "127.0.0.1", port: port, trust: .caPEM(otherAuthority.rootCertificatePEM), maximumConnections: 1)
-        try await waitUntilAsync("a new connection gets the new certificate", within: .seconds(10)) {
+        try await waitUntil("a new connection gets the new certificate", within: .seconds(10)) {
             (try? await newClient.postMessage(#"{"message_id":"after","token":"t","data":{}}"#, token: token))?.status == 200
         }
         // The connection opened before the reload goes on with the old certificate.
@@ -355,14 +356,6 @@ extension HTTPSClient {
     }
 }
 
-/// Waits until the async `condition` holds, checking every 50 ms; throws after `limit`.
-func waitUntilAsync(_ what: String, within limit: Duration, _ condition: () async throws -> Bool) async throws {
-    let deadline = ContinuousClock.now + limit
-    while try await !condition() {
-        guard ContinuousClock.now < deadline else { throw SimulatorError("timed out after \(limit) waiting until \(what)") }
-        try await Task.sleep(for: .milliseconds(50))
-    }
-}
 
 /// Connects to `port`, writes `text`, and reads until the server closes (or `within`
 /// seconds pass), on a thread of its own; returns what was read.
@@ -420,7 +413,7 @@ func rawExchange(port: Int, sending text: String, within seconds: Int) async -> 
         #expect(setup.ccs.simulator.boundSessions.isEmpty, "no CCS session was opened")
         // The echo's reply names no transport (xmpp, the outbox's default): with no CCS
         // connection it waits, counted as a row this worker cannot send, and is never failed.
-        try await waitUntilAsync("the reply counted as unsendable", within: .seconds(10)) {
+        try await waitUntil("the reply counted as unsendable", within: .seconds(10)) {
             (try? await httpGet(port: port, path: "/metrics"))?.body.contains(#"fcm_worker_outbox_unsendable_rows{transport="xmpp"} 1"#) == true
         }
         let rows = try await setup.database.query("SELECT transport, status FROM downstream_messages")

@@ -116,16 +116,9 @@ func parsePrometheus(_ page: String) throws -> [String: Double] {
             lastReadiness.withLock { $0 = body }
             return status == 200
         }
-        func waitUntil(_ what: String, _ condition: () async throws -> Bool) async throws {
-            let deadline = ContinuousClock.now + .seconds(15)
-            while try await !condition() {
-                guard ContinuousClock.now < deadline else {
-                    throw SimulatorError("timed out waiting for \(what); /readyz said \(lastReadiness.withLock { $0 })")
-                }
-                try await Task.sleep(for: .milliseconds(100))
-            }
+        try await waitUntil("ready", within: .seconds(15), every: .milliseconds(100), detail: "/readyz said \(lastReadiness.withLock { $0 })") {
+            try await ready()
         }
-        try await waitUntil("ready") { try await ready() }
         #expect(try await httpGet(port: port, path: "/healthz").status == 200)
         #expect(try await httpGet(port: port, path: "/nothing").status == 404)
 
@@ -236,6 +229,7 @@ func parsePrometheus(_ page: String) throws -> [String: Double] {
 }
 
 import Synchronization
+import TestSupport
 
 /// The worker as systemd runs it: notifications on `NOTIFY_SOCKET`, JSON logs, SIGHUP.
 @Suite struct SystemdNotificationTests {

@@ -5,6 +5,7 @@ import Runtime
 import Simulator
 import Testing
 import Worker
+import TestSupport
 
 /// What an operator's fault trial found, each fixed: settings and files an operator gets
 /// wrong get one clear line and a status that stops a restart loop, and a failing

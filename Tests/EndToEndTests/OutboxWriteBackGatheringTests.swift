@@ -4,6 +4,7 @@ import Runtime
 import Testing
 @testable import Outbox
 @testable import Worker
+import TestSupport
 
 /// The outbox write-back lets answers that come apart share one transaction (a transaction
 /// per write costs PostgreSQL far more than a row does), up to its gathering time or

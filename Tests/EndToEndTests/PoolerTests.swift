@@ -4,6 +4,7 @@ import Testing
 @testable import Worker
 import Runtime
 import Simulator
+import TestSupport
 
 /// The worker behind a real PgBouncer in transaction pooling mode, as production often runs
 /// it: `scripts/test` starts Debian's PgBouncer in front of the test cluster

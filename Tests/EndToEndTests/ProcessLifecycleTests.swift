@@ -2,6 +2,7 @@ import FCM
 import Foundation
 import Simulator
 import Testing
+import TestSupport
 
 /// The worker as a process under signals: nothing acked is ever lost.
 @Suite struct ProcessLifecycleTests {

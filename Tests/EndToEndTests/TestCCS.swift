@@ -62,14 +62,6 @@ struct TestCCS {
     }
 }
 
-/// Waits until `condition` holds, checking every 10 ms; throws after `limit`.
-func waitUntil(_ what: String, within limit: Duration = .seconds(10), _ condition: () throws -> Bool) async throws {
-    let deadline = ContinuousClock.now + limit
-    while try !condition() {
-        guard ContinuousClock.now < deadline else { throw SimulatorError("timed out after \(limit) waiting until \(what)") }
-        try await Task.sleep(for: .milliseconds(10))
-    }
-}
 
 /// Starts a worker (quiet logger) with `handlers` (default: `store`); returns its task
 /// (cancelling it stops the worker at once) and the events it reports.

@@ -4,6 +4,7 @@ import Postgres
 import Runtime
 import Testing
 @testable import Worker
+import TestSupport
 
 /// Handles nothing: the database is never reached in these tests.
 private struct IgnoringHandler: UpstreamHandler {

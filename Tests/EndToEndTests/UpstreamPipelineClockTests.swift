@@ -3,6 +3,7 @@ import Postgres
 import Runtime
 import Testing
 @testable import Worker
+import TestSupport
 
 /// Counts each message's handling attempts and fails the first `failures` of each.
 private struct FailingFirstHandler: UpstreamHandler {

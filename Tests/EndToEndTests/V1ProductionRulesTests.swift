@@ -6,6 +6,7 @@ import Runtime
 import Simulator
 import Testing
 import Worker
+import TestSupport
 
 /// FCM's HTTP v1 rules that bite in production (spec FCM-V1.md, docs/protocol.md's v1
 /// section), each against the simulator answering as Google does: Apple's priority rule,

@@ -1,6 +1,7 @@
 @testable import Runtime
 import Synchronization
 import Testing
+import TestSupport
 
 @Suite struct DeadlineThreadTests {
     /// Records what ran, and when.
@@ -11,17 +12,6 @@ import Testing
         func time(of name: String) -> ContinuousClock.Instant? { entries.withLock { $0.first { $0.name == name }?.at } }
     }
 
-    /// Waits until `condition` holds, checking every millisecond; fails after 10 s.
-    private func waitUntil(_ what: String, _ condition: () -> Bool) async throws {
-        let limit = ContinuousClock.now + .seconds(10)
-        while !condition() {
-            guard ContinuousClock.now < limit else {
-                Issue.record("timed out waiting until \(what)")
-                return
-            }
-            try await Task.sleep(for: .milliseconds(1))
-        }
-    }
 
     @Test func actionsRunInDeadlineOrderAndNeverEarly() async throws {
         let thread = DeadlineThread(name: "test-deadlines")
@@ -30,7 +20,7 @@ import Testing
         let deadlines = ["c": start + .milliseconds(60), "a": start + .milliseconds(20), "b": start + .milliseconds(40)]
         for name in ["c", "a", "b"] { thread.schedule(at: deadlines[name]!) { log.add(name) } }
         thread.schedule(at: start - .seconds(1)) { log.add("past") }
-        try await waitUntil("all four ran") { log.names.count == 4 }
+        try await waitUntil("all four ran", every: .milliseconds(1)) { log.names.count == 4 }
         #expect(log.names == ["past", "a", "b", "c"])
         for (name, deadline) in deadlines { #expect(log.time(of: name)! >= deadline) }
         #expect(thread.scheduledCount == 0)
@@ -40,10 +30,10 @@ import Testing
         let thread = DeadlineThread(name: "test-deadlines")
         let log = Log()
         thread.schedule(at: .now + .seconds(3600)) { log.add("in an hour") }
-        try await waitUntil("the thread sleeps until the hour's deadline") { thread.isAsleep }
+        try await waitUntil("the thread sleeps until the hour's deadline", every: .milliseconds(1)) { thread.isAsleep }
         thread.schedule(at: .now + .milliseconds(10)) { log.add("soon") }
         // Without the wakeup it would run only in an hour.
-        try await waitUntil("the earlier action ran") { log.names == ["soon"] }
+        try await waitUntil("the earlier action ran", every: .milliseconds(1)) { log.names == ["soon"] }
     }
 
     @Test func aCancelledActionNeverRuns() async throws {
@@ -54,7 +44,7 @@ import Testing
         let cancelled = thread.schedule(at: .now + .milliseconds(300)) { log.add("cancelled") }
         let kept = thread.schedule(at: .now + .milliseconds(600)) { log.add("kept") }
         #expect(thread.cancel(cancelled))
-        try await waitUntil("the kept action ran") { log.names.contains("kept") }
+        try await waitUntil("the kept action ran", every: .milliseconds(1)) { log.names.contains("kept") }
         #expect(log.names == ["kept"])
         #expect(!thread.cancel(kept), "an action that ran can no longer be cancelled")
         #expect(!thread.cancel(cancelled), "nor one cancelled already")
@@ -79,9 +69,9 @@ import Testing
         let sleeper = Task { slept.store(await sleepUnlessCancelled(for: .seconds(3600)) ? 1 : 2, ordering: .relaxed) }
         // Some timed wait (perhaps another test's): the sleeper may be cancelled before it
         // sleeps, which it must answer at once as well.
-        try await waitUntil("the sleep is timed") { DeadlineThread.shared.scheduledCount > 0 }
+        try await waitUntil("the sleep is timed", every: .milliseconds(1)) { DeadlineThread.shared.scheduledCount > 0 }
         sleeper.cancel()
-        try await waitUntil("the cancelled sleep ended") { slept.load(ordering: .relaxed) != 0 }
+        try await waitUntil("the cancelled sleep ended", every: .milliseconds(1)) { slept.load(ordering: .relaxed) != 0 }
         #expect(slept.load(ordering: .relaxed) == 2)
         await sleeper.value
 
@@ -103,9 +93,9 @@ import Testing
             await doorbell.wait(timeout: .seconds(3600))
             ended.store(true, ordering: .relaxed)
         }
-        try await waitUntil("the wait is timed") { DeadlineThread.shared.scheduledCount > 0 }
+        try await waitUntil("the wait is timed", every: .milliseconds(1)) { DeadlineThread.shared.scheduledCount > 0 }
         doorbell.ring()
-        try await waitUntil("the rung wait ended, an hour before its deadline") { ended.load(ordering: .relaxed) }
+        try await waitUntil("the rung wait ended, an hour before its deadline", every: .milliseconds(1)) { ended.load(ordering: .relaxed) }
         await waiter.value
     }
 }

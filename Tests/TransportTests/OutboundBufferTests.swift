@@ -4,21 +4,14 @@ import Synchronization
 import Testing
 @testable import Transport
 
-/// A shared, locked value for closures that outlive one scope.
-final class Locked<Value: Sendable>: Sendable {
-    private let mutex: BlockingLock<Value>
-    init(_ value: Value) { mutex = BlockingLock(value) }
-    func withLock<R: Sendable>(_ body: (inout Value) -> R) -> R { mutex.withLock { body(&$0) } }
-}
-
 private func chunk(_ size: Int) -> OutboundBuffer.Chunk { .init(bytes: [UInt8](repeating: 0x61, count: size), recordSize: 16 * 1024) }
 
 @Suite struct OutboundBufferTests {
     @Test func sendersWaitWhenFullAndResumeInOrderAsTheThreadDrains() async throws {
-        let wakes = Locked(0)
+        let wakes = BlockingLock(0)
         let buffer = OutboundBuffer(capacity: 100) { wakes.withLock { $0 += 1 } }
         try await buffer.enqueue(chunk(60))
-        let order = Locked<[Int]>([])
+        let order = BlockingLock<[Int]>([])
         // Two more senders: neither fits until the loop takes what is queued.
         let second = Task { try await buffer.enqueue(chunk(60)); order.withLock { $0.append(2) } }
         while buffer.waiterCount < 1 { await Task.yield() }

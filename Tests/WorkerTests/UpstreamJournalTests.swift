@@ -3,6 +3,7 @@ import Foundation
 import Runtime
 import Testing
 @testable import Worker
+import TestSupport
 
 /// The journal of journal ack mode on a real disk: what is appended is on disk in order,
 /// segments go once everything in them committed, and a cancelled journal writes what it holds.
@@ -33,13 +34,6 @@ import Testing
         try Spool(path: path).load().entries.map { String($0.payload.dropFirst(15).prefix(while: { $0 != "\"" })) }
     }
 
-    private func eventually(_ what: String, _ condition: () throws -> Bool) async throws {
-        let deadline = ContinuousClock.now + .seconds(10)
-        while try !condition() {
-            guard ContinuousClock.now < deadline else { Issue.record("timed out waiting for \(what)"); return }
-            try await Task.sleep(for: .milliseconds(5))
-        }
-    }
 
     @Test func appendedRecordsReachTheDiskInOrderAndGoOnceCommitted() async throws {
         let spool = try temporarySpoolPath()
@@ -50,9 +44,9 @@ import Testing
         let second = journal.append(records(3..<5))
         #expect(first == second)
         let path = journal.path(of: first)
-        try await eventually("five records on disk") { (try? ids(in: path).count) == 5 }
+        try await waitUntil("five records on disk") { (try? ids(in: path).count) == 5 }
         #expect(try ids(in: path) == ["j0", "j1", "j2", "j3", "j4"])
-        try await eventually("the flush counted") { metrics.journalFlushes.withLock { $0.sizes.count } >= 1 }
+        try await waitUntil("the flush counted") { metrics.journalFlushes.withLock { $0.sizes.count } >= 1 }
         #expect(metrics.render().contains("fcm_worker_journal_flush_seconds_count"))
         #expect(journal.outstanding == 5)
         journal.release(Array(repeating: first, count: 4))
@@ -60,14 +54,14 @@ import Testing
         // have deleted the segment if it took four releases for five.
         let again = journal.append(records(100..<101))
         #expect(again == first)
-        try await eventually("the writer's next turn") { (try? ids(in: path).count) == 6 }
+        try await waitUntil("the writer's next turn") { (try? ids(in: path).count) == 6 }
         #expect(FileManager.default.fileExists(atPath: path), "a segment with an uncommitted message is kept")
         journal.release([first, again])
-        try await eventually("the committed segment deleted") { !FileManager.default.fileExists(atPath: path) }
+        try await waitUntil("the committed segment deleted") { !FileManager.default.fileExists(atPath: path) }
         // Later records start a new segment.
         let third = journal.append(records(5..<6))
         #expect(third > first)
-        try await eventually("the new segment written") { (try? ids(in: journal.path(of: third))) == ["j5"] }
+        try await waitUntil("the new segment written") { (try? ids(in: journal.path(of: third))) == ["j5"] }
         running.cancel()
         await running.value
         #expect(UpstreamJournal.segments(beside: spool).map(\.number) == [third])
@@ -93,15 +87,15 @@ import Testing
         let segments = read(0..<1)
         journal.writeAppended()
         let path = journal.path(of: segments.first!)
-        try await eventually("the first read on disk") { (try? ids(in: path)) == ["r0"] }
-        try await eventually("the writer waiting") { journal.writerIsIdle }
+        try await waitUntil("the first read on disk") { (try? ids(in: path)) == ["r0"] }
+        try await waitUntil("the writer waiting") { journal.writerIsIdle }
         #expect(read(1..<6) == segments)
         try await Task.sleep(for: .milliseconds(100))
         #expect(try ids(in: path) == ["r0"], "written before the read was parsed to its end")
         journal.writeAppended()
-        try await eventually("the second read on disk") { (try? ids(in: path)) == ["r0", "r1", "r2", "r3", "r4", "r5"] }
+        try await waitUntil("the second read on disk") { (try? ids(in: path)) == ["r0", "r1", "r2", "r3", "r4", "r5"] }
         // The file shows a write before its flush is counted.
-        try await eventually("both flushes counted") { metrics.journalFlushes.withLock { $0.sizes.sum } == 6 }
+        try await waitUntil("both flushes counted") { metrics.journalFlushes.withLock { $0.sizes.sum } == 6 }
         #expect(metrics.journalFlushes.withLock { $0.sizes.count } == 2, "one flush per read")
     }
 
@@ -111,19 +105,19 @@ import Testing
         let running = Task { await journal.run(until: ShutdownSignal()) }
         defer { running.cancel() }
         let first = journal.append(records(0..<2))
-        try await eventually("the first segment written") { (try? ids(in: journal.path(of: first)).count) == 2 }
+        try await waitUntil("the first segment written") { (try? ids(in: journal.path(of: first)).count) == 2 }
         // The first segment passed its size: the next write goes to a new one.
         var second = journal.append(records(2..<3))
         if second == first {
             // Appended before the writer closed the first: it was written there.
-            try await eventually("the record written") { (try? ids(in: journal.path(of: first)).count) == 3 }
+            try await waitUntil("the record written") { (try? ids(in: journal.path(of: first)).count) == 3 }
             second = journal.append(records(3..<4))
         }
         #expect(second > first)
-        try await eventually("the second segment written") { (try? ids(in: journal.path(of: second)).isEmpty) == false }
+        try await waitUntil("the second segment written") { (try? ids(in: journal.path(of: second)).isEmpty) == false }
         // Releasing the last message of a closed segment wakes the writer, which deletes it.
         journal.release(Array(repeating: first, count: (try ids(in: journal.path(of: first))).count))
-        try await eventually("the first segment deleted") { !FileManager.default.fileExists(atPath: journal.path(of: first)) }
+        try await waitUntil("the first segment deleted") { !FileManager.default.fileExists(atPath: journal.path(of: first)) }
         #expect(FileManager.default.fileExists(atPath: journal.path(of: second)))
     }
 

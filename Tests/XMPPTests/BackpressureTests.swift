@@ -4,13 +4,6 @@ import Synchronization
 import Testing
 @testable import XMPP
 
-/// A shared, locked value for closures that outlive one scope.
-final class Locked<Value: Sendable>: Sendable {
-    private let mutex: BlockingLock<Value>
-    init(_ value: Value) { mutex = BlockingLock(value) }
-    func withLock<R: Sendable>(_ body: (inout Value) -> R) -> R { mutex.withLock { body(&$0) } }
-}
-
 /// A stanza inbox as its stream's thread and its consumer use it.
 private extension StanzaInbox {
     convenience init(capacity: Int, onRoom: @escaping @Sendable () -> Void = {}) {
@@ -34,7 +27,7 @@ private extension StanzaInbox {
 
 @Suite struct StanzaInboxTests {
     @Test func aFullInboxAsksTheReaderToPauseAndWakesItWhenDrained() async {
-        let wakes = Locked(0)
+        let wakes = BlockingLock(0)
         let inbox = StanzaInbox(capacity: 2) { wakes.withLock { $0 += 1 } }
         #expect(inbox.offerAndHandOver("a") == .queued(hasRoom: true))
         #expect(inbox.offerAndHandOver("b") == .queued(hasRoom: false))   // full: stop reading
@@ -61,7 +54,7 @@ private extension StanzaInbox {
     /// then refused by a stop in between, was acked and never handled.
     @Test func aStanzaIsInterceptedOnlyIfItIsHandedOut() async {
         let inbox = StanzaInbox(capacity: 4)
-        let intercepted = Locked<[String]>([])
+        let intercepted = BlockingLock<[String]>([])
         #expect(inbox.offer { intercepted.withLock { $0.append("first") }; return InboundBox(XMLElement("first")) } != .refused)
         inbox.close(refusingOffers: true)
         #expect(inbox.offer { intercepted.withLock { $0.append("late") }; return InboundBox(XMLElement("late")) } == .refused)
@@ -84,7 +77,7 @@ private extension StanzaInbox {
 
 @Suite struct StanzaInboxBatchTests {
     @Test func aBatchTakesWhatIsQueuedInOrderUpToTheMaximumAndWakesAFullReader() async {
-        let wakes = Locked(0)
+        let wakes = BlockingLock(0)
         let inbox = StanzaInbox(capacity: 3) { wakes.withLock { $0 += 1 } }
         for name in ["a", "b", "c", "d"] { inbox.offerAndHandOver(name) }
         #expect(!inbox.hasRoom)
