@@ -4,39 +4,6 @@ import Postgres
 import Runtime
 import XMPP
 
-/// What a connection's reader saw that concerns downstream messages.
-package enum DownstreamAnswer: Sendable {
-    case ack(messageID: String, canonicalToken: String?)
-    case nack(messageID: String, code: String, description: String?)
-    case stanzaError(stanzaID: String, condition: String, text: String?)
-    /// A stanza error without a stanza id, whose echoed payload named the message.
-    case stanzaErrorForMessage(messageID: String, condition: String, text: String?)
-}
-
-/// What the worker's CCS connections tell the XMPP transport (and, through `attach`, give
-/// it to send on): the seam between the connections and the outbox.
-package protocol CCSLinks: Sendable {
-    /// Starts sending on `connection`; returns its link id for the other calls.
-    func attach(_ connection: CCSConnection) -> Int
-    /// CCS is draining the link's connection: nothing more is sent on it.
-    func drain(_ link: Int)
-    /// The link's connection ended: what was pending on it goes out on another.
-    func detach(_ link: Int)
-    /// Answers read on the link's connection, in their order.
-    func received(_ answers: [DownstreamAnswer], on link: Int)
-    /// A delivery receipt for the message sent as `originalMessageID` (by any worker).
-    func receipt(originalMessageID: String, at date: Date)
-    /// How long an answer may be late before its message is presumed lost and sent again.
-    var answerTimeout: Duration { get }
-}
-
-/// A connection's window, as metrics show it.
-package struct ConnectionWindow: Sendable {
-    package let label: String
-    package let pending: Int
-    package let draining: Bool
-}
-
 /// The outbox's XMPP transport (`xmpp`): sends rows over the worker's CCS connections
 /// with FCM's rules.
 ///
