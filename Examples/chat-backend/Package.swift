@@ -27,6 +27,9 @@ let package = Package(
                 "ChatBackend",
                 .product(name: "Worker", package: "fcm-worker"),
                 .product(name: "WorkerTesting", package: "fcm-worker"),
+                // The command-line tests set up schemas with a database connection of their
+                // own: engine API that `import Worker` does not show a handler module.
+                .product(name: "Postgres", package: "fcm-worker"),
             ]),
     ],
     swiftLanguageModes: [.v6]
