@@ -14,6 +14,9 @@ import Glibc
 /// is called (its task was cancelled), the call gives up, the connection is marked broken
 /// (the pool replaces it), and the server is asked to cancel what it runs (`PQcancel`, on
 /// a thread of its own: it opens a connection of its own, which may hang as well).
+/// `@unchecked Sendable`: the `PGconn` is used by one call at a time (the pool lends the
+/// handle to one caller, whose call runs on a dedicated thread); what other threads touch
+/// (`interrupt()`, the health flags) is atomic or the wake pipe.
 final class ConnectionHandle: @unchecked Sendable {
     private var connection: OpaquePointer?
     private let healthy = AtomicFlag(true)
@@ -598,7 +601,8 @@ final class ConnectionHandle: @unchecked Sendable {
     }
 }
 
-/// A `PGcancel`, sent from a thread of its own and then freed.
+/// A `PGcancel`, sent from a thread of its own and then freed. `@unchecked Sendable`: libpq
+/// makes a `PGcancel` to be used from another thread; only that thread uses it.
 private final class CancelRequest: @unchecked Sendable {
     private let cancel: OpaquePointer
 

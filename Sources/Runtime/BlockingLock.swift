@@ -16,6 +16,7 @@ import Foundation
 /// The type is `public` and its members `package`: Swift 6.3 neither inlines nor specializes
 /// the `@inlinable` members of a `package` type in other modules, which then called them
 /// unspecialized, looking generic metadata up at run time at every call.
+/// `@unchecked Sendable`: `value` is read and written only holding `lock`.
 public final class BlockingLock<State>: @unchecked Sendable {
     @usableFromInline let lock = NSLock()
     @usableFromInline var value: State

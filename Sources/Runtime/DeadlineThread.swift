@@ -20,6 +20,8 @@ import Glibc
 ///
 /// The type is `public` and its members `package` (`@usableFromInline`), so that the
 /// inlinable `BlockingLock.suspend` can use it.
+/// `@unchecked Sendable`: its deadlines are kept under its own lock; the thread is the only
+/// one that runs their actions.
 public final class DeadlineThread: DeadlineClock, @unchecked Sendable {
     /// The process's deadline thread, started on first use; it lives as long as the process.
     @usableFromInline package static let shared = DeadlineThread(name: "fcm-deadlines")

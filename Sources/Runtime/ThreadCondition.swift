@@ -15,6 +15,8 @@ import Glibc
 /// The waiter checks what it waits for holding the mutex, and whoever changes it signals
 /// holding the mutex too (`withLock { …; signal() }`, or `wake()` after a change guarded by
 /// another lock), so that no wake-up falls between the check and the wait.
+/// `@unchecked Sendable`: the mutex and condition are pthread objects made for use from any
+/// thread; the state they guard is the caller's, read and written holding the mutex.
 package final class ThreadCondition: @unchecked Sendable {
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private let condition: UnsafeMutablePointer<pthread_cond_t>

@@ -6,6 +6,8 @@ import XMPP
 
 /// A throwaway certificate authority made in memory at run time (EC P-256, SHA-256), for
 /// the simulator's TLS: tests and the demo trust its root and nothing else.
+/// `@unchecked Sendable`: its key and root certificate (OpenSSL objects) are made in `init`
+/// and never changed; OpenSSL allows signing with them from any thread.
 public final class CertificateAuthority: @unchecked Sendable {
     /// Why a certificate could not be made (OpenSSL's reasons).
     public struct GenerationError: Error, CustomStringConvertible {

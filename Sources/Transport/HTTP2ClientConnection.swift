@@ -16,6 +16,8 @@ import Runtime
 ///
 /// After a `GOAWAY` (or when the server did not choose `h2`), it takes no new exchange; the
 /// ones under way finish, then the connection closes.
+/// `@unchecked Sendable`: its session and streams are touched only on its loop's thread (the
+/// `StreamDriver` contract); other threads reach it through its lock-guarded `shared` state.
 final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
     /// How an exchange ended.
     enum Outcome: Sendable {

@@ -23,7 +23,8 @@ public final class HTTPSClient: Sendable {
         public let body: String
     }
 
-    /// One kept-alive connection and its thread.
+    /// One kept-alive connection and its thread. `@unchecked Sendable`: its channel is touched
+    /// only on its thread, its hand-over state only under the client's lock.
     private final class Connection: @unchecked Sendable {
         // Touched only on `thread` (the channel) or under the client's lock (hand-over).
         let thread: DedicatedThread

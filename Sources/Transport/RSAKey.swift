@@ -93,6 +93,8 @@ public final class RSAPrivateKey: @unchecked Sendable {
 }
 
 /// An RSA public key (the one owner of its `EVP_PKEY`): checks RS256 signatures.
+/// `@unchecked Sendable`: the key is never changed after `init`, and OpenSSL verifies with it
+/// from any thread.
 public final class RSAPublicKey: @unchecked Sendable {
     let key: OpaquePointer
 

@@ -29,7 +29,8 @@ package protocol StreamDriver: AnyObject {
 /// hands it to its driver (the XMPP layer parses it).
 ///
 /// Other threads and tasks talk to it only through `outbound` (bounded, async),
-/// `wake()` and `requestClose(_:)`.
+/// `wake()` and `requestClose(_:)`. `@unchecked Sendable`: everything else (the socket, the
+/// `SSL*`, the buffers) is touched only on its thread.
 package final class StreamLoop: @unchecked Sendable {
     /// Where the socket comes from.
     package enum Origin: Sendable {

@@ -287,7 +287,8 @@ struct UpstreamDispatcher: Sendable {
 }
 
 /// A value handed to a child task that the parent waits for, so that it is never used by
-/// two tasks at once (the dispatcher's handler call and its transaction).
+/// two tasks at once (the dispatcher's handler call and its transaction): that hand-off, not
+/// the type, is what makes it safe, hence `@unchecked`.
 private struct UncheckedSendable<Value>: @unchecked Sendable {
     let value: Value
     init(_ value: Value) { self.value = value }

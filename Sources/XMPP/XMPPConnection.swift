@@ -166,7 +166,8 @@ extension XMPPConnection where Inbound == XMLElement {
     }
 }
 
-/// Lets the inbox wake a loop that is created after it.
+/// Lets the inbox wake a loop that is created after it. `@unchecked Sendable`: its one
+/// reference is written once before the loop starts and only read afterwards.
 final class WakeRelay: @unchecked Sendable {
     // Written once before the loop starts, read afterwards: no race. Weak: the loop holds
     // its driver, which holds the inbox, which holds this relay; a strong reference closed
