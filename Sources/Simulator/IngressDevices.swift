@@ -22,6 +22,10 @@ public struct IngressDevices: Sendable {
         /// Requests in flight at once.
         public var inFlight = 256
         public var connections = 8
+        /// Messages a request carries: 1 posts each to `/v1/messages`; more post them
+        /// together to `/v1/messages:batch` (a device coming back online with a queue), all
+        /// as the device of the first of them.
+        public var batch = 1
         /// Shares (0 to 1) of posts that repeat an earlier message, and that carry an expired token.
         public var duplicateShare = 0.0
         public var badTokenShare = 0.0
@@ -161,59 +165,76 @@ private final class Posting: Sendable {
     }
 
     private func postNext() {
-        let index = state.withLock { state -> Int? in
+        let batch = max(1, settings.batch)
+        let taken = state.withLock { state -> Range<Int>? in
             guard state.next < plan.count, !state.cancelled else { return nil }
-            defer {
-                state.next += 1
-                state.submitted += 1
-            }
-            return state.next
+            let range = state.next..<min(plan.count, state.next + batch)
+            state.next = range.upperBound
+            state.submitted += 1
+            return range
         }
-        guard let index else { return }
+        guard let taken else { return }
+        let index = taken.lowerBound
         if settings.rate > 0 {
             let due = started + .seconds(Double(index) / Double(settings.rate))
             let wait = due - .now
             if wait > .zero {
-                DispatchQueue.global().asyncAfter(deadline: .now() + wait.seconds) { self.post(index) }
+                DispatchQueue.global().asyncAfter(deadline: .now() + wait.seconds) { self.post(taken) }
                 return
             }
         }
-        post(index)
+        post(taken)
     }
 
-    private func post(_ index: Int) {
-        if state.withLock({ $0.cancelled }) { return finish(status: 0, outcome: nil, sent: .now) }
-        let (device, message, bad) = plan[index]
-        let body = #"{"message_id":"sim-\#(message)","token":"simulated-token-\#(device)","category":"com.example.simulated","data":{"n":"\#(message)"}}"#
+    /// Posts the plan's messages `range` in one request: alone to `/v1/messages`, several to
+    /// `/v1/messages:batch` (as the first of them's device, with its token).
+    private func post(_ range: Range<Int>) {
+        if state.withLock({ $0.cancelled }) { return finish(range.count, status: 0, outcomes: [], sent: .now) }
+        let (device, _, bad) = plan[range.lowerBound]
+        let messages = range.map { index in
+            let message = plan[index].message
+            return #"{"message_id":"sim-\#(message)","token":"simulated-token-\#(device)","category":"com.example.simulated","data":{"n":"\#(message)"}}"#
+        }
+        let (path, body) = messages.count == 1 ? ("/v1/messages", messages[0])
+            : ("/v1/messages:batch", #"{"messages":["# + messages.joined(separator: ",") + "]}")
         let sent = ContinuousClock.now
-        client.submit(method: "POST", path: "/v1/messages",
+        client.submit(method: "POST", path: path,
                       headers: [("content-type", "application/json"), ("authorization", bad ? badAuthorization : authorizations[device])],
                       body: Array(body.utf8)) { [self] result in
             switch result {
-            case .success(let answer): finish(status: answer.status, outcome: answer.status == 200 ? Self.status(of: answer.body) : nil, sent: sent)
-            case .failure: finish(status: 0, outcome: nil, sent: sent)
+            case .success(let answer):
+                finish(range.count, status: answer.status, outcomes: answer.status == 200 ? Self.statuses(of: answer.body) : [], sent: sent)
+            case .failure:
+                finish(range.count, status: 0, outcomes: [], sent: sent)
             }
         }
     }
 
-    private func finish(status: Int, outcome: String?, sent: ContinuousClock.Instant) {
+    /// A request of `count` messages ended: each is counted with the request's status.
+    private func finish(_ count: Int, status: Int, outcomes: [String], sent: ContinuousClock.Instant) {
         let micros = UInt32(clamping: Int((ContinuousClock.now - sent).seconds * 1_000_000))
         state.withLock { state in
             state.completed += 1
-            state.report.posted += 1
-            state.report.statuses[status, default: 0] += 1
-            if let outcome { state.report.outcomes[outcome, default: 0] += 1 }
-            state.report.latencies.append(micros)
+            state.report.posted += count
+            state.report.statuses[status, default: 0] += count
+            for outcome in outcomes { state.report.outcomes[outcome, default: 0] += 1 }
+            for _ in 0..<count { state.report.latencies.append(micros) }
         }
         takeFinished()?.resume()
         postNext()
     }
 
-    /// The `status` member of an answer `{"message_id": …, "status": "…"}`, read without a parse.
-    static func status(of body: String) -> String? {
-        guard let range = body.range(of: #""status":""#) else { return nil }
-        let rest = body[range.upperBound...]
-        guard let end = rest.firstIndex(of: "\"") else { return nil }
-        return String(rest[..<end])
+    /// The `status` members of an answer (`{"message_id": …, "status": "…"}`, or a batch's
+    /// `{"results": [...]}`), read without a parse.
+    static func statuses(of body: String) -> [String] {
+        var found: [String] = []
+        var rest = body[...]
+        while let range = rest.range(of: #""status":""#) {
+            rest = rest[range.upperBound...]
+            guard let end = rest.firstIndex(of: "\"") else { break }
+            found.append(String(rest[..<end]))
+            rest = rest[end...]
+        }
+        return found
     }
 }

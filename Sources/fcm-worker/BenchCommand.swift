@@ -36,6 +36,7 @@ enum BenchCommand {
         /// `bench upstream --source`: where upstream messages come from.
         var source = UpstreamBench.Source.ccs
         var h2load = true
+        var httpsBatch = 1
         var downstreamRate = 300
         var ackMode = CCSAckMode.journal
         var faultSeconds = 30
@@ -68,6 +69,9 @@ enum BenchCommand {
             settings.source = source
         },
         .toggle("--no-h2load", help: "with --source https: skip the run driven by h2load (nghttp2-client)") { settings, on in settings.h2load = !on },
+        positive("--https-batch", default: "1",
+                 help: "with --source https: messages each simulated device's request carries (over 1: POST /v1/messages:batch, at most 100)",
+                 \.httpsBatch),
         positive("--rate", default: "10000", help: "offered load of the latency run, msgs/s", \.rate),
         positive("--rate-seconds", default: "5", help: "length of the latency run", \.rateSeconds),
         CommandOption("--phases", placeholder: "LIST", default: "floor,ceiling,immediate,journal,durable,latency",
@@ -191,7 +195,8 @@ enum BenchCommand {
                     try await UpstreamBench(databaseURL: settings.databaseURL, messages: settings.messages, connections: settings.connections,
                                             durableConnections: settings.durableConnections, concurrency: settings.concurrency,
                                             rate: settings.rate, rateSeconds: settings.rateSeconds, phases: settings.phases,
-                                            poolerURL: settings.poolerURL, source: settings.source, h2load: settings.h2load).run()
+                                            poolerURL: settings.poolerURL, source: settings.source, h2load: settings.h2load,
+                                            httpsBatch: min(settings.httpsBatch, 100)).run()
                 }
                 return 0
             } catch {

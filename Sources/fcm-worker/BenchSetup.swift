@@ -46,15 +46,17 @@ final class BenchSetup: Sendable {
 
     /// - Parameters:
     ///   - source: `https`: the worker serves its ingress on a free port, and (with
-    ///     `postsItself`) the simulator's devices post `messages` to it.
+    ///     `postsItself`) the simulator's devices post `messages` to it, `postBatch` a
+    ///     request (about 512 messages in flight whatever the batch).
     static func start(url: String, connections: Int, concurrency: Int, mode: WorkerConfiguration.AckMode,
                       messages: Int, rate: Int, directURL: String? = nil, source: UpstreamBench.Source = .ccs,
-                      postsItself: Bool = true) async throws -> BenchSetup {
+                      postsItself: Bool = true, postBatch: Int = 1) async throws -> BenchSetup {
         let ingressPort = source == .https ? try Self.freePort() : 0
         let arguments = source == .ccs
             ? ["--upstream", "\(messages)", "--upstream-rate", "\(rate)", "--exit-when-acked"]
             : postsItself ? ["--post-to", "127.0.0.1:\(ingressPort)", "--post-messages", "\(messages)", "--post-devices", "\(UpstreamBench.httpsDevices)",
-                             "--post-in-flight", "512", "--post-connections", "16", "--exit-when-posted", "--quiet"]
+                             "--post-in-flight", "\(max(16, 512 / max(1, postBatch)))", "--post-connections", "16", "--post-batch", "\(postBatch)",
+                             "--exit-when-posted", "--quiet"]
                           : ["--quiet"]
         let process = try await SimulatorProcess.start(arguments: arguments, capturesOutput: true)
         let setup = BenchSetup(simulator: process)

@@ -32,6 +32,7 @@ enum SimulateCommand {
         var postDevices = 100
         var postRate = 0
         var postInFlight = 256
+        var postBatch = 1
         var postConnections = 8
         var postDuplicates = 0.0
         var postBadTokens = 0.0
@@ -110,6 +111,8 @@ enum SimulateCommand {
         whole("--post-rate", default: "0", help: "with --post-to: messages a second (0: as fast as the answers come)") { $0.postRate = $1 },
         whole("--post-in-flight", default: "256", help: "with --post-to: posts awaiting their answer at once", minimum: 1) { $0.postInFlight = $1 },
         whole("--post-connections", default: "8", help: "with --post-to: HTTP/2 connections", minimum: 1) { $0.postConnections = $1 },
+        whole("--post-batch", default: "1", help: "with --post-to: messages a request carries (over 1: POST /v1/messages:batch, at most 100)",
+              minimum: 1) { $0.postBatch = min($1, 100) },
         share("--post-duplicates", help: "with --post-to: share of posts that repeat an earlier message (a retry)") { $0.postDuplicates = $1 },
         share("--post-bad-tokens", help: "with --post-to: share of posts with an expired token") { $0.postBadTokens = $1 },
         .toggle("--exit-when-posted", help: "with --post-to: exit once every post is answered, printing `posted …` and `stats acked=… p50_us=…` (answer latency)") {
@@ -283,6 +286,7 @@ enum SimulateCommand {
             post.rate = settings.postRate
             post.inFlight = settings.postInFlight
             post.connections = settings.postConnections
+            post.batch = settings.postBatch
             post.duplicateShare = settings.postDuplicates
             post.badTokenShare = settings.postBadTokens
             do {

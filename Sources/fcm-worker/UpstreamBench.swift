@@ -27,6 +27,8 @@ struct UpstreamBench {
     var source = Source.ccs
     /// With `https`: also drive the ingress with h2load when it is installed.
     var h2load = true
+    /// With `https`: messages a simulated device's request carries.
+    var httpsBatch = 1
 
     /// Where the upstream messages of a run come from.
     enum Source: String, Sendable {
@@ -136,8 +138,9 @@ struct UpstreamBench {
                 let httpsCPU = CPUAccount.Spent(from: https.cpuBefore, to: https.cpuAfter, units: messages).worker
                 say(String(format: "%@ ack mode over CCS: persisted %.0f msgs/s, worker CPU %.1f µs per message", mode.rawValue,
                            result.persistedPerSecond, ccsCPU))
-                say(String(format: "%@ ack mode through the HTTPS ingress (HTTP/2, %d devices): answered %.0f msgs/s, persisted %.0f msgs/s, "
-                           + "worker CPU %.1f µs per message", mode.rawValue, Self.httpsDevices, https.ackedPerSecond, https.persistedPerSecond, httpsCPU))
+                say(String(format: "%@ ack mode through the HTTPS ingress (HTTP/2, %d devices%@): answered %.0f msgs/s, persisted %.0f msgs/s, "
+                           + "worker CPU %.1f µs per message", mode.rawValue, Self.httpsDevices,
+                           httpsBatch > 1 ? ", \(httpsBatch) messages a request" : "", https.ackedPerSecond, https.persistedPerSecond, httpsCPU))
                 say("  answer latency (devices-measured) \(https.ackLatency); receive-to-commit \(https.commitLatency)")
                 say(String(format: "  HTTPS / CCS: persisted %.2f×, worker CPU per message %.2f×", https.persistedPerSecond / result.persistedPerSecond,
                            httpsCPU / ccsCPU))
@@ -309,7 +312,7 @@ struct UpstreamBench {
         let cpuBefore = cpu.sample()
         let setup = try await BenchSetup.start(url: url, connections: connections(for: mode),
                                           concurrency: concurrency, mode: mode, messages: messages, rate: 0, directURL: directURL,
-                                          source: source)
+                                          source: source, postBatch: httpsBatch)
         defer { setup.stop() }
         let (ackedAt, stats) = try await setup.waitForAllAcked(limit: .seconds(600))
         let started = try await setup.firstConnection()

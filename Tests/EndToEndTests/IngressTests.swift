@@ -124,6 +124,29 @@ extension HTTPSClient {
         #expect(rows.first?.string(3)?.contains("hello") == true)
     }
 
+    /// The simulator's devices (what the demo and the bench post with), one message a request
+    /// and ten: every message answered and stored once.
+    @Test(arguments: [1, 10])
+    func theSimulatedDevicesPostEveryMessageOnce(batch: Int) async throws {
+        var setup = try await IngressSetup(ackMode: .durable)
+        setup.configuration.ingressSettings.rateBurst = 10_000
+        setup.configuration.ingressSettings.ratePerSecond = 10_000
+        defer { setup.stop() }
+        let (task, events, _) = try await setup.start()
+        defer { task.cancel() }
+        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
+        var devices = IngressDevices.Settings(port: port, trust: .caPEM(setup.ccs.authority.rootCertificatePEM))
+        devices.messages = 200
+        devices.devices = 20
+        devices.inFlight = 16
+        devices.connections = 2
+        devices.batch = batch
+        let report = try await IngressDevices(settings: devices, issuer: setup.v1.firebaseTokens).run()
+        #expect(report.posted == 200 && report.statuses == [200: 200], "\(report.summary)")
+        #expect(report.outcomes == ["accepted": 200], "\(report.summary)")
+        #expect(try await setup.database.count("upstream_messages") == 200)
+    }
+
     @Test func aSenderReusingAnotherSendersMessageIDNeitherSuppressesNorOverwritesIt() async throws {
         let setup = try await IngressSetup(ackMode: .durable)
         defer { setup.stop() }
