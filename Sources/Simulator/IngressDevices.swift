@@ -46,11 +46,14 @@ public struct IngressDevices: Sendable {
         /// Microseconds from each post to its answer.
         public var latencies: [UInt32] = []
         public var seconds = 0.0
+        /// Messages posted again after a 429 or 503 told their device to come back later.
+        public var retried = 0
 
         public var summary: String {
             let statusText = statuses.sorted { $0.key < $1.key }.map { "\($0.key == 0 ? "no answer" : String($0.key))=\($0.value)" }.joined(separator: " ")
             let outcomeText = outcomes.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
             return "posted \(posted) in \(String(format: "%.2f", seconds)) s: \(statusText) (\(outcomeText))"
+                + (retried > 0 ? ", \(retried) posted again after a 429 or 503" : "")
         }
     }
 
@@ -186,9 +189,13 @@ private final class Posting: Sendable {
         post(taken)
     }
 
+    /// A device told to come back later (429, 503) posts the same messages again after the
+    /// answer's `Retry-After`, as docs/ingress.md asks of clients, up to this many times.
+    private static let maximumRetries = 30
+
     /// Posts the plan's messages `range` in one request: alone to `/v1/messages`, several to
     /// `/v1/messages:batch` (as the first of them's device, with its token).
-    private func post(_ range: Range<Int>) {
+    private func post(_ range: Range<Int>, attempt: Int = 0) {
         if state.withLock({ $0.cancelled }) { return finish(range.count, status: 0, outcomes: [], sent: .now) }
         let (device, _, bad) = plan[range.lowerBound]
         let messages = range.map { index in
@@ -202,6 +209,10 @@ private final class Posting: Sendable {
                       headers: [("content-type", "application/json"), ("authorization", bad ? badAuthorization : authorizations[device])],
                       body: Array(body.utf8)) { [self] result in
             switch result {
+            case .success(let answer) where (answer.status == 429 || answer.status == 503) && attempt < Self.maximumRetries:
+                let wait = Double(answer.headers["retry-after"] ?? "") ?? 1
+                state.withLock { $0.report.retried += range.count }
+                DispatchQueue.global().asyncAfter(deadline: .now() + max(0.05, min(wait, 30))) { self.post(range, attempt: attempt + 1) }
             case .success(let answer):
                 finish(range.count, status: answer.status, outcomes: answer.status == 200 ? Self.statuses(of: answer.body) : [], sent: sent)
             case .failure:

@@ -147,6 +147,27 @@ extension HTTPSClient {
         #expect(try await setup.database.count("upstream_messages") == 200)
     }
 
+    /// A device over its rate is answered 429 with Retry-After, and the simulated device
+    /// posts again then, as clients are asked to: nothing it posted is lost.
+    @Test func theSimulatedDevicesPostAgainAfterA429() async throws {
+        var setup = try await IngressSetup(ackMode: .durable)
+        setup.configuration.ingressSettings.rateBurst = 5
+        setup.configuration.ingressSettings.ratePerSecond = 20
+        defer { setup.stop() }
+        let (task, events, _) = try await setup.start()
+        defer { task.cancel() }
+        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
+        var devices = IngressDevices.Settings(port: port, trust: .caPEM(setup.ccs.authority.rootCertificatePEM))
+        devices.messages = 20
+        devices.devices = 1
+        devices.inFlight = 8
+        devices.connections = 1
+        let report = try await IngressDevices(settings: devices, issuer: setup.v1.firebaseTokens).run()
+        #expect(report.retried > 0, "\(report.summary)")
+        #expect(report.statuses == [200: 20] && report.outcomes == ["accepted": 20], "\(report.summary)")
+        #expect(try await setup.database.count("upstream_messages") == 20)
+    }
+
     @Test func aSenderReusingAnotherSendersMessageIDNeitherSuppressesNorOverwritesIt() async throws {
         let setup = try await IngressSetup(ackMode: .durable)
         defer { setup.stop() }
