@@ -78,6 +78,7 @@ let package = Package(
         .testTarget(name: "FCMTests", dependencies: ["FCM", "XMPP", "Transport", "Runtime"]),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "Runtime"]),
         .testTarget(name: "WorkerTests", dependencies: ["Worker", "Outbox", "FCM", "Runtime", "TestSupport"]),
+        .testTarget(name: "OutboxTests", dependencies: ["Outbox", "Runtime"]),
         .testTarget(name: "FuzzRegressionTests", dependencies: ["FuzzChecks"]),
         // The Swift blocks of docs/handlers.md and README.md, copied by scripts/extract-doc-snippets:
         // built with the tests so that the docs always compile (the test among them runs too).
