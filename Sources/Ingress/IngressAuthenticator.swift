@@ -43,9 +43,7 @@ public final class IngressAuthenticator: Sendable {
         for (index, check) in checks.enumerated() {
             // The header as sent is the cache's key: a hit copies nothing out of it.
             let header = check.rules.kind == .idToken ? authorization : appCheck
-            let missing = Failure(refusal: TokenRefusal(.missing, check.rules.kind == .idToken
-                ? "no Authorization: Bearer ID token" : "no X-Firebase-AppCheck token"), kind: check.rules.kind)
-            guard let header, !header.isEmpty else { return .failure(missing) }
+            guard let header, !header.isEmpty else { return .failure(Self.missing(check.rules.kind)) }
             // A table per kind: a token verified as one kind is never taken as the other.
             let cache = verified[index]
             let key = TokenKey(header)
@@ -54,7 +52,7 @@ public final class IngressAuthenticator: Sendable {
                 subject = known.subject
             } else {
                 let token = check.rules.kind == .idToken ? Self.bearerToken(header) : header
-                guard let token, !token.isEmpty else { return .failure(missing) }
+                guard let token, !token.isEmpty else { return .failure(Self.missing(check.rules.kind)) }
                 do {
                     let verified = try FirebaseTokenVerifier.verify(token, rules: check.rules, keys: check.keys.keys, now: now)
                     subject = verified.subject
@@ -70,6 +68,13 @@ public final class IngressAuthenticator: Sendable {
             }
         }
         return .success(identity)
+    }
+
+    /// The refusal of a request without a token of `kind` (made only then: its text is not
+    /// built for every request).
+    private static func missing(_ kind: FirebaseTokenRules.Kind) -> Failure {
+        Failure(refusal: TokenRefusal(.missing, kind == .idToken ? "no Authorization: Bearer ID token" : "no X-Firebase-AppCheck token"),
+                kind: kind)
     }
 
     /// The token of an `Authorization: Bearer TOKEN` value (the scheme in any case, spaces

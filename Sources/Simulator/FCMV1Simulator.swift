@@ -300,7 +300,7 @@ public final class FCMV1Simulator: Sendable {
             return respond(Self.googleError(404, "NOT_FOUND", "The requested URL \(request.path) was not found on this server."))
         }
         let project = String(request.path.dropFirst(prefix.count).dropLast(suffix.count))
-        let authorization = request.headers["authorization"] ?? ""
+        let authorization = request.header("authorization") ?? ""
         let bearer = authorization.hasPrefix("Bearer ") ? String(authorization.dropFirst("Bearer ".count)) : nil
         // One lock a request for the script and the token (four threads serve at once).
         let (scripted, tokenExpiry) = state.withLock { state -> (Scripted?, Date?) in

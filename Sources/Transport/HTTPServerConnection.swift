@@ -314,7 +314,8 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
 
     package func nextDeadline(_ loop: StreamLoop) -> ContinuousClock.Instant? {
         var deadline = scheduled.firstDue
-        if let started = http1RequestStarted ?? session?.oldestArrivalStart, let timeout = limits.requestTimeout {
+        // The timeout first: a server without one (the simulators) never looks at its streams.
+        if let timeout = limits.requestTimeout, let started = http1RequestStarted ?? session?.oldestArrivalStart {
             deadline = min(deadline ?? started + timeout, started + timeout)
         }
         if let idle = limits.idleTimeout, unanswered == 0 {

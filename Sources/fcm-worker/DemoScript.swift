@@ -38,16 +38,17 @@ final class DemoScript: Sendable {
         let count = upstreamCount, interval = self.interval
         if startUpstream {
             Task {
+                // Paced by time; a cancelled wait ends the script.
                 for number in 1...count {
                     simulator.injectUpstream(from: "demo-device-\(number % 3 + 1)", category: "com.example.demo",
                                              data: ["text": .string("hello \(number)"), "action": .string("demo")])
-                    try? await Task.sleep(for: interval)
+                    guard (try? await Task.sleep(for: interval)) != nil else { return }
                 }
             }
         }
         if scheduleDrop, let dropAfter {
             Task {
-                try? await Task.sleep(for: dropAfter)
+                guard (try? await Task.sleep(for: dropAfter)) != nil else { return }
                 simulator.drop(session: session)
             }
         }

@@ -49,7 +49,9 @@ final class LoadScript: Sendable {
                     simulator.injectUpstream(records[injected..<target])
                     injected = target
                 }
-                try? await Task.sleep(for: .milliseconds(1))
+                // Pacing (a rate), or the simulator's deliveries catching up with the backlog:
+                // checked each millisecond; a cancelled wait ends the load.
+                guard (try? await Task.sleep(for: .milliseconds(1))) != nil else { return }
             }
         }
     }

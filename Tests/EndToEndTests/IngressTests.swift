@@ -54,13 +54,23 @@ struct IngressSetup {
         v1.stop()
     }
 
-    /// Starts the worker and returns it with a client of its ingress.
-    func start(handlers: UpstreamHandlers? = nil) async throws -> (task: Task<Void, any Error>, events: WorkerEvents, client: HTTPSClient) {
+    /// Starts the worker and returns it once its ingress serves, with the ingress's port.
+    func serve(handlers: UpstreamHandlers? = nil) async throws -> (task: Task<Void, any Error>, events: WorkerEvents, port: Int) {
         let (task, events) = startWorker(configuration, handlers: handlers)
         try await events.wait(for: "the ingress to serve") { $0.contains { if case .servingIngress = $0 { true } else { false } } }
-        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
+        return (task, events, try #require(events.ingressPort))
+    }
+
+    /// Starts the worker and returns it with a client of its ingress.
+    func start(handlers: UpstreamHandlers? = nil) async throws -> (task: Task<Void, any Error>, events: WorkerEvents, client: HTTPSClient) {
+        let (task, events, port) = try await serve(handlers: handlers)
         let client = try HTTPSClient(host: "127.0.0.1", port: port, trust: .caPEM(ccs.authority.rootCertificatePEM))
         return (task, events, client)
+    }
+
+    /// The simulator's devices, set to post to this setup's ingress on `port`.
+    func simulatedDevices(port: Int) -> IngressDevices.Settings {
+        IngressDevices.Settings(port: port, trust: .caPEM(ccs.authority.rootCertificatePEM))
     }
 
     func idToken(uid: String) throws -> String { try v1.firebaseTokens.idToken(uid: uid) }
@@ -73,6 +83,11 @@ struct IngressSetup {
                 "--ingress-project-id", ingress.projectID!, "--ingress-id-token-keys-url", ingress.idTokenKeysURL,
                 "--ingress-burst", "100000", "--ingress-rate", "100000"]
     }
+}
+
+extension WorkerEvents {
+    /// The port the worker's ingress serves on, once it does.
+    var ingressPort: Int? { all.lazy.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first }
 }
 
 /// A port free now (the system's choice, released at once) for a child process to listen on.
@@ -132,10 +147,9 @@ extension HTTPSClient {
         setup.configuration.ingressSettings.rateBurst = 10_000
         setup.configuration.ingressSettings.ratePerSecond = 10_000
         defer { setup.stop() }
-        let (task, events, _) = try await setup.start()
+        let (task, _, port) = try await setup.serve()
         defer { task.cancel() }
-        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
-        var devices = IngressDevices.Settings(port: port, trust: .caPEM(setup.ccs.authority.rootCertificatePEM))
+        var devices = setup.simulatedDevices(port: port)
         devices.messages = 200
         devices.devices = 20
         devices.inFlight = 16
@@ -154,10 +168,9 @@ extension HTTPSClient {
         setup.configuration.ingressSettings.rateBurst = 5
         setup.configuration.ingressSettings.ratePerSecond = 20
         defer { setup.stop() }
-        let (task, events, _) = try await setup.start()
+        let (task, _, port) = try await setup.serve()
         defer { task.cancel() }
-        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
-        var devices = IngressDevices.Settings(port: port, trust: .caPEM(setup.ccs.authority.rootCertificatePEM))
+        var devices = setup.simulatedDevices(port: port)
         devices.messages = 20
         devices.devices = 1
         devices.inFlight = 8
@@ -243,9 +256,8 @@ extension HTTPSClient {
         var setup = try await IngressSetup(ackMode: .durable)
         setup.configuration.ingressSettings.rateBurst = 50
         defer { setup.stop() }
-        let (task, events, _) = try await setup.start()
+        let (task, _, port) = try await setup.serve()
         defer { task.cancel() }
-        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
         let client = try HTTP2Client(host: "127.0.0.1", port: port, trust: .caPEM(setup.ccs.authority.rootCertificatePEM), maximumConnections: 1)
         let token = try setup.idToken(uid: "h2-user")
         try await withThrowingTaskGroup(of: Int.self) { group in
@@ -268,9 +280,8 @@ extension HTTPSClient {
         var setup = try await IngressSetup(ackMode: .durable)
         setup.configuration.ingressSettings.maximumBodyBytes = 64 << 10
         defer { setup.stop() }
-        let (task, events, _) = try await setup.start()
+        let (task, _, port) = try await setup.serve()
         defer { task.cancel() }
-        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
         let client = try HTTP2Client(host: "127.0.0.1", port: port, trust: .caPEM(setup.ccs.authority.rootCertificatePEM), maximumConnections: 1)
         let headers = ["content-type": "application/json", "authorization": "Bearer " + (try setup.idToken(uid: "big-poster"))]
         let big = #"{"message_id":"big","data":{"a":""# + String(repeating: "x", count: 200 << 10) + #""}}"#
@@ -292,10 +303,8 @@ extension HTTPSClient {
         setup.configuration.ingressSettings.certificateFile = nil
         setup.configuration.ingressSettings.keyFile = nil
         defer { setup.stop() }
-        let (task, events) = startWorker(setup.configuration)
+        let (task, _, port) = try await setup.serve()
         defer { task.cancel() }
-        try await events.wait(for: "the ingress to serve") { $0.contains { if case .servingIngress = $0 { true } else { false } } }
-        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
         let curl = Process()
         curl.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
         curl.arguments = ["--silent", "--show-error", flag, "--write-out", "\n%{http_version}", "http://127.0.0.1:\(port)/v1/messages",
@@ -319,10 +328,8 @@ extension HTTPSClient {
         setup.configuration.ingressSettings.keyFile = nil
         setup.configuration.ingressSettings.requestTimeout = .milliseconds(500)
         defer { setup.stop() }
-        let (task, events) = startWorker(setup.configuration)
+        let (task, _, port) = try await setup.serve()
         defer { task.cancel() }
-        try await events.wait(for: "the ingress to serve") { $0.contains { if case .servingIngress = $0 { true } else { false } } }
-        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
         // Half a head, then nothing: a slowloris client.
         let answer = await rawExchange(port: port, sending: "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n", within: 10)
         #expect(answer.hasPrefix("HTTP/1.1 408"), "\(answer)")
@@ -338,10 +345,8 @@ extension HTTPSClient {
         setup.configuration.ingressSettings.keyFile = nil
         setup.configuration.ingressSettings.requestTimeout = .milliseconds(500)
         defer { setup.stop() }
-        let (task, events) = startWorker(setup.configuration)
+        let (task, _, port) = try await setup.serve()
         defer { task.cancel() }
-        try await events.wait(for: "the ingress to serve") { $0.contains { if case .servingIngress = $0 { true } else { false } } }
-        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
         // Everything but the request's last DATA frame: its body never ends.
         let token = try setup.idToken(uid: "slow")
         let started = ContinuousClock.now
@@ -358,10 +363,8 @@ extension HTTPSClient {
         setup.configuration.ingressSettings.keyFile = nil
         setup.configuration.ingressSettings.requestTimeout = .seconds(1)
         defer { setup.stop() }
-        let (task, events) = startWorker(setup.configuration)
+        let (task, _, port) = try await setup.serve()
         defer { task.cancel() }
-        try await events.wait(for: "the ingress to serve") { $0.contains { if case .servingIngress = $0 { true } else { false } } }
-        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
         // The whole head, asking to be told before the body: told at once. The body never
         // comes here, so the request then times out (408).
         let head = "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"
@@ -379,7 +382,7 @@ extension HTTPSClient {
         let (worker, task, events) = launchWorker(setup.configuration)
         defer { task.cancel() }
         try await events.wait(for: "the ingress to serve") { $0.contains { if case .servingIngress = $0 { true } else { false } } }
-        let port = events.all.compactMap { if case .servingIngress(let port) = $0 { port } else { nil } }.first!
+        let port = try #require(events.ingressPort)
         let oldClient = try HTTPSClient(host: "127.0.0.1", port: port, trust: .caPEM(setup.ccs.authority.rootCertificatePEM), maximumConnections: 1)
         let token = try setup.idToken(uid: "reload")
         #expect(try await oldClient.postMessage(#"{"message_id":"before","token":"t","data":{}}"#, token: token).status == 200)
@@ -406,18 +409,8 @@ extension HTTPSClient {
 func rawExchange(port: Int, sending text: String, within seconds: Int) async -> String {
     await withCheckedContinuation { continuation in
         let thread = Thread {
-            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            guard let fd = connectedLoopbackSocket(port: port, receiveTimeout: seconds) else { return continuation.resume(returning: "") }
             defer { close(fd) }
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_port = in_port_t(UInt16(port).bigEndian)
-            address.sin_addr.s_addr = inet_addr("127.0.0.1")
-            let connected = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-            }
-            guard connected == 0 else { return continuation.resume(returning: "") }
-            var timeout = timeval(tv_sec: seconds, tv_usec: 0)
-            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
             _ = text.withCString { send(fd, $0, strlen($0), 0) }
             var received: [UInt8] = []
             var buffer = [UInt8](repeating: 0, count: 4096)
@@ -470,18 +463,8 @@ func rawExchange(port: Int, sending text: String, within seconds: Int) async -> 
 func unfinishedHTTP2Request(port: Int, headers: [(name: String, value: String)], body: String, within seconds: Int) async -> Int {
     await withCheckedContinuation { continuation in
         let thread = Thread {
-            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            guard let fd = connectedLoopbackSocket(port: port, receiveTimeout: seconds) else { return continuation.resume(returning: 0) }
             defer { close(fd) }
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_port = in_port_t(UInt16(port).bigEndian)
-            address.sin_addr.s_addr = inet_addr("127.0.0.1")
-            let connected = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-            }
-            guard connected == 0 else { return continuation.resume(returning: 0) }
-            var timeout = timeval(tv_sec: seconds, tv_usec: 0)
-            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
             var status = 0
             guard let session = try? HTTP2Session(role: .client, events: { event in
                 if case .message(_, let message) = event { status = Int(message.header(":status") ?? "") ?? 0 }
