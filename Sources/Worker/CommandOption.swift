@@ -1,4 +1,5 @@
 import Runtime
+import Upstream
 
 /// One setting of a command: its flag, environment variable, default, help text, and how
 /// its text is parsed into the settings. Options make up an `OptionTable`, from which a

@@ -2,6 +2,7 @@ import FCM
 import Foundation
 import Postgres
 import Runtime
+import Upstream
 import Synchronization
 
 /// `dead-letters replay`: runs dead-lettered messages through the handlers again, each

@@ -5,6 +5,7 @@
 // `PostgresError`) from Postgres, and `Logger` from Runtime. The rest of those modules (the
 // connections, pools, clients, parsers, locks and threads) is the engine's business: a
 // module that needs them imports them itself.
+@_exported import Upstream
 @_exported import enum FCM.JSONValue
 @_exported import struct FCM.JSONNumber
 @_exported import struct FCM.DownstreamValidationError

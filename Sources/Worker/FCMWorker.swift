@@ -3,6 +3,7 @@ import Foundation
 import Outbox
 import Postgres
 import Runtime
+import Upstream
 import Transport
 import XMPP
 
@@ -190,7 +191,7 @@ public struct FCMWorker: Sendable {
         let outbox = Outbox(pool: pools.outbox, listenTarget: listenTarget, client: httpClient, v1: v1Client, reloads: reloads,
                             settings: configuration.downstream,
                             logger: logger.labeled("outbox"), metrics: metrics, onListening: { observer?(.outboxListening) })
-        let ccs = CCSConnections(configuration: configuration, tls: tls, logger: logger, observer: observer,
+        let ccs = CCSConnections(configuration: configuration.ccsSource, tls: tls, logger: logger, observer: observer,
                                  pipeline: pipeline, sender: outbox.xmpp, metrics: metrics)
         let ingress = try configuration.ingress.map { settings throws(ConfigurationError) in
             try IngressService(settings: settings, trust: configuration.caFile.map { .caFile($0) } ?? .systemDefault, pipeline: pipeline,
@@ -207,18 +208,21 @@ public struct FCMWorker: Sendable {
             sources.ingressServing = { ingress?.isServing ?? false }
             sources.v1CanSend = { outbox.v1CanSend }
         }
+        // Without CCS connections (--connections 0) the ingress is the only source.
+        let reading: [any Service] = (configuration.connections > 0 ? [ccs.reading] : []) + (ingress.map { [$0.receiving] } ?? [])
+        let streams: [any Service] = (configuration.connections > 0 ? [ccs.streams] : []) + (ingress.map { [$0.connections] } ?? [])
+        let upstream = UpstreamPipelineService(pipeline: pipeline, spool: spool, shutdownTimeout: configuration.shutdownTimeout,
+                                               shutdown: shutdown, logger: logger.labeled("pipeline"), observer: observer,
+                                               metrics: metrics, losses: losses)
         let group = ServiceGroup(stages: [
             .init("outbox", [outbox.service(shutdownTimeout: configuration.shutdownTimeout, shutdown: shutdown)]),
-            // Without CCS connections (--connections 0) the ingress is the only source.
-            .init("reading", (configuration.connections > 0 ? [ccs.reading] : []) + (ingress.map { [$0.receiving] } ?? [])),
-            .init("pipeline", [UpstreamPipelineService(pipeline: pipeline, spool: spool, shutdownTimeout: configuration.shutdownTimeout,
-                                                       shutdown: shutdown, logger: logger.labeled("pipeline"), observer: observer,
-                                                       metrics: metrics, losses: losses)]),
+            .init("reading", reading),
+            .init("pipeline", [upstream]),
             // After the pipeline: the journal writes and acks what it still holds (the
             // streams are still open) and deletes the segments whose messages all
             // committed; what did not commit stays in it for the next start.
             .init("journal", journal.map { [$0] } ?? []),
-            .init("streams", (configuration.connections > 0 ? [ccs.streams] : []) + (ingress.map { [$0.connections] } ?? [])),
+            .init("streams", streams),
         ], shutdown: shutdown, logger: logger)
         metrics.startup.withLock { $0 = nil }
         try await group.run()

@@ -3,6 +3,7 @@ import Foundation
 import Outbox
 import Postgres
 import Runtime
+import Upstream
 
 /// The operator's commands that need the database only: `status`, `dead-letters`,
 /// `outbox requeue` and `prune`. None of them connects to FCM. Each takes every setting of

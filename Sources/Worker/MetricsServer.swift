@@ -1,5 +1,6 @@
 import Foundation
 import Runtime
+import Upstream
 import Transport
 
 /// The operators' endpoint: `GET /metrics` (Prometheus text), `/healthz` and `/readyz` (200

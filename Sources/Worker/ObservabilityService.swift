@@ -1,6 +1,7 @@
 import Foundation
 import Postgres
 import Runtime
+import Upstream
 import Synchronization
 
 /// What operators' tools see of the worker: `/metrics`, `/healthz` and `/readyz` on

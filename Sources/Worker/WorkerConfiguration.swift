@@ -4,6 +4,7 @@ import Ingress
 import Outbox
 import Postgres
 import Runtime
+import Upstream
 import Transport
 import XMPP
 
@@ -578,6 +579,11 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         client.pingTimeout = pingTimeout
         client.threadNiceness = ioNiceness
         return client
+    }
+
+    /// What the CCS source needs: the connections, their XMPP settings and reconnects.
+    var ccsSource: CCSSourceSettings {
+        CCSSourceSettings(client: xmppClient, connections: connections, ackMode: ackMode, reconnectBase: reconnectBase, reconnectCap: reconnectCap)
     }
 
     public var description: String {

@@ -1,6 +1,7 @@
 import Foundation
 import Postgres
 import Runtime
+import Upstream
 import Synchronization
 import Transport
 import XMPP

@@ -2,6 +2,7 @@ import FCM
 import Foundation
 import Outbox
 import Runtime
+import Upstream
 import Synchronization
 
 /// The worker's counters, gauges and histograms, rendered as Prometheus text for
@@ -12,7 +13,7 @@ import Synchronization
 /// Gauges are read when scraped, from the parts that hold them (`Sources`), and the
 /// outbox backlog from the database by the health probe, every 10 s while `/metrics` is
 /// served (`ObservabilityService.backlogInterval`).
-final class WorkerMetrics: OutboxMetrics {
+final class WorkerMetrics: OutboxMetrics, UpstreamMetrics {
     struct Upstream: Sendable {
         var received = 0
         var acked = 0
@@ -248,6 +249,22 @@ final class WorkerMetrics: OutboxMetrics {
             state.now = stopped
         }
     }
+
+    func databaseError() { databaseErrors.add(1, ordering: .relaxed) }
+
+    func journalFlushed(seconds: Double, records: Int) {
+        journalFlushes.withLock {
+            $0.seconds.observe(seconds)
+            $0.sizes.observe(Double(records))
+        }
+    }
+
+    func journalFailed(_ reason: String) {
+        journalFlushes.withLock { $0.failures += 1 }
+        journalFailure.withLock { $0 = reason }
+    }
+
+    func journalRecovered() { journalFailure.withLock { $0 = nil } }
 
     func connectFailed() { connections.withLock { $0.connectFailures += 1 } }
     func drained() { connections.withLock { $0.drains += 1 } }

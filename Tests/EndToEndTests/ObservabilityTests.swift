@@ -4,6 +4,7 @@ import Runtime
 import Simulator
 import Testing
 import Transport
+@testable import Upstream
 @testable import Worker
 
 /// A plain HTTP GET on loopback: status line and body.

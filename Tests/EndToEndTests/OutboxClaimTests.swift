@@ -2,6 +2,7 @@ import Foundation
 import Postgres
 import Testing
 @testable import Outbox
+@testable import Upstream
 @testable import Worker
 import Runtime
 

@@ -2,6 +2,7 @@ import Foundation
 import Postgres
 import Testing
 @testable import Outbox
+@testable import Upstream
 @testable import Worker
 
 /// `bench downstream`'s statement runs do to the outbox what they say they measure: the

@@ -3,6 +3,7 @@ import Postgres
 import Runtime
 import Testing
 @testable import Outbox
+@testable import Upstream
 @testable import Worker
 import TestSupport
 

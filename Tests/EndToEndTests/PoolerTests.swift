@@ -1,6 +1,7 @@
 import Foundation
 import Postgres
 import Testing
+@testable import Upstream
 @testable import Worker
 import Runtime
 import Simulator

@@ -3,6 +3,7 @@ import Foundation
 import Postgres
 import Runtime
 import Testing
+@testable import Upstream
 @testable import Worker
 import TestSupport
 

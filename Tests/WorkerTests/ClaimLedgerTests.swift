@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import Outbox
+@testable import Upstream
 @testable import Worker
 
 @Suite struct ClaimLedgerTests {

@@ -3,6 +3,7 @@ import FCM
 import Foundation
 import Testing
 @testable import Outbox
+@testable import Upstream
 @testable import Worker
 
 private func message(_ row: Int64, to target: String = "token", attempt: Int = 1) -> OutgoingDownstream {

@@ -1,4 +1,5 @@
 import Testing
+@testable import Upstream
 @testable import Worker
 
 /// The statements at a migration's top level, which the migrator reads to refuse one that

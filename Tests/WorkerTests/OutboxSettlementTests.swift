@@ -2,6 +2,7 @@ import FCM
 import Foundation
 import Testing
 @testable import Outbox
+@testable import Upstream
 @testable import Worker
 
 @Suite struct OutboxSettlementTests {

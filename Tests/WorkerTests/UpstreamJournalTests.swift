@@ -2,6 +2,7 @@
 import Foundation
 import Runtime
 import Testing
+@testable import Upstream
 @testable import Worker
 import TestSupport
 

@@ -1,6 +1,7 @@
 import FCM
 import Foundation
 import Testing
+@testable import Upstream
 @testable import Worker
 
 private struct Highest: RandomNumberGenerator {

@@ -1,6 +1,7 @@
 import Foundation
 import Outbox
 import Testing
+@testable import Upstream
 @testable import Worker
 
 /// The downstream counters of `/metrics`: every update counts once, under its outcome,

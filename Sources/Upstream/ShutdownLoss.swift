@@ -16,8 +16,10 @@ public struct ShutdownLoss: Error, CustomStringConvertible, Sendable {
 }
 
 /// What the shutdown's parts report lost, for `FCMWorker.run()` to throw once they stopped.
-final class ShutdownLosses: Sendable {
+package final class ShutdownLosses: Sendable {
     private let state = BlockingLock<(count: Int, reasons: [String])>((0, []))
+
+    package init() {}
 
     func record(_ count: Int, reason: String) {
         guard count > 0 else { return }
@@ -28,7 +30,7 @@ final class ShutdownLosses: Sendable {
     }
 
     /// The loss so far, if any.
-    var loss: ShutdownLoss? {
+    package var loss: ShutdownLoss? {
         state.withLock { state in
             state.count > 0 ? ShutdownLoss(count: state.count, reason: state.reasons.joined(separator: "; ")) : nil
         }

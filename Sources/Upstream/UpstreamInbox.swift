@@ -9,7 +9,7 @@ import Postgres
 /// `upstream_messages`). Every record is first tried as a plain INSERT, cheaper for
 /// PostgreSQL than `ON CONFLICT DO NOTHING` (no check before each row, one WAL record less);
 /// only a unique violation (a redelivery) opens the batch again carefully.
-struct UpstreamInbox: Sendable {
+package struct UpstreamInbox: Sendable {
     /// The record handlers write for every message, when they are the only handlers.
     let recordOfEveryMessage: DeduplicationRecord?
     /// Every declared record, looked up besides `processed_upstream`.

@@ -2,27 +2,29 @@ import Runtime
 
 /// Builds a page in the Prometheus text exposition format (version 0.0.4): each family
 /// once, with `# HELP` and `# TYPE`, label values escaped.
-struct PrometheusText {
-    typealias Labels = [(String, String)]
-    private(set) var text = ""
+package struct PrometheusText {
+    package init() {}
 
-    mutating func counter(_ name: String, _ help: String, _ samples: [(Labels, Double)]) {
+    package typealias Labels = [(String, String)]
+    package private(set) var text = ""
+
+    package mutating func counter(_ name: String, _ help: String, _ samples: [(Labels, Double)]) {
         family(name, help, "counter", samples)
     }
 
-    mutating func counter(_ name: String, _ help: String, _ value: Int) {
+    package mutating func counter(_ name: String, _ help: String, _ value: Int) {
         family(name, help, "counter", [([], Double(value))])
     }
 
-    mutating func gauge(_ name: String, _ help: String, _ samples: [(Labels, Double)]) {
+    package mutating func gauge(_ name: String, _ help: String, _ samples: [(Labels, Double)]) {
         family(name, help, "gauge", samples)
     }
 
-    mutating func gauge(_ name: String, _ help: String, _ value: Double) {
+    package mutating func gauge(_ name: String, _ help: String, _ value: Double) {
         family(name, help, "gauge", [([], value)])
     }
 
-    mutating func histogram(_ name: String, _ help: String, _ series: [(Labels, Histogram)]) {
+    package mutating func histogram(_ name: String, _ help: String, _ series: [(Labels, Histogram)]) {
         text += "# HELP \(name) \(help)\n# TYPE \(name) histogram\n"
         for (labels, histogram) in series {
             let cumulative = histogram.cumulativeCounts
@@ -48,14 +50,14 @@ struct PrometheusText {
         text += " " + Self.number(value) + "\n"
     }
 
-    static func number(_ value: Double) -> String {
+    package static func number(_ value: Double) -> String {
         if value.isNaN { return "NaN" }
         if value.isInfinite { return value > 0 ? "+Inf" : "-Inf" }
         if value == value.rounded(), abs(value) < 1e15 { return String(Int64(value)) }
         return "\(value)"
     }
 
-    static func escape(_ value: String) -> String {
+    package static func escape(_ value: String) -> String {
         var escaped = ""
         for character in value {
             switch character {

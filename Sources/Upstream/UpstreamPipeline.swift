@@ -12,7 +12,7 @@ import Synchronization
 ///
 /// Nothing submitted is dropped: cancelling `run()` makes it return, at once, everything
 /// not committed (the batch being committed included: its transaction is abandoned).
-final class UpstreamPipeline: Sendable {
+package final class UpstreamPipeline: Sendable {
     private final class Lane: Sendable {
         let index: Int
         let queue: BoundedQueue<UpstreamWork>
@@ -32,7 +32,7 @@ final class UpstreamPipeline: Sendable {
     let dispatcher: UpstreamDispatcher
     let logger: Logger
     let observer: WorkerObserver?
-    let metrics: WorkerMetrics
+    let metrics: any UpstreamMetrics
     /// The journal of journal mode, told what committed.
     let journal: UpstreamJournal?
     /// What the lingering, the retries' due times, the outage backoff and the handlers'
@@ -43,8 +43,8 @@ final class UpstreamPipeline: Sendable {
     /// return is said once, whichever lane sees it).
     private let databaseDown = Atomic(false)
 
-    init(pool: PostgresPool, handlers: UpstreamHandlers, settings: PipelineSettings, logger: Logger, observer: WorkerObserver?,
-         metrics: WorkerMetrics, journal: UpstreamJournal? = nil, clock: any DeadlineClock = DeadlineThread.shared) {
+    package init(pool: PostgresPool, handlers: UpstreamHandlers, settings: PipelineSettings, logger: Logger, observer: WorkerObserver?,
+         metrics: any UpstreamMetrics, journal: UpstreamJournal? = nil, clock: any DeadlineClock = DeadlineThread.shared) {
         self.pool = pool
         self.clock = clock
         self.journal = journal
@@ -59,7 +59,7 @@ final class UpstreamPipeline: Sendable {
 
     /// Queues each piece of `work` on its device's lane, in order, waiting while a lane is
     /// full. A cancelled caller's work is queued without waiting (never dropped).
-    func submit(_ work: [UpstreamWork]) async {
+    package func submit(_ work: [UpstreamWork]) async {
         guard lanes.count > 1 else { return await lanes[0].queue.push(contentsOf: work) }
         for (index, items) in split(work).enumerated() where !items.isEmpty {
             await lanes[index].queue.push(contentsOf: items)
@@ -128,11 +128,11 @@ final class UpstreamPipeline: Sendable {
     var hasGivenUp: Bool { lanes.allSatisfy { $0.queue.isDrained } }
 
     /// Work queued or waiting for a retry, across lanes.
-    var backlog: Int { lanes.reduce(0) { $0 + $1.queue.count + $1.retries.withLock { $0.count } } }
+    package var backlog: Int { lanes.reduce(0) { $0 + $1.queue.count + $1.retries.withLock { $0.count } } }
 
     /// Processes until `close()` has been called and everything is committed; returns
     /// nothing then. Cancelled, it stops at once and returns what was not committed.
-    func run() async -> [UpstreamWork] {
+    package func run() async -> [UpstreamWork] {
         await withTaskGroup(of: [UpstreamWork].self) { group in
             for lane in lanes { group.addTask { await self.run(lane) } }
             var leftovers: [UpstreamWork] = []
@@ -142,7 +142,7 @@ final class UpstreamPipeline: Sendable {
     }
 
     /// No more work will be submitted: `run()` returns once what is queued is done.
-    func close() {
+    package func close() {
         for lane in lanes { lane.queue.close() }
     }
 
@@ -221,7 +221,7 @@ final class UpstreamPipeline: Sendable {
                                                              code: UpstreamDispatcher.code(of: refusal.error))
             } catch let error as PostgresError where error.isDatabaseState {
                 if Task.isCancelled { return batch }
-                metrics.databaseErrors.add(1, ordering: .relaxed)
+                metrics.databaseError()
                 let delay = outage.next()
                 databaseDown.store(true, ordering: .relaxed)
                 logger.warning("database unavailable (\(error.message)); \(batch.count + backlog) message(s) wait (this batch of \(batch.count) "

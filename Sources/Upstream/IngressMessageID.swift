@@ -7,7 +7,7 @@ import Transport
 /// device cannot suppress or overwrite another's message by reusing its id), and the
 /// prefix is the sender's ordering key: one sender's messages keep their order, through a
 /// spool or journal replay too, since it is in the id itself.
-enum IngressMessageID {
+package enum IngressMessageID {
     static let scheme = "https:"
     /// `https:` and 32 hex digits.
     static let prefixLength = 6 + 32

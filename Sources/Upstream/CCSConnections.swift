@@ -16,18 +16,18 @@ import XMPP
 /// (the open connections), which stop at different points of the shutdown: reading stops
 /// while the pipeline still commits, the streams close after it has (durable acks go out
 /// on them meanwhile).
-final class CCSConnections: Sendable {
-    let configuration: WorkerConfiguration
+package final class CCSConnections: Sendable {
+    let configuration: CCSSourceSettings
     private let tls: TLSContext
     private let logger: Logger
     private let observer: WorkerObserver?
     private let pipeline: UpstreamPipeline
     private let sender: any CCSLinks
-    private let metrics: WorkerMetrics
+    private let metrics: any UpstreamMetrics
     private let open = BlockingLock<[ObjectIdentifier: CCSConnection]>([:])
 
-    init(configuration: WorkerConfiguration, tls: TLSContext, logger: Logger, observer: WorkerObserver?,
-         pipeline: UpstreamPipeline, sender: any CCSLinks, metrics: WorkerMetrics) {
+    package init(configuration: CCSSourceSettings, tls: TLSContext, logger: Logger, observer: WorkerObserver?,
+         pipeline: UpstreamPipeline, sender: any CCSLinks, metrics: any UpstreamMetrics) {
         self.metrics = metrics
         self.configuration = configuration
         self.tls = tls
@@ -42,11 +42,11 @@ final class CCSConnections: Sendable {
     /// before it returns.
     /// - Throws: the configuration error that stopped a slot (refused credentials or
     ///   certificate, unknown domain).
-    var reading: some Service { Reading(connections: self) }
+    package var reading: some Service { Reading(connections: self) }
 
     /// Keeps the open connections until its stage stops, then closes them: what is queued
     /// on them (acks) is sent, then `</stream:stream>` and a TLS close_notify.
-    var streams: some Service { Streams(connections: self) }
+    package var streams: some Service { Streams(connections: self) }
 
     private struct Reading: Service {
         let connections: CCSConnections
@@ -81,7 +81,7 @@ final class CCSConnections: Sendable {
     }
 
     /// How many connections are open (bound, draining ones included).
-    var openCount: Int { open.withLock { $0.count } }
+    package var openCount: Int { open.withLock { $0.count } }
 
     fileprivate func register(_ connection: CCSConnection) {
         open.withLock { $0[ObjectIdentifier(connection)] = connection }
@@ -95,7 +95,7 @@ final class CCSConnections: Sendable {
     private struct Slot {
         let index: Int
         let connections: CCSConnections
-        private var configuration: WorkerConfiguration { connections.configuration }
+        private var configuration: CCSSourceSettings { connections.configuration }
         private var logger: Logger { connections.logger.labeled("ccs#\(index)").with(["connection": "ccs#\(index)"]) }
         private var observer: WorkerObserver? { connections.observer }
         private var sender: any CCSLinks { connections.sender }
@@ -133,7 +133,7 @@ final class CCSConnections: Sendable {
                             if error.isCertificateRefusal {
                                 // After a session (the plan reconnects): an incident, said as an error each time.
                                 logger.error("connecting failed: \(error): CCS's certificate was refused (replaced, or not CCS's); "
-                                             + "retrying with backoff. Check --ca-file and the network path to \(configuration.host)")
+                                             + "retrying with backoff. Check --ca-file and the network path to \(configuration.client.host)")
                             } else {
                                 logger.warning("connecting failed: \(error)")
                             }
@@ -170,16 +170,16 @@ final class CCSConnections: Sendable {
 
         private func connect(label: String) async throws -> (CCSConnection, Int) {
             let hooks = ReaderHooks(sender: sender, logger: logger)
-            let connection = try await CCSConnection.connect(configuration.xmppClient, ackMode: configuration.ackMode,
+            let connection = try await CCSConnection.connect(configuration.client, ackMode: configuration.ackMode,
                                                              journal: connections.pipeline.journal, tls: connections.tls,
                                                              label: label, onDraining: { hooks.draining() },
                                                              onAnswer: { hooks.answer($0) }, afterRead: { hooks.readEnded() })
             connections.register(connection)
-            logger.info("connected to \(configuration.host):\(configuration.port) as \(connection.label), bound as \(connection.boundJID)")
+            logger.info("connected to \(configuration.client.host):\(configuration.client.port) as \(connection.label), bound as \(connection.boundJID)")
             connections.metrics.connection(.connected(slot: index, jid: connection.boundJID))
             observer?(.connected(slot: index, jid: connection.boundJID))
             if ThreadPriority.takeUnreportedRefusal() {
-                logger.warning("connection threads could not raise their priority (nice \(configuration.ioNiceness.map(String.init) ?? "-")): "
+                logger.warning("connection threads could not raise their priority (nice \(configuration.client.threadNiceness.map(String.init) ?? "-")): "
                                + "that needs root or CAP_SYS_NICE; acks may wait behind database work on busy cores "
                                + "(pass --io-niceness off to silence this)")
             }

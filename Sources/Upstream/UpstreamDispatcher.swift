@@ -4,10 +4,10 @@ import Runtime
 
 /// Runs the registered handlers on a batch's messages inside its transaction: each route
 /// gets the messages it matches, in arrival order, as one batch when it is a batch handler.
-struct UpstreamDispatcher: Sendable {
+package struct UpstreamDispatcher: Sendable {
     let handlers: UpstreamHandlers
     let logger: Logger
-    let metrics: WorkerMetrics
+    let metrics: any UpstreamMetrics
     /// What the handlers' timeouts are timed by (a test may move it by hand).
     var clock: any DeadlineClock = DeadlineThread.shared
     /// One warning per category and minute for messages no route matches.

@@ -94,7 +94,7 @@ public struct UpstreamMessage: Sendable {
 
     /// The message a connection's thread decoded (its `data` and whole JSON parsed when
     /// first asked for).
-    init(_ received: CCSUpstreamMessage) {
+    package init(_ received: CCSUpstreamMessage) {
         storage = received
     }
 }

@@ -39,7 +39,7 @@ import Glibc
 /// and ends.
 /// Its writer is a thread of its own, so that neither the flush nor the acks wait behind
 /// handler work on the cooperative pool.
-final class UpstreamJournal: Service, CCSJournal {
+package final class UpstreamJournal: Service, CCSJournal {
     /// A message to journal, with the ack that goes out once it is on disk.
     struct Record: Sendable {
         let entry: Spool.Entry
@@ -89,7 +89,7 @@ final class UpstreamJournal: Service, CCSJournal {
     let segmentBytes: Int
     private let logger: Logger
     private let observer: WorkerObserver?
-    private let metrics: WorkerMetrics
+    private let metrics: any UpstreamMetrics
     private let state: BlockingLock<State>
     /// Wakes the writer (signalled after `state` changes; the writer checks `state` holding it).
     private let wakeup = ThreadCondition()
@@ -103,14 +103,14 @@ final class UpstreamJournal: Service, CCSJournal {
     /// handler work any more than the connection thread that sends the ack does.
     private let niceness: Int32?
 
-    var name: String { "journal" }
+    package var name: String { "journal" }
 
     /// - Parameters:
     ///   - spoolPath: the spool file's path; the segments live beside it, under its lock.
     ///   - segmentBytes: the size after which a segment is closed for a new one.
     ///   - niceness: the writer thread's nice value, nil to leave it.
-    init(spoolPath: String, segmentBytes: Int = 16 << 20, niceness: Int32? = nil, logger: Logger, observer: WorkerObserver?,
-         metrics: WorkerMetrics) {
+    package init(spoolPath: String, segmentBytes: Int = 16 << 20, niceness: Int32? = nil, logger: Logger, observer: WorkerObserver?,
+         metrics: any UpstreamMetrics) {
         self.spoolPath = spoolPath
         self.niceness = niceness
         self.segmentBytes = segmentBytes
@@ -123,7 +123,7 @@ final class UpstreamJournal: Service, CCSJournal {
     }
 
     /// The journal segments beside the spool at `spoolPath`, oldest first.
-    static func segments(beside spoolPath: String) -> [(number: Int, path: String)] {
+    package static func segments(beside spoolPath: String) -> [(number: Int, path: String)] {
         let folder = (spoolPath as NSString).deletingLastPathComponent
         let prefix = (spoolPath as NSString).lastPathComponent + ".journal-"
         let names = (try? FileManager.default.contentsOfDirectory(atPath: folder.isEmpty ? "." : folder)) ?? []
@@ -140,7 +140,7 @@ final class UpstreamJournal: Service, CCSJournal {
 
     /// A connection's message: the writer is woken by `writeAppended`, which the connection
     /// calls once it has parsed the whole read the message came in.
-    func append(payload: String, connection: String, receivedAt: Date, ack: DurableAck) -> Int {
+    package func append(payload: String, connection: String, receivedAt: Date, ack: DurableAck) -> Int {
         queue([Record(entry: Spool.Entry(connection: connection, payload: payload, receivedAt: receivedAt.timeIntervalSince1970),
                       ack: ack)])
     }
@@ -154,7 +154,7 @@ final class UpstreamJournal: Service, CCSJournal {
     }
 
     /// A connection has parsed a read: what it appended goes in the writer's next turn.
-    func writeAppended() {
+    package func writeAppended() {
         wake()
     }
 
@@ -195,7 +195,7 @@ final class UpstreamJournal: Service, CCSJournal {
     /// Runs the writer on the journal's own thread until its stage stops (or the task is
     /// cancelled: the thread cannot be interrupted either way); then it writes and acks what
     /// is queued, and this returns.
-    func run(until stop: ShutdownSignal) async {
+    package func run(until stop: ShutdownSignal) async {
         stop.onRequest { [self] in stopWriting() }
         await withTaskCancellationHandler {
             _ = try? await disk.run { [self] in writeUntilStopped() }
@@ -318,15 +318,11 @@ final class UpstreamJournal: Service, CCSJournal {
             do {
                 written = try writeAndFlush(records, to: segment)
                 let took = (ContinuousClock.now - started).seconds
-                metrics.journalFlushes.withLock {
-                    $0.seconds.observe(took)
-                    $0.sizes.observe(Double(records.count))
-                }
+                metrics.journalFlushed(seconds: took, records: records.count)
                 break
             } catch {
                 failures += 1
-                metrics.journalFlushes.withLock { $0.failures += 1 }
-                metrics.journalFailure.withLock { $0 = "\(error)" }
+                metrics.journalFailed("\(error)")
                 // Room made first: closed segments whose messages all committed go now, not
                 // on a turn a stuck write never gives.
                 let deletable = state.withLock { state -> Set<Int> in
@@ -348,13 +344,13 @@ final class UpstreamJournal: Service, CCSJournal {
                 let delay = retry.next()
                 guard waitUnlessStopping(for: delay) else {
                     logger.error("shutting down with \(records.count) message(s) neither journaled nor acked: CCS redelivers them")
-                    metrics.journalFailure.withLock { $0 = nil }
+                    metrics.journalRecovered()
                     return
                 }
             }
         }
         if failures > 0 {
-            metrics.journalFailure.withLock { $0 = nil }
+            metrics.journalRecovered()
             logger.notice("the journal \(path(of: segment)) is written again after \(failures) failed attempt(s); "
                           + "\(records.count) message(s) acked")
         }

@@ -5,9 +5,9 @@ import Transport
 
 /// One unit of upstream work in the pipeline: a message for the handlers, or a dead letter
 /// to keep, with where its ack stands.
-struct UpstreamWork: Sendable {
+package struct UpstreamWork: Sendable {
     /// Something that cannot reach a handler but must be kept.
-    struct DeadLetter: Sendable {
+    package struct DeadLetter: Sendable {
         var messageID: String?
         var from: String?
         var category: String?
@@ -22,15 +22,29 @@ struct UpstreamWork: Sendable {
         var handler: String? = nil
         /// The reason code of its refusal (`dead_letters.code`): a `PermanentFailure`'s code.
         var code: String? = nil
+
+        package init(messageID: String? = nil, from: String? = nil, category: String? = nil, rawPayload: String, reason: String,
+                     error: String? = nil, attempts: Int, receivedAt: Date, handler: String? = nil, code: String? = nil) {
+            self.messageID = messageID
+            self.from = from
+            self.category = category
+            self.rawPayload = rawPayload
+            self.reason = reason
+            self.error = error
+            self.attempts = attempts
+            self.receivedAt = receivedAt
+            self.handler = handler
+            self.code = code
+        }
     }
 
     /// Both cases hold one reference, so work is small and cheap to copy along the pipeline.
-    enum Kind: Sendable {
+    package enum Kind: Sendable {
         case message(UpstreamMessage)
         indirect case deadLetter(DeadLetter)
     }
 
-    var kind: Kind
+    package var kind: Kind
     /// Acked already, to be acked after the commit (durable mode) or once journaled
     /// (journal mode), or not ackable.
     var ack: CCSAck
@@ -47,7 +61,7 @@ struct UpstreamWork: Sendable {
     /// would go through value witnesses looked up at run time.
     private var storedRetryAt: FixedLayoutInstant?
 
-    init(kind: Kind, ack: CCSAck) {
+    package init(kind: Kind, ack: CCSAck) {
         self.kind = kind
         self.ack = ack
     }

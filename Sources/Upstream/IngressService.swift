@@ -14,7 +14,7 @@ import Transport
 /// Runs as two services, like CCS's connections: `receiving` stops taking requests when
 /// the shutdown begins (HTTP/2 GOAWAY, `Connection: close`), `connections` keeps the open
 /// ones until the pipeline has committed, so that durable answers still go out.
-final class IngressService: Sendable {
+package final class IngressService: Sendable {
     let settings: IngressSettings
     private let pipeline: UpstreamPipeline
     private let journal: UpstreamJournal?
@@ -35,7 +35,7 @@ final class IngressService: Sendable {
     /// Opens the listening socket and prepares the key sources (nothing served before `receiving` runs).
     /// - Throws: `ConfigurationError` for an address that cannot be listened on, a
     ///   certificate or key that cannot be read, or a key URL that is not https.
-    init(settings: IngressSettings, trust: TLSTrust, pipeline: UpstreamPipeline, journal: UpstreamJournal?, ackMode: CCSAckMode,
+    package init(settings: IngressSettings, trust: TLSTrust, pipeline: UpstreamPipeline, journal: UpstreamJournal?, ackMode: CCSAckMode,
          metrics: IngressMetrics, reloads: ReloadGeneration, observer: WorkerObserver?, logger: Logger) throws(ConfigurationError) {
         if let problem = settings.problem { throw ConfigurationError(problem) }
         self.settings = settings
@@ -78,7 +78,7 @@ final class IngressService: Sendable {
     var port: Int { server.port }
 
     /// True from when it takes requests until it stops taking them.
-    var isServing: Bool { serving.load(ordering: .relaxed) }
+    package var isServing: Bool { serving.load(ordering: .relaxed) }
 
     /// Lets the server's closure reach the service without a cycle at init.
     private final class Handling: Sendable {
@@ -110,11 +110,11 @@ final class IngressService: Sendable {
 
     /// Serves until the stage stops: fetches the key sets (and keeps them fresh), reloads
     /// the certificate on SIGHUP, then stops taking requests.
-    var receiving: some Service { Receiving(ingress: self) }
+    package var receiving: some Service { Receiving(ingress: self) }
 
     /// Keeps the open connections until its stage stops (answers of committed messages go
     /// out meanwhile), then waits up to a second for them to close.
-    var connections: some Service { Connections(ingress: self) }
+    package var connections: some Service { Connections(ingress: self) }
 
     private struct Receiving: Service {
         let ingress: IngressService

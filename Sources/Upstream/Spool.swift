@@ -19,10 +19,10 @@ import Glibc
 ///
 /// Replays are safe to repeat: handling is de-duplicated by message id.
 package final class Spool: Sendable {
-    let path: String
+    package let path: String
     private let lockDescriptor = BlockingLock<Int32?>(nil)
 
-    init(path: String) {
+    package init(path: String) {
         self.path = path
     }
 
@@ -57,7 +57,7 @@ package final class Spool: Sendable {
     /// process its only writer (held until the process ends).
     /// - Throws: `ConfigurationError` (exit status 2) for a folder that does not exist or
     ///   cannot be written, or a spool another worker process holds.
-    func lock() throws(ConfigurationError) {
+    package func lock() throws(ConfigurationError) {
         var isDirectory: ObjCBool = false
         guard FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory), isDirectory.boolValue,
               access(directory, W_OK | X_OK) == 0 else {
@@ -88,7 +88,7 @@ package final class Spool: Sendable {
 
     /// The spooled entries (empty when there is no spool). Records that are torn or fail
     /// their checksum are appended to `<path>.corrupt` and counted in `corruptRecords`.
-    func load() throws -> (entries: [Entry], corruptRecords: Int) {
+    package func load() throws -> (entries: [Entry], corruptRecords: Int) {
         guard FileManager.default.fileExists(atPath: path) else { return ([], 0) }
         let data = try Data(contentsOf: URL(fileURLWithPath: path))
         let (entries, kept, corrupt, corruptCount) = Self.parse(data)
@@ -105,7 +105,7 @@ package final class Spool: Sendable {
     }
 
     /// Deletes the spool after a successful replay (the removal made durable).
-    func remove() throws {
+    package func remove() throws {
         guard FileManager.default.fileExists(atPath: path) else { return }
         try FileManager.default.removeItem(atPath: path)
         try syncDirectory()
@@ -248,7 +248,7 @@ package final class Spool: Sendable {
 }
 
 /// A spool file could not be written or read.
-struct SpoolError: Error, CustomStringConvertible {
-    let description: String
+package struct SpoolError: Error, CustomStringConvertible {
+    package let description: String
     init(_ description: String) { self.description = description }
 }

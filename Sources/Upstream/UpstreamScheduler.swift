@@ -31,7 +31,7 @@ public struct PipelineSettings: Sendable {
 /// The upstream pipeline's decisions, without I/O: which lane a message takes, when a
 /// lane lingers for a fuller batch, what becomes of a message whose handling failed, and
 /// when a failed one is tried again.
-struct UpstreamScheduler: Sendable {
+package struct UpstreamScheduler: Sendable {
     let settings: PipelineSettings
 
     var laneCount: Int { max(1, settings.partitions) }

@@ -7,7 +7,7 @@ import Transport
 /// The answer a device waits for, sent once every message of its request is acked the way
 /// the ack mode promises (journal: on disk; durable: committed): the route its messages'
 /// `DurableAck`s take. One per request.
-final class IngressAnswer: UpstreamAckRoute {
+package final class IngressAnswer: UpstreamAckRoute {
     private struct State {
         /// Per message of the request, in order: its id (the pipeline's), and its status
         /// once known (`accepted`, `duplicate`, or a refusal already decided).
@@ -16,7 +16,7 @@ final class IngressAnswer: UpstreamAckRoute {
         var sent = false
     }
 
-    let label = "https"
+    package let label = "https"
     private let reply: HTTPServerReply
     private let clientIDs: [String]
     private let pipelineIDs: [String?]
@@ -40,11 +40,11 @@ final class IngressAnswer: UpstreamAckRoute {
         state = BlockingLock(State(statuses: statuses, waiting: statuses.count { $0 == nil }))
     }
 
-    func write(_ acks: [DurableAck]) async throws {
+    package func write(_ acks: [DurableAck]) async throws {
         try writeWithoutWaiting(acks)
     }
 
-    func writeWithoutWaiting(_ acks: [DurableAck]) throws {
+    package func writeWithoutWaiting(_ acks: [DurableAck]) throws {
         let done = state.withLock { state -> [String?]? in
             for ack in acks {
                 // A batch may carry an id twice: each of its places is answered.

@@ -11,20 +11,32 @@ import Runtime
 /// connections received (acked already) after that. So the spool is written only once
 /// `stop` is requested, which the `ServiceGroup` does after the earlier stages (the reading)
 /// have returned, cancelled or not; what they handed on late is spooled with the rest.
-struct UpstreamPipelineService: Service {
+package struct UpstreamPipelineService: Service {
     let pipeline: UpstreamPipeline
     let spool: Spool
     let shutdownTimeout: Duration
     let shutdown: ShutdownSignal
     let logger: Logger
     let observer: WorkerObserver?
-    let metrics: WorkerMetrics
+    let metrics: any UpstreamMetrics
     /// Where acked messages that could not be spooled are reported.
     let losses: ShutdownLosses
 
-    var name: String { "pipeline" }
+    package init(pipeline: UpstreamPipeline, spool: Spool, shutdownTimeout: Duration, shutdown: ShutdownSignal, logger: Logger,
+                 observer: WorkerObserver?, metrics: any UpstreamMetrics, losses: ShutdownLosses) {
+        self.pipeline = pipeline
+        self.spool = spool
+        self.shutdownTimeout = shutdownTimeout
+        self.shutdown = shutdown
+        self.logger = logger
+        self.observer = observer
+        self.metrics = metrics
+        self.losses = losses
+    }
 
-    func run(until stop: ShutdownSignal) async {
+    package var name: String { "pipeline" }
+
+    package func run(until stop: ShutdownSignal) async {
         // The lanes are stopped at once (cancelled) when the shutdown's deadline passes.
         let stopLanes = ShutdownSignal()
         let lanesLeft = await withTaskGroup(of: [UpstreamWork]?.self) { group in

@@ -3,7 +3,7 @@ import Postgres
 /// The open transaction of one batch: statements handlers `execute` are queued and sent
 /// together in pipeline mode (one round trip) before the next query or at commit;
 /// downstream messages become outbox rows; `afterCommit` actions wait for the commit.
-final class UpstreamTransaction: HandlerTransaction {
+package final class UpstreamTransaction: HandlerTransaction {
     let connection: PostgresConnection
     private(set) var queued: [PostgresStatement] = []
     /// What runs once the transaction has committed.
@@ -13,15 +13,15 @@ final class UpstreamTransaction: HandlerTransaction {
         self.connection = connection
     }
 
-    func enqueue(_ statement: PostgresStatement) {
+    package func enqueue(_ statement: PostgresStatement) {
         queued.append(statement)
     }
 
-    func send(_ message: OutgoingMessage) {
+    package func send(_ message: OutgoingMessage) {
         queued.append(OutboxInsert.statement(for: message))
     }
 
-    func afterCommit(_ action: @escaping @Sendable () async -> Void) {
+    package func afterCommit(_ action: @escaping @Sendable () async -> Void) {
         afterCommitActions.append(action)
     }
 
@@ -40,14 +40,14 @@ final class UpstreamTransaction: HandlerTransaction {
     }
 
     /// Runs a statement now, after the queued statements.
-    func run(_ statement: PostgresStatement) async throws -> PostgresResult {
+    package func run(_ statement: PostgresStatement) async throws -> PostgresResult {
         try await flush()
         return try await connection.run(statement)
     }
 }
 
 /// Writing downstream messages into the outbox table.
-enum OutboxInsert {
+package enum OutboxInsert {
     /// The row's INSERT; a message that names no transport leaves the column to its
     /// default (the outbox's default transport).
     static func statement(for message: OutgoingMessage) -> PostgresStatement {

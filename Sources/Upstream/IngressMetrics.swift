@@ -6,7 +6,7 @@ import Synchronization
 /// The HTTPS ingress's counters for `/metrics`: answers by status and reason, token
 /// refusals by kind and reason, the time from a request's arrival to its answer, and the
 /// age of each key set. Tokens and bodies are never part of a label.
-final class IngressMetrics: Sendable {
+package final class IngressMetrics: Sendable {
     private struct Key: Hashable {
         let status: Int
         let reason: String
@@ -22,6 +22,8 @@ final class IngressMetrics: Sendable {
     private let answerSeconds = BlockingLock(Histogram.seconds)
     let keySources = BlockingLock<[(kind: String, source: FirebaseKeySource)]>([])
 
+    package init() {}
+
     func answered(status: Int, reason: String, after elapsed: Duration) {
         answers.withLock { $0[Key(status: status, reason: reason), default: 0] += 1 }
         answerSeconds.withLock { $0.observe(elapsed.seconds) }
@@ -31,7 +33,7 @@ final class IngressMetrics: Sendable {
         authFailures.withLock { $0[RefusalKey(kind: kind, reason: reason), default: 0] += 1 }
     }
 
-    func render(into page: inout PrometheusText) {
+    package func render(into page: inout PrometheusText) {
         let answers = self.answers.withLock { $0 }.sorted { ($0.key.status, $0.key.reason) < ($1.key.status, $1.key.reason) }
         page.counter("fcm_worker_ingress_requests_total", "HTTPS ingress requests answered, by status and reason",
                      answers.map { ([("status", String($0.key.status)), ("reason", $0.key.reason)], Double($0.value)) })
