@@ -2,7 +2,6 @@ import FCM
 import Foundation
 import Testing
 @testable import Upstream
-@testable import Worker
 
 private struct Highest: RandomNumberGenerator {
     mutating func next() -> UInt64 { .max }

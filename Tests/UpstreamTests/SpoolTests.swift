@@ -1,7 +1,6 @@
 import Foundation
 import Testing
 @testable import Upstream
-@testable import Worker
 
 @Suite struct SpoolTests {
     private func temporaryPath() -> String {
