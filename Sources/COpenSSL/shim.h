@@ -12,6 +12,17 @@
 #include <openssl/rand.h>
 #include <openssl/hmac.h>
 
+/* The project's one OpenSSL initialization: without its atexit cleanup, which would free
+   OpenSSL's global state while threads still close connections (a double free as a process
+   ends with a TLS stream's or a PostgreSQL connection's thread at work). The first
+   initialization in a process decides, so every user of OpenSSL calls this before its first
+   use: Transport (contexts, keys, digests) and Postgres (before libpq's connect, which
+   initializes OpenSSL itself on its first SSL request). OpenSSL runs it once per process;
+   later calls cost one check. */
+static inline void shim_initialize_openssl_for_process(void) {
+    OPENSSL_init_ssl(OPENSSL_INIT_NO_ATEXIT, NULL);
+}
+
 // Macros (and variadic functions) that Swift cannot call, wrapped as static inline functions.
 
 static inline long shim_SSL_CTX_set_min_proto_version(SSL_CTX *ctx, int version) {

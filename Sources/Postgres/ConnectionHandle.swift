@@ -60,7 +60,8 @@ final class ConnectionHandle: @unchecked Sendable {
 
     /// Connects before `deadline` (blocking this thread; `interrupt()` ends it early).
     func connect(deadline: ContinuousClock.Instant) throws(PostgresError) {
-        _ = openSSLInitializedWithoutAtexit
+        // Before libpq's first use of OpenSSL (its first SSL request, `sslmode=prefer` by default).
+        shim_initialize_openssl_for_process()
         let parameters = target.adding(Self.networkDefaults)
         let keywords = parameters.map { strdup($0.keyword) } + [nil]
         let values = parameters.map { strdup($0.value) } + [nil]
@@ -439,9 +440,7 @@ final class ConnectionHandle: @unchecked Sendable {
     private func abandon(_ reason: String) -> PostgresError {
         if statementInFlight, let connection, let cancel = PQgetCancel(connection) {
             let request = CancelRequest(cancel)
-            let thread = Thread { request.send() }
-            thread.name = "postgres-cancel"
-            thread.start()
+            Thread.start(named: "postgres-cancel", stackSize: 256 << 10) { request.send() }
         }
         healthy.value = false
         finish()
@@ -654,13 +653,3 @@ private final class EncodedStatement {
                                 + "(a C string would end there): not sent", statementIndex: index)
     }
 }
-
-/// OpenSSL initialized without its `atexit` cleanup before libpq first uses it (libpq
-/// initializes OpenSSL on a connection's first SSL request, `sslmode=prefer` by default):
-/// whichever initialization comes first in a process decides, and OpenSSL's cleanup at exit
-/// would free its global state under threads still closing connections (a double free when
-/// a process ends with a connection's thread at work). `Transport` does the same for its
-/// own uses of OpenSSL.
-private let openSSLInitializedWithoutAtexit: Void = {
-    _ = OPENSSL_init_ssl(UInt64(OPENSSL_INIT_NO_ATEXIT), nil)
-}()

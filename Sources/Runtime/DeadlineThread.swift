@@ -53,10 +53,7 @@ public final class DeadlineThread: DeadlineClock, @unchecked Sendable {
     /// Starts the thread, which runs until the process ends (tests make their own;
     /// everything else uses `shared`).
     package init(name: String) {
-        let thread = Thread { [self] in self.loop() }
-        thread.name = name
-        thread.stackSize = 256 << 10
-        thread.start()
+        Thread.start(named: name, stackSize: 256 << 10) { [self] in self.loop() }
     }
 
     /// The system's monotonic clock.

@@ -15,10 +15,7 @@ package final class DedicatedThread: Sendable {
     private let wakeup = ThreadCondition()
 
     package init(name: String) {
-        let thread = Thread { [self] in self.loop() }
-        thread.name = name
-        thread.stackSize = 1 << 20
-        thread.start()
+        Thread.start(named: name) { [self] in self.loop() }
     }
 
     /// Runs `body` on this thread and returns its result; the calling task suspends meanwhile.

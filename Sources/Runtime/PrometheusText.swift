@@ -1,5 +1,3 @@
-import Runtime
-
 /// Builds a page in the Prometheus text exposition format (version 0.0.4): each family
 /// once, with `# HELP` and `# TYPE`, label values escaped.
 package struct PrometheusText {

@@ -93,9 +93,7 @@ public final class FCMHTTPSimulator: Sendable {
         acceptLoop = try AcceptLoop(host: host, port: 0)
         port = acceptLoop.port
         acceptLoop.start(name: "fcm-http-simulator accept") { [self] fd in
-            let thread = Thread { [self] in serve(fd) }
-            thread.name = "fcm-http-simulator connection"
-            thread.start()
+            Thread.start(named: "fcm-http-simulator connection") { [self] in serve(fd) }
         }
     }
 

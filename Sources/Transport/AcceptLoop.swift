@@ -15,8 +15,9 @@ package final class AcceptLoop: Sendable {
     private let fd: Int32
     private let wakePipe: WakePipe
     private let stopping = Atomic(false)
-    /// Signalled by the thread once it has closed the socket.
-    private let closed = DispatchSemaphore(value: 0)
+    /// Set and signalled by the thread once it has closed the socket.
+    private let isClosed = Atomic(false)
+    private let closing = ThreadCondition()
 
     /// Listens, non-blocking, on `host:port` (0: a free port); accepts nothing before `start`.
     /// - Throws: `TransportError.connectFailed` saying why the address cannot be listened on.
@@ -33,9 +34,7 @@ package final class AcceptLoop: Sendable {
     /// Accepts on a thread named `name`, handing each connection's descriptor to `accept`
     /// (which must not block: it starts what serves the connection).
     package func start(name: String, accept: @escaping @Sendable (Int32) -> Void) {
-        let thread = Thread { [self] in run(accept) }
-        thread.name = name
-        thread.start()
+        Thread.start(named: name) { [self] in run(accept) }
     }
 
     /// Stops accepting. The first call returns once the socket is closed (within 5 s), so
@@ -44,13 +43,17 @@ package final class AcceptLoop: Sendable {
     package func stop() {
         guard !stopping.exchange(true, ordering: .acquiringAndReleasing) else { return }
         wakePipe.wake()
-        _ = closed.wait(timeout: .now() + 5)
+        let limit = ContinuousClock.now + .seconds(5)
+        closing.withLock {
+            while !isClosed.load(ordering: .acquiring), closing.wait(until: limit) {}
+        }
     }
 
     private func run(_ accept: (Int32) -> Void) {
         defer {
             close(fd)
-            closed.signal()
+            isClosed.store(true, ordering: .releasing)
+            closing.wake()
         }
         while !stopping.load(ordering: .acquiring) {
             var descriptors = [pollfd(fd: fd, events: Int16(POLLIN), revents: 0), wakePipe.pollDescriptor]

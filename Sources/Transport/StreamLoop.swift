@@ -136,10 +136,7 @@ package final class StreamLoop: @unchecked Sendable {
 
     /// Starts the thread. The loop keeps itself alive until the stream ends.
     package func start() {
-        let thread = Thread { self.main() }
-        thread.name = name
-        thread.stackSize = 1 << 20
-        thread.start()
+        Thread.start(named: name) { self.main() }
     }
 
     /// Makes the loop turn (and call `streamDidWake`) soon. Safe from any thread.

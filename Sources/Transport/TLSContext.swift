@@ -75,7 +75,7 @@ public final class TLSContext: @unchecked Sendable {
     /// Postgres module's connect (before libpq's) do it first; it costs one check after the
     /// first call.
     public static func initializeForProcess() {
-        _ = openSSLInitializedWithoutAtexit
+        _ = openSSLInitialized
     }
 
     /// A client context that verifies the server's chain against `trust` (host names are
@@ -197,8 +197,6 @@ enum OpenSSLErrors {
     }
 }
 
-/// OpenSSL initialized without its `atexit` cleanup, once per process (see
-/// `TLSContext.initializeForProcess`).
-private let openSSLInitializedWithoutAtexit: Void = {
-    _ = OPENSSL_init_ssl(UInt64(OPENSSL_INIT_NO_ATEXIT), nil)
-}()
+/// `shim_initialize_openssl_for_process`, called once: later calls of
+/// `initializeForProcess` (digests, key checks) cost a load, not OpenSSL's own checks.
+private let openSSLInitialized: Void = shim_initialize_openssl_for_process()

@@ -45,11 +45,10 @@ final class SimulatorProcess: Sendable {
         }
         let simulator = SimulatorProcess(directory: directory, environment: environment, process: process)
         if capturesOutput {
-            let reader = Thread {
+            Thread.start(named: "simulator output") {
                 let text = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
                 simulator.captured.withLock { $0 = text }
             }
-            reader.start()
         }
         return simulator
     }

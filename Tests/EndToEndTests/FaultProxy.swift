@@ -46,9 +46,7 @@ final class FaultProxy: Sendable {
         let listener = OwnedSocket(bound.fd)
         port = bound.port
         state.withLock { $0.listener = listener }
-        let thread = Thread { [self] in acceptLoop(on: listener) }
-        thread.name = "fault proxy"
-        thread.start()
+        Thread.start(named: "fault proxy") { [self] in acceptLoop(on: listener) }
     }
 
     /// Sets how the proxy behaves from now on. Stalling holds the connections open now.
@@ -139,9 +137,7 @@ final class FaultProxy: Sendable {
                 if case .stall(newConnectionsWork: false) = state.mode { state.stalled.insert(state.nextID) }
                 return state.nextID
             }
-            let thread = Thread { [self] in forward(id: id, client: client, server: server) }
-            thread.name = "fault proxy connection"
-            thread.start()
+            Thread.start(named: "fault proxy connection") { [self] in forward(id: id, client: client, server: server) }
         }
     }
 
