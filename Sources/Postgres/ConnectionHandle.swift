@@ -31,15 +31,8 @@ final class ConnectionHandle: @unchecked Sendable {
     private let wakePipe: WakePipe
     /// Redacts the password of this connection from messages.
     private let target: PostgresConnectionString
-    /// SQL text → the server-side prepared statement made for it on this connection.
-    private var preparedNames: [String: String] = [:]
-    /// SQL text → how many of its preparations were given up after their plan went stale:
-    /// the next one gets a name of its own. (A preparation that failed left nothing on the
-    /// server, and its name is used again.)
-    private var retiredPreparations: [String: Int] = [:]
-    /// Statements prepared at most: past it, new SQL texts run unprepared (so handlers that
-    /// build SQL text on the fly cannot grow the server's memory). Zero prepares none.
-    private let preparedLimit: Int
+    /// The statements prepared on this connection, by SQL text.
+    private var prepared: PreparedStatementNames
     /// True while a statement was sent and its results are not all read.
     private var statementInFlight = false
 
@@ -54,7 +47,7 @@ final class ConnectionHandle: @unchecked Sendable {
     /// A handle that is not connected yet (see `connect`): `interrupt()` works from now on.
     init(target: PostgresConnectionString, preparedLimit: Int) throws(PostgresError) {
         self.target = target
-        self.preparedLimit = preparedLimit
+        prepared = PreparedStatementNames(limit: preparedLimit)
         do { wakePipe = try WakePipe() } catch { throw PostgresError(kind: .connection, message: "\(error)") }
     }
 
@@ -117,14 +110,14 @@ final class ConnectionHandle: @unchecked Sendable {
         statementInFlight = true
         defer { statementInFlight = false; noteTransactionStatus() }
         // Statements with parameters are prepared on first use, as in `pipeline`.
-        var name = preparedNames[statement.sql]
-        if name == nil, let candidate = newPreparedName(for: statement) {
+        var name = prepared.names[statement.sql]
+        if name == nil, let candidate = prepared.newName(for: statement) {
             guard PQsendPrepare(connection, candidate, statement.sql, Int32(statement.parameters.count), nil) == 1 else {
                 throw connectionError("sending a preparation failed")
             }
             try flush(deadline)
             _ = try results(for: 0, deadline: deadline, byName: true)
-            preparedNames[statement.sql] = candidate
+            prepared.names[statement.sql] = candidate
             name = candidate
         }
         let values = encoded.values
@@ -135,7 +128,7 @@ final class ConnectionHandle: @unchecked Sendable {
         do {
             return try results(for: 0, deadline: deadline, byName: name != nil) ?? PostgresResult(rows: [], affectedRows: 0)
         } catch {
-            forgetIfStale(statement.sql, after: error)
+            prepared.forgetIfStale(statement.sql, after: error)
             throw error
         }
     }
@@ -276,9 +269,9 @@ final class ConnectionHandle: @unchecked Sendable {
         for (index, statement) in statements.enumerated() {
             let sent: Int32
             let values = encoded[index].values
-            if let name = preparedNames[statement.sql] ?? preparingNames[statement.sql] {
+            if let name = prepared.names[statement.sql] ?? preparingNames[statement.sql] {
                 sent = PQsendQueryPrepared(connection, name, Int32(values.count), values, nil, nil, 0)
-            } else if let name = newPreparedName(for: statement, pending: preparing.count) {
+            } else if let name = prepared.newName(for: statement, pending: preparing.count) {
                 preparingNames[statement.sql] = name
                 guard PQsendPrepare(connection, name, statement.sql, Int32(statement.parameters.count), nil) == 1 else {
                     throw connectionError("sending a pipelined statement failed")
@@ -300,18 +293,18 @@ final class ConnectionHandle: @unchecked Sendable {
         // same way); then comes the sync marker.
         for index in statements.indices {
             if let name = preparing[index] {
-                var prepared = false
+                var isPrepared = false
                 while let result = try nextResult(deadline) {
                     defer { PQclear(result) }
                     if PQresultStatus(result) == PGRES_COMMAND_OK {
-                        prepared = true
+                        isPrepared = true
                     } else if PQresultStatus(result) != PGRES_PIPELINE_ABORTED {
                         do { _ = try decode(result, statement: numbers[index], byName: true) } catch {
                             if firstError == nil { firstError = error }
                         }
                     }
                 }
-                if prepared { preparedNames[statements[index].sql] = name }
+                if isPrepared { prepared.names[statements[index].sql] = name }
             }
             var outcome: PostgresResult?
             while let result = try nextResult(deadline) {
@@ -320,7 +313,7 @@ final class ConnectionHandle: @unchecked Sendable {
                 do {
                     outcome = try decode(result, statement: numbers[index], byName: byName[index])
                 } catch {
-                    forgetIfStale(statements[index].sql, after: error)
+                    prepared.forgetIfStale(statements[index].sql, after: error)
                     if firstError == nil { firstError = error }
                 }
             }
@@ -491,46 +484,6 @@ final class ConnectionHandle: @unchecked Sendable {
         outsideTransaction.value = PQtransactionStatus(connection) == PQTRANS_IDLE
     }
 
-    /// A fresh name to prepare `statement` under, or nil when it has no parameters or the
-    /// limit is reached (`pending`: preparations sent but not yet confirmed).
-    ///
-    /// The name is made from the SQL text (`fcm_` and a 64-bit FNV-1a digest, then `_N` for
-    /// a text prepared again), never from a counter: a name means one SQL text on every
-    /// connection. Behind a pooler that hands each transaction another server connection,
-    /// a statement run by name then either is the same SQL or is missing (SQLSTATE 26000,
-    /// or 42P05 when preparing a name that exists), never another statement that happens
-    /// to share a counter's name.
-    private func newPreparedName(for statement: PostgresStatement, pending: Int = 0) -> String? {
-        guard !statement.parameters.isEmpty, preparedNames.count + pending < preparedLimit else { return nil }
-        let digest = String(Self.digest(statement.sql), radix: 16)
-        let base = "fcm_" + String(repeating: "0", count: 16 - digest.count) + digest
-        let retired = retiredPreparations[statement.sql] ?? 0
-        return retired == 0 ? base : "\(base)_\(retired)"
-    }
-
-    /// FNV-1a, 64 bits, of the SQL text's UTF-8 bytes.
-    static func digest(_ sql: String) -> UInt64 {
-        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-        for byte in sql.utf8 {
-            hash ^= UInt64(byte)
-            hash = hash &* 0x0000_0100_0000_01b3
-        }
-        return hash
-    }
-
-    /// A prepared statement whose tables changed shape (`SELECT *` after `ALTER TABLE`)
-    /// fails with "cached plan must not change result type" until it is prepared again:
-    /// forget it, so the next run of that SQL prepares a fresh one under a new name. (The
-    /// old one stays on the server until the connection closes: one per such change.)
-    private func forgetIfStale(_ sql: String, after error: PostgresError) {
-        if error.sqlState == "0A000" { retire(sql) }
-    }
-
-    private func retire(_ sql: String) {
-        preparedNames[sql] = nil
-        retiredPreparations[sql, default: 0] += 1
-    }
-
     private func connectionError(_ what: String) -> PostgresError {
         let detail = connection.map { String(cString: PQerrorMessage($0)) } ?? ""
         if let connection, PQstatus(connection) != CONNECTION_OK { healthy.value = false }
@@ -548,22 +501,7 @@ final class ConnectionHandle: @unchecked Sendable {
                               byName: Bool) throws(PostgresError) -> PostgresResult {
         switch status {
         case PGRES_TUPLES_OK, PGRES_COMMAND_OK, PGRES_EMPTY_QUERY:
-            let rowCount = PQntuples(result), columnCount = PQnfields(result)
-            var columns: [String] = []
-            columns.reserveCapacity(Int(columnCount))
-            for column in 0..<columnCount { columns.append(String(cString: PQfname(result, column))) }
-            var rows: [PostgresRow] = []
-            rows.reserveCapacity(Int(rowCount))
-            for row in 0..<rowCount {
-                var values: [String?] = []
-                values.reserveCapacity(Int(columnCount))
-                for column in 0..<columnCount {
-                    values.append(PQgetisnull(result, row, column) == 1 ? nil : String(cString: PQgetvalue(result, row, column)))
-                }
-                rows.append(PostgresRow(columns: columns, values: values))
-            }
-            let affected = Int(String(cString: PQcmdTuples(result))) ?? 0
-            return PostgresResult(rows: rows, affectedRows: affected)
+            return PostgresResult(reading: result)
         default:
             let sqlState = PQresultErrorField(result, Int32(UInt8(ascii: "C"))).map { String(cString: $0) }
             let message = target.redact(String(cString: PQresultErrorMessage(result)).trimmingCharacters(in: .whitespacesAndNewlines))
@@ -597,59 +535,5 @@ final class ConnectionHandle: @unchecked Sendable {
         guard let result, let severity = PQresultErrorField(result, Int32(UInt8(ascii: "V"))),
               String(cString: severity) == "WARNING", let message = PQresultErrorMessage(result) else { return }
         FileHandle.standardError.write(Data("postgres \(PostgresConnectionString.redactPatterns(String(cString: message)))\n".utf8))
-    }
-}
-
-/// A `PGcancel`, sent from a thread of its own and then freed. `@unchecked Sendable`: libpq
-/// makes a `PGcancel` to be used from another thread; only that thread uses it.
-private final class CancelRequest: @unchecked Sendable {
-    private let cancel: OpaquePointer
-
-    init(_ cancel: OpaquePointer) { self.cancel = cancel }
-
-    func send() {
-        var buffer = [CChar](repeating: 0, count: 256)
-        _ = PQcancel(cancel, &buffer, Int32(buffer.count))
-        PQfreeCancel(cancel)
-    }
-}
-
-/// A statement's parameters as C strings in the text format (NULL for SQL NULL), freed
-/// with it; made before anything is sent.
-///
-/// libpq takes C strings, which end at a NUL: a value holding U+0000 (PostgreSQL's text
-/// holds none) would reach the server cut short, as another value. Such a statement fails
-/// here instead, alone, with an error that says why.
-private final class EncodedStatement {
-    let values: [UnsafePointer<CChar>?]
-    private let storage: [UnsafeMutablePointer<CChar>?]
-
-    init(_ statement: PostgresStatement, index: Int) throws(PostgresError) {
-        try Self.refuseNul(in: statement.sql, what: "the SQL text", index: index)
-        var storage: [UnsafeMutablePointer<CChar>?] = []
-        storage.reserveCapacity(statement.parameters.count)
-        for (number, parameter) in statement.parameters.enumerated() {
-            guard let text = parameter.textEncoding else {
-                storage.append(nil)
-                continue
-            }
-            do {
-                try Self.refuseNul(in: text, what: "parameter $\(number + 1)", index: index)
-            } catch {
-                for pointer in storage { free(pointer) }
-                throw error
-            }
-            storage.append(strdup(text))
-        }
-        self.storage = storage
-        values = storage.map { $0.map { UnsafePointer($0) } }
-    }
-
-    deinit { for pointer in storage { free(pointer) } }
-
-    static func refuseNul(in text: String, what: String, index: Int) throws(PostgresError) {
-        guard text.holdsNUL else { return }
-        throw PostgresError(kind: .statement, message: "\(what) holds U+0000, which PostgreSQL's text cannot hold "
-                                + "(a C string would end there): not sent", statementIndex: index)
     }
 }
