@@ -86,6 +86,7 @@ let package = Package(
         .testTarget(name: "WorkerTests", dependencies: ["Worker", "Upstream", "Outbox", "FCM", "Runtime", "TestSupport"]),
         .testTarget(name: "OutboxTests", dependencies: ["Outbox", "Runtime"]),
         .testTarget(name: "UpstreamTests", dependencies: ["Upstream", "FCM"]),
+        .testTarget(name: "SimulatorTests", dependencies: ["Simulator", "XMPP"]),
         .testTarget(name: "FuzzRegressionTests", dependencies: ["FuzzChecks"]),
         // The Swift blocks of docs/handlers.md and README.md, copied by scripts/extract-doc-snippets:
         // built with the tests so that the docs always compile (the test among them runs too).
