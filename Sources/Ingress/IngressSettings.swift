@@ -55,6 +55,9 @@ public struct IngressSettings: Sendable {
     public var maximumBodyBytes = 1 << 20
     public var idleTimeout: Duration = .seconds(60)
     public var requestTimeout: Duration = .seconds(10)
+    /// How long a request whose messages find the pipeline's lanes full waits for room
+    /// before it is answered 503 `overloaded` (zero: at once).
+    public var queueWait: Duration = .seconds(2)
 
     public init(address: String) {
         self.address = address

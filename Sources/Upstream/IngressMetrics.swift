@@ -22,6 +22,9 @@ package final class IngressMetrics: Sendable {
     private let answerSeconds = BlockingLock(Histogram.seconds)
     let keySources = BlockingLock<[(kind: String, source: FirebaseKeySource)]>([])
 
+    /// Requests waiting for room in the pipeline's lanes now (`IngressWaitingRoom`).
+    let waitingRequests = Atomic(0)
+
     package init() {}
 
     func answered(status: Int, reason: String, after elapsed: Duration) {
@@ -43,6 +46,8 @@ package final class IngressMetrics: Sendable {
         page.histogram("fcm_worker_ingress_answer_seconds",
                        "from a request's arrival to its answer (immediate: queued; journal: on disk; durable: committed)",
                        [([], answerSeconds.withLock { $0 })])
+        page.gauge("fcm_worker_ingress_waiting_requests", "requests waiting for room in the pipeline's full lanes (--ingress-queue-wait)",
+                   Double(waitingRequests.load(ordering: .relaxed)))
         page.gauge("fcm_worker_ingress_key_set_age_seconds", "seconds since each signing key set was fetched (-1 before the first fetch)",
                    keySources.withLock { $0 }.map { ([("kind", $0.kind)], $0.source.age ?? -1) })
     }

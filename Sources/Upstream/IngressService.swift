@@ -31,6 +31,8 @@ package final class IngressService: Sendable {
     /// Each sender's id prefix (`IngressMessageID.prefix`), kept: a sender posts again and
     /// again, and a digest per message cost more than finding it here. Emptied at 100,000.
     private let idPrefixes = BlockingLock<[String: String]>([:])
+    /// Requests whose messages found the lanes full, waiting for room (`--ingress-queue-wait`).
+    private let waitingRoom: IngressWaitingRoom
 
     /// Opens the listening socket and prepares the key sources (nothing served before `receiving` runs).
     /// - Throws: `ConfigurationError` for an address that cannot be listened on, a
@@ -47,6 +49,8 @@ package final class IngressService: Sendable {
         self.reloads = reloads
         self.observer = observer
         self.rateLimit = SenderRateLimit(perSecond: settings.ratePerSecond, burst: settings.rateBurst)
+        // As many requests may wait as the lanes hold messages.
+        self.waitingRoom = IngressWaitingRoom(maximumWait: settings.queueWait, capacity: max(1, pipeline.capacity), metrics: metrics)
         var checks: [(rules: FirebaseTokenRules, keys: FirebaseKeySource)] = []
         for kind in settings.authentication.kinds {
             let url = kind == .idToken ? settings.idTokenKeysURL : settings.appCheckKeysURL
@@ -152,9 +156,13 @@ package final class IngressService: Sendable {
                 group.addTask { await source.run(until: stop) }
             }
             group.addTask { await self.reloadCertificates(until: stop) }
+            group.addTask { await self.letTheWaitingMove(until: stop) }
             await stop.wait()
             stopping.store(true, ordering: .relaxed)
             serving.store(false, ordering: .relaxed)
+            // What still waits for room was never queued: it is answered 503 (post again).
+            waitingRoom.stop()
+            moveTheWaiting()
             server.drain()
             logger.info("HTTPS ingress stopped taking requests (\(server.openCount) connection(s) finishing)")
             await group.waitForAll()
@@ -185,6 +193,39 @@ package final class IngressService: Sendable {
         }
     }
 
+    /// Lets the waiting requests move whenever a full lane had work taken from it, and at
+    /// least every 50 ms (to answer those that waited `--ingress-queue-wait` in vain).
+    private func letTheWaitingMove(until stop: ShutdownSignal) async {
+        guard settings.queueWait > .zero else { return }
+        while !stop.isRequested && !Task.isCancelled {
+            await pipeline.room.wait(timeout: .milliseconds(50))
+            if waitingRoom.isOccupied { moveTheWaiting() }
+        }
+    }
+
+    /// Queues the waiting requests that now fit, in their order, and answers those that
+    /// waited too long (or, stopping, all of them) 503.
+    private func moveTheWaiting() {
+        waitingRoom.move(queue: { group in
+            guard hand(&group.work, records: group.records) else { return false }
+            for (reply, response) in group.replies {
+                guard let response else { continue }
+                metrics.answered(status: 200, reason: "ok", after: ContinuousClock.now - group.arrived)
+                reply.send(response)
+            }
+            return true
+        }, refuse: { group in
+            let reason = stopping.load(ordering: .relaxed) ? "shutting_down" : "overloaded"
+            let response = Self.refusal(503, reason, reason == "overloaded"
+                                        ? "the worker's queues stayed full for \(settings.queueWait.formattedSeconds); post again later"
+                                        : "the worker is shutting down; post again (another instance answers)", retryAfter: 1)
+            for (reply, _) in group.replies {
+                metrics.answered(status: 503, reason: reason, after: ContinuousClock.now - group.arrived)
+                reply.send(response)
+            }
+        })
+    }
+
     // MARK: - Requests (on the connection's thread: nothing here waits)
 
     /// A request that passed every check, its messages ready for the pipeline.
@@ -197,6 +238,8 @@ package final class IngressService: Sendable {
         let batch: Bool
         var work: [UpstreamWork]
         var records: [UpstreamJournal.Record]
+        /// The way to answer it later (when it waits for room, or for its acks).
+        let reply: HTTPServerReply
     }
 
     private enum Checked {
@@ -340,36 +383,58 @@ package final class IngressService: Sendable {
             }
             work.append(UpstreamWork(kind: .message(UpstreamMessage(upstream)), ack: ack))
         }
-        return .admitted(Admitted(index: index, clientIDs: clientIDs, statuses: statuses, batch: batch, work: work, records: records))
+        return .admitted(Admitted(index: index, clientIDs: clientIDs, statuses: statuses, batch: batch, work: work, records: records,
+                                  reply: request.reply))
     }
 
-    /// Hands the admitted requests' messages to the pipeline together: all of them, or
-    /// (a lane full) none, each request then answered 503.
+    /// Hands the admitted requests' messages to the pipeline together: all of them, or (a
+    /// lane full, or requests waiting already) none, the requests then waiting for room
+    /// behind those already waiting (answered 503 when the waiting room is full).
     private func queue(_ admitted: [Admitted], into actions: inout [HTTPServerAction], started: ContinuousClock.Instant) {
         var work: [UpstreamWork]
+        var records: [UpstreamJournal.Record] = []
         if admitted.count == 1 {
             work = admitted[0].work
+            records = admitted[0].records
         } else {
             work = []
             work.reserveCapacity(admitted.reduce(0) { $0 + $1.work.count })
             for request in admitted { work += request.work }
+            if ackMode == .journal { records = admitted.flatMap(\.records) }
         }
-        if ackMode == .journal, let journal {
-            // Room first: once journaled, a message is the pipeline's whatever happens.
-            guard pipeline.hasRoom(for: work) else { return refuseAsOverloaded(admitted, into: &actions, started: started) }
-            let segment = journal.append(admitted.count == 1 ? admitted[0].records : admitted.flatMap(\.records))
-            for index in work.indices { work[index].ack = .afterJournal(segment: segment) }
-            _ = pipeline.offer(work, evenIfFull: true)
+        if !waitingRoom.isOccupied && hand(&work, records: records) {
+            guard ackMode == .immediate else { return }
+            for request in admitted {
+                metrics.answered(status: 200, reason: "ok", after: ContinuousClock.now - started)
+                actions[request.index] = .respond(Self.accepted(request))
+            }
             return
         }
-        guard pipeline.offer(work) else { return refuseAsOverloaded(admitted, into: &actions, started: started) }
-        guard ackMode == .immediate else { return }
-        for request in admitted {
-            let response = IngressAnswer.response(clientIDs: request.clientIDs, statuses: request.statuses.map { $0 ?? "accepted" },
-                                                  batch: request.batch)
-            metrics.answered(status: 200, reason: "ok", after: ContinuousClock.now - started)
-            actions[request.index] = .respond(response)
+        let group = IngressWaitingRoom.Group(work: work, records: records,
+                                             replies: admitted.map { ($0.reply, ackMode == .immediate ? Self.accepted($0) : nil) },
+                                             arrived: started)
+        guard waitingRoom.enter(group) else { return refuseAsOverloaded(admitted, into: &actions, started: started) }
+        // Each answer comes through its reply (`.later`). Room may have come since the offer.
+        moveTheWaiting()
+    }
+
+    /// Queues `work` as the ack mode says: all of it, or (a lane full) none. In journal
+    /// mode room is checked first: once journaled, a message is the pipeline's whatever
+    /// happens.
+    private func hand(_ work: inout [UpstreamWork], records: [UpstreamJournal.Record]) -> Bool {
+        if ackMode == .journal, let journal {
+            guard pipeline.hasRoom(for: work) else { return false }
+            let segment = journal.append(records)
+            for index in work.indices { work[index].ack = .afterJournal(segment: segment) }
+            _ = pipeline.offer(work, evenIfFull: true)
+            return true
         }
+        return pipeline.offer(work)
+    }
+
+    /// Immediate mode's answer to a request whose messages are queued.
+    private static func accepted(_ request: Admitted) -> HTTPServerResponse {
+        IngressAnswer.response(clientIDs: request.clientIDs, statuses: request.statuses.map { $0 ?? "accepted" }, batch: request.batch)
     }
 
     private func refuseAsOverloaded(_ admitted: [Admitted], into actions: inout [HTTPServerAction], started: ContinuousClock.Instant) {

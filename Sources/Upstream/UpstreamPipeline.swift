@@ -18,9 +18,9 @@ package final class UpstreamPipeline: Sendable {
         let queue: BoundedQueue<UpstreamWork>
         let retries = BlockingLock(UpstreamScheduler.Retries())
 
-        init(index: Int, capacity: Int) {
+        init(index: Int, capacity: Int, room: Doorbell) {
             self.index = index
-            self.queue = BoundedQueue(capacity: capacity)
+            self.queue = BoundedQueue(capacity: capacity, onRoom: { room.ring() })
         }
 
         var nextRetry: ContinuousClock.Instant? { retries.withLock { $0.next } }
@@ -39,6 +39,9 @@ package final class UpstreamPipeline: Sendable {
     /// timeouts are timed by: the system's clock, or a test's `ManualClock`.
     let clock: any DeadlineClock
     private let lanes: [Lane]
+    /// Rung when a lane that was full had work taken from it: a producer that could not wait
+    /// for room (the HTTPS ingress's waiting requests) tries again.
+    let room: Doorbell
     /// Set while a commit found the database unavailable, until one succeeds again (its
     /// return is said once, whichever lane sees it).
     private let databaseDown = Atomic(false)
@@ -54,7 +57,9 @@ package final class UpstreamPipeline: Sendable {
         self.dispatcher = UpstreamDispatcher(handlers: handlers, logger: logger, metrics: metrics, clock: clock)
         self.logger = logger
         self.observer = observer
-        self.lanes = (0..<scheduler.laneCount).map { Lane(index: $0, capacity: settings.queueCapacity) }
+        let room = Doorbell()
+        self.room = room
+        self.lanes = (0..<scheduler.laneCount).map { Lane(index: $0, capacity: settings.queueCapacity, room: room) }
     }
 
     /// Queues each piece of `work` on its device's lane, in order, waiting while a lane is
@@ -85,6 +90,9 @@ package final class UpstreamPipeline: Sendable {
         }
         return true
     }
+
+    /// How much work the lanes hold when every one is full.
+    var capacity: Int { lanes.count * (lanes.first?.queue.capacity ?? 0) }
 
     /// Whether each lane `work` goes to has room now.
     func hasRoom(for work: [UpstreamWork]) -> Bool {

@@ -1,5 +1,6 @@
 import FCM
 import Foundation
+import Handlers
 import Ingress
 import Runtime
 import Simulator
@@ -122,6 +123,8 @@ import TestSupport
         var setup = try await IngressSetup(ackMode: .immediate, dedicated: true)
         setup.configuration.pipeline.queueCapacity = 20
         setup.configuration.concurrency = 1
+        // Each request past the lanes waits this long for room before its 503.
+        setup.configuration.ingressSettings.queueWait = .milliseconds(200)
         setup.configuration.ingressSettings.rateBurst = 100_000
         setup.configuration.ingressSettings.ratePerSecond = 100_000
         defer { setup.stop() }
@@ -140,5 +143,66 @@ import TestSupport
         try await TestDatabase.restore(setup.databaseName!)
         await setup.database.waitForRows(in: "upstream_messages", count: accepted.count, within: .seconds(30))
         #expect(try await setup.database.count("upstream_messages") == accepted.count)
+    }
+
+    /// A burst past the lanes' room waits for room instead of being refused: every request
+    /// is answered 200 once the handlers move again, in each ack mode, and nothing is lost.
+    @Test(arguments: [CCSAckMode.immediate, .journal, .durable])
+    func aBurstPastTheLanesWaitsForRoomAndIsAnswered200(mode: CCSAckMode) async throws {
+        var setup = try await IngressSetup(ackMode: mode)
+        setup.configuration.pipeline.queueCapacity = 10
+        setup.configuration.concurrency = 1
+        setup.configuration.ingressSettings.queueWait = .seconds(60)
+        setup.configuration.ingressSettings.rateBurst = 1000
+        setup.configuration.metricsAddress = "127.0.0.1:0"
+        defer { setup.stop() }
+        // The gate holds the lane's first batch, so the lane fills behind it.
+        let gate = GateHandler()
+        var handlers = UpstreamHandlers()
+        handlers.register("gate", gate)
+        handlers.register("store", StoreHandler())
+        let (task, events, port) = try await setup.serve(handlers: handlers)
+        let metricsPort = try #require(events.all.compactMap { if case .serving(let port) = $0 { port } else { nil } }.first)
+        defer { task.cancel() }
+        let client = try HTTP2Client(host: "127.0.0.1", port: port, trust: .caPEM(setup.ccs.authority.rootCertificatePEM), maximumConnections: 1)
+        let token = try setup.idToken(uid: "burst-\(mode.rawValue)")
+        @Sendable func post(_ indices: Range<Int>) -> Task<[Int], any Error> {
+            Task {
+                try await withThrowingTaskGroup(of: Int.self) { group in
+                    for index in indices {
+                        group.addTask {
+                            let body = #"{"message_id":"b-\#(mode.rawValue)-\#(index)","token":"t","data":{"n":"\#(index)"}}"#
+                            return try await client.send(method: "POST", path: "/v1/messages",
+                                                         headers: ["content-type": "application/json", "authorization": "Bearer " + token],
+                                                         body: Array(body.utf8)).status
+                        }
+                    }
+                    var statuses: [Int] = []
+                    for try await status in group { statuses.append(status) }
+                    return statuses
+                }
+            }
+        }
+        func metric(_ name: String) async -> Int? {
+            let page = (try? await httpGet(port: metricsPort, path: "/metrics"))?.body ?? ""
+            guard let line = page.split(separator: "\n").first(where: { $0.hasPrefix(name + " ") }) else { return nil }
+            return Double(line.dropFirst(name.count + 1)).map { Int($0) }
+        }
+        // One message the handler holds; then the lane's queue fills (one read may put more
+        // than its capacity there); then the rest find it full (as many as the lanes hold may
+        // wait).
+        let first = post(0..<1)
+        try await waitUntil("the handler holds the first message") { gate.entered.load(ordering: .relaxed) == 1 }
+        let filling = post(1..<11)
+        try await waitUntil("the lane's queue is full", within: .seconds(30)) { await metric("fcm_worker_upstream_queue_depth") ?? 0 >= 10 }
+        let rest = post(11..<20)
+        try await waitUntil("the rest wait for room", within: .seconds(30)) { await metric("fcm_worker_ingress_waiting_requests") ?? 0 > 0 }
+        gate.open.store(true, ordering: .relaxed)
+        let answered = try await first.value + filling.value + rest.value
+        #expect(answered.count == 20)
+        #expect(answered.allSatisfy { $0 == 200 }, "\(answered.sorted())")
+        try await waitUntil("the 20 messages stored", within: .seconds(30)) {
+            try await setup.database.count("upstream_messages", where: "message_id LIKE '%:b-\(mode.rawValue)-%'") == 20
+        }
     }
 }
