@@ -63,11 +63,11 @@ extension TestDatabase {
 
     /// Waits until `condition` holds for `count` outbox rows (or `limit` passes).
     func waitForOutbox(_ condition: String, count: Int, within limit: Duration = .seconds(20)) async throws {
-        let deadline = ContinuousClock.now + limit
-        while ContinuousClock.now < deadline {
-            if try await self.count("downstream_messages", where: condition) >= count { return }
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        do {
+            return try await waitUntil("\(count) outbox rows where \(condition)", within: limit, every: .milliseconds(20)) {
+                try await self.count("downstream_messages", where: condition) >= count
+            }
+        } catch is TimedOut {}
         let states = try await query("SELECT status, count(*) FROM downstream_messages GROUP BY 1 ORDER BY 1")
             .map { "\($0.string(0)!)=\($0.string(1)!)" }
         // The claims, to tell a row nobody holds from one a claim still names.
@@ -293,9 +293,8 @@ extension TestCCS {
         // 4 KB each, FCM's largest.
         let data = String(repeating: "x", count: 3_900)
         try await database.insertOutbox((0..<400).map { ("token-\($0)", #"{"data":{"k":"\#(data)"}}"#) })
-        let sendingDeadline = ContinuousClock.now + .seconds(20)
-        while try await database.count("downstream_messages_in_flight") < 100 && ContinuousClock.now < sendingDeadline {
-            try await Task.sleep(for: .milliseconds(20))
+        try await waitUntil("100 rows in flight", within: .seconds(20), every: .milliseconds(20)) {
+            try await database.count("downstream_messages_in_flight") >= 100
         }
         // In flight: claimed (rows are written with their answer, and none comes).
         #expect(try await database.count("downstream_messages_in_flight") >= 100)

@@ -6,6 +6,7 @@ import Testing
 import Runtime
 import Simulator
 import Synchronization
+import TestSupport
 
 /// A primary with a synchronous hot standby (`scripts/failover-pair`: `pg_basebackup -R`),
 /// made for the test and deleted after it.
@@ -109,12 +110,10 @@ private struct FailoverPair {
 
         try await ccs.simulator.wait(for: "\(total) acks", timeout: .seconds(90)) { Set($0.acked).count >= total }
         let acked = Set(ccs.simulator.events.acked)
-        let deadline = ContinuousClock.now + .seconds(60)
         var stored: Set<String> = []
-        while ContinuousClock.now < deadline {
+        try? await waitUntil("every acked message stored on the new primary", within: .seconds(60), every: .milliseconds(100)) {
             stored = (try? await database.storedMessageIDs()) ?? stored
-            if acked.isSubset(of: stored) { break }
-            try await Task.sleep(for: .milliseconds(100))
+            return acked.isSubset(of: stored)
         }
         let missing = acked.subtracting(stored)
         #expect(missing.isEmpty, "\(missing.count) acked message(s) not stored on the new primary, e.g. \(missing.prefix(5))")
@@ -126,12 +125,10 @@ private struct FailoverPair {
         #expect(server.port == pair.standby && server.readWrite)
         // `/readyz` names the new primary once the probe reached it.
         let port = try #require(events.all.lazy.compactMap { if case .serving(let port) = $0 { port } else { nil } }.first)
-        let readyDeadline = ContinuousClock.now + .seconds(10)
         var reason = ""
-        while ContinuousClock.now < readyDeadline {
+        try? await waitUntil("/readyz names the new primary", within: .seconds(10), every: .milliseconds(200)) {
             reason = (try? await httpGet(port: port, path: "/readyz").body) ?? ""
-            if reason.contains("127.0.0.1:\(pair.standby), read-write") { break }
-            try await Task.sleep(for: .milliseconds(200))
+            return reason.contains("127.0.0.1:\(pair.standby), read-write")
         }
         #expect(reason.contains("ready: ") && reason.contains("127.0.0.1:\(pair.standby), read-write"), "\(reason)")
         task.cancel()

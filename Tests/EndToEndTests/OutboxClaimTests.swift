@@ -5,6 +5,7 @@ import Testing
 @testable import Upstream
 @testable import Worker
 import Runtime
+import TestSupport
 
 /// Claims per batch (migration 0007): a claim names rows without writing them, takes rows
 /// whose transactions commit after it passed their ids, never names a row another live
@@ -167,14 +168,11 @@ import Runtime
         _ = try await holder.query("SELECT pg_advisory_xact_lock(hashtext('fcm_outbox_claim'), hashtext(current_schema() || '/xmpp'))")
         let claimerPID = try await claimer.query("SELECT pg_backend_pid()").first?.int(0) ?? 0
         async let claimed = Self.claim("worker-1", 100, on: claimer)
-        var waiting = false
-        for _ in 0..<500 where !waiting {
-            waiting = try await holder.query("""
+        try await waitUntil("the claim waits for the lock", within: .seconds(5)) {
+            try await holder.query("""
                 SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1
                 """, [.int(claimerPID)]).first?.bool(0) == true
-            if !waiting { try await Task.sleep(for: .milliseconds(10)) }
         }
-        #expect(waiting, "the claim waits for the lock")
         let inserted = try await Self.insert(2, on: inserter)
         _ = try await holder.execute("COMMIT")
         #expect(try await claimed.ids == inserted, "taken by the claim that saw them")

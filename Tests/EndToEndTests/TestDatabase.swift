@@ -1,6 +1,7 @@
 import Foundation
 import Postgres
 import Worker
+import TestSupport
 
 /// A fresh schema in the test cluster (`DATABASE_URL` from scripts/test), so that tests
 /// running in parallel never see each other's rows.
@@ -58,10 +59,8 @@ struct TestDatabase {
     /// Waits until `table` holds at least `count` rows, or `limit` passes (the caller then
     /// asserts the count, so a shortfall fails the test with the actual number).
     func waitForRows(in table: String, count: Int, within limit: Duration) async {
-        let deadline = ContinuousClock.now + limit
-        while ContinuousClock.now < deadline {
-            if let rows = try? await self.count(table), rows >= count { return }
-            try? await Task.sleep(for: .milliseconds(20))
+        try? await waitUntil("\(count) rows in \(table)", within: limit, every: .milliseconds(20)) {
+            (try? await self.count(table)).map { $0 >= count } ?? false
         }
     }
 

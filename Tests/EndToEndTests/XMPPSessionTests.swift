@@ -4,6 +4,7 @@ import Simulator
 import Testing
 import Transport
 import XMPP
+import TestSupport
 
 /// The XMPP client against the simulator over real TLS on loopback.
 @Suite struct XMPPSessionTests {
@@ -351,9 +352,9 @@ import XMPP
           }
         }
         #expect(finished, "the senders stalled")
-        let deadline = ContinuousClock.now + .seconds(20)
-        while ccs.simulator.counters.downstreamReceived < 20_000, ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(10))
+        try await waitUntil("20,000 downstream messages received", within: .seconds(20),
+                            detail: "\(ccs.simulator.counters.downstreamReceived) received") {
+            ccs.simulator.counters.downstreamReceived >= 20_000
         }
         #expect(ccs.simulator.counters.downstreamReceived == 20_000)
         await connection.close()
