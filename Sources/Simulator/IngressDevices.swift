@@ -106,7 +106,7 @@ public struct IngressDevices: Sendable {
 /// The posts of one run, each sent from the answer of the one before it in its slot
 /// (`inFlight` slots): no task per post, so that the devices cost little next to the
 /// ingress they load.
-private final class Posting: Sendable {
+final class Posting: Sendable {
     private struct State {
         var report = IngressDevices.Report()
         var next = 0
@@ -236,16 +236,25 @@ private final class Posting: Sendable {
     }
 
     /// The `status` members of an answer (`{"message_id": …, "status": "…"}`, or a batch's
-    /// `{"results": [...]}`), read without a parse.
+    /// `{"results": [...]}`), read without a parse, as bytes: through Foundation's string
+    /// search this was an eighth of the devices' CPU.
     static func statuses(of body: String) -> [String] {
-        var found: [String] = []
-        var rest = body[...]
-        while let range = rest.range(of: #""status":""#) {
-            rest = rest[range.upperBound...]
-            guard let end = rest.firstIndex(of: "\"") else { break }
-            found.append(String(rest[..<end]))
-            rest = rest[end...]
+        var body = body
+        return body.withUTF8 { bytes in
+            let key = Array(#""status":""#.utf8)
+            var found: [String] = []
+            var index = 0
+            while index + key.count <= bytes.count {
+                guard bytes[index] == key[0], bytes[index..<index + key.count].elementsEqual(key) else {
+                    index += 1
+                    continue
+                }
+                let start = index + key.count
+                guard let end = bytes[start...].firstIndex(of: UInt8(ascii: "\"")) else { break }
+                found.append(String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<end]), as: UTF8.self))
+                index = end
+            }
+            return found
         }
-        return found
     }
 }
