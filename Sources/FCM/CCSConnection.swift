@@ -30,8 +30,9 @@ public final class CCSConnection: Sendable {
     ///     mode acks after the commit, like durable mode).
     ///   - onDraining: called on the connection's thread the moment a
     ///     `CONNECTION_DRAINING` control message is parsed (before anything after it).
-    ///   - onAnswer: called on the connection's thread with each ack, nack and stanza
-    ///     error as it is parsed; one it returns true for is not handed out by `next`.
+    ///   - onAnswer: called on the connection's thread with each ack, nack, stanza error
+    ///     and delivery receipt as it is parsed; one it returns true for is not handed out
+    ///     by `next` (a receipt always is).
     ///     Answers then take no trip through a consuming task. Keep it fast and
     ///     non-blocking: it runs on the I/O thread.
     ///   - afterRead: called on the connection's thread once the stanzas of a read have

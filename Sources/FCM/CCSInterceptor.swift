@@ -8,7 +8,7 @@ import XMPP
 /// acks an upstream message once the worker's journal holds it). `CONNECTION_DRAINING` is
 /// reported from here too, and closes the connection's send gate, so that sending stops
 /// before anything read after it is answered. Answers to downstream messages (acks, nacks,
-/// stanza errors) go to `onAnswer` there too, when it takes them.
+/// stanza errors, delivery receipts) go to `onAnswer` there too.
 package struct CCSInterceptor: StanzaInterceptor {
     let ackMode: CCSAckMode
     /// Journal mode's journal.
@@ -16,8 +16,9 @@ package struct CCSInterceptor: StanzaInterceptor {
     let route: CCSAckRoute
     /// Called on the connection's thread when CCS announces it is draining the connection.
     let onDraining: @Sendable () -> Void
-    /// Called on the connection's thread with each ack, nack and stanza error; true when it
-    /// dealt with it (it is then not queued for the consumer).
+    /// Called on the connection's thread with each ack, nack, stanza error and delivery
+    /// receipt; true when it dealt with it (it is then not queued for the consumer; a
+    /// receipt is queued whatever it says).
     let onAnswer: @Sendable (CCSInbound) -> Bool
     /// Called on the connection's thread after the stanzas of each read.
     let afterRead: @Sendable () -> Void
@@ -79,7 +80,11 @@ package struct CCSInterceptor: StanzaInterceptor {
         case .receipt(let receipt):
             var reply: String?
             if let id = receipt.messageID, let from = receipt.from { reply = CCSStanza.ack(to: from, messageID: id) }
-            return Interception(reply: reply, inbound: .receipt(receipt, receivedAt: receivedAt))
+            // To the sender as an answer, and queued whatever `onAnswer` says: the consumer
+            // reports it too.
+            let inbound = CCSInbound.receipt(receipt, receivedAt: receivedAt)
+            _ = onAnswer(inbound)
+            return Interception(reply: reply, inbound: inbound)
         case .ack(let messageID, _, let canonical):
             return answer(.ack(messageID: messageID, canonicalToken: canonical))
         case .nack(let messageID, _, let code, let description, _):

@@ -223,9 +223,11 @@ package final class XMPPTransport: DownstreamTransport, CCSLinks {
     }
 
     /// Answers read on the link's connection, in their order: handled under one lock, their
-    /// updates recorded together, and the link refilled once for all of them.
+    /// updates recorded together, and the link refilled once for all of them. Delivery
+    /// receipts (of messages any worker sent) are recorded apart.
     package func received(_ answers: [DownstreamAnswer], on link: Int) {
         guard !answers.isEmpty else { return }
+        for case .receipt(let original, let receivedAt) in answers { receipt(originalMessageID: original, at: receivedAt) }
         let now = ContinuousClock.now
         let date = Date()
         var updates: [OutboxUpdate] = []
@@ -252,6 +254,8 @@ package final class XMPPTransport: DownstreamTransport, CCSLinks {
                     found = state.scheduler.stanzaError(link: link, stanzaID: stanzaID)
                 case .stanzaErrorForMessage(let messageID, _, _):
                     found = state.scheduler.answered(link: link, messageID: messageID)
+                case .receipt:
+                    found = nil
                 }
                 guard let found else { continue }
                 let message = found.message
@@ -269,6 +273,8 @@ package final class XMPPTransport: DownstreamTransport, CCSLinks {
                 case .stanzaError(_, let condition, let text), .stanzaErrorForMessage(_, let condition, let text):
                     verdict = .stanzaError(condition: condition, text: text, attempt: message.attempt, age: age,
                                            timeToLive: message.timeToLive, policy: settings.retry, using: &generator)
+                case .receipt:
+                    continue
                 }
                 apply(verdict, to: message, link: link, now: now, date: date, state: &state, updates: &updates, tokens: &tokens, due: &retryDue)
                 if case .resendElsewhere = verdict { resendElsewhere = true }
@@ -297,7 +303,7 @@ package final class XMPPTransport: DownstreamTransport, CCSLinks {
     }
 
     /// A delivery receipt for the message sent as `originalMessageID` (by any worker).
-    package func receipt(originalMessageID: String, at date: Date) {
+    private func receipt(originalMessageID: String, at date: Date) {
         guard originalMessageID.hasPrefix(Self.messageIDPrefix),
               let rowID = Int64(originalMessageID.dropFirst(Self.messageIDPrefix.count)) else {
             logger.warning("a delivery receipt for \(originalMessageID), which is not an outbox message id")

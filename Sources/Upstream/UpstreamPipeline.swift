@@ -34,7 +34,7 @@ package final class UpstreamPipeline: Sendable {
     let observer: WorkerObserver?
     let metrics: any UpstreamMetrics
     /// The journal of journal mode, told what committed.
-    let journal: UpstreamJournal?
+    package let journal: UpstreamJournal?
     /// What the lingering, the retries' due times, the outage backoff and the handlers'
     /// timeouts are timed by: the system's clock, or a test's `ManualClock`.
     let clock: any DeadlineClock

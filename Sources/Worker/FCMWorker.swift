@@ -191,8 +191,8 @@ public struct FCMWorker: Sendable {
         let outbox = Outbox(pool: pools.outbox, listenTarget: listenTarget, client: httpClient, v1: v1Client, reloads: reloads,
                             settings: configuration.downstream,
                             logger: logger.labeled("outbox"), metrics: metrics, onListening: { observer?(.outboxListening) })
-        let ccs = CCSConnections(configuration: configuration.ccsSource, tls: tls, logger: logger, observer: observer,
-                                 pipeline: pipeline, sender: outbox.xmpp, metrics: metrics)
+        let ccs = CCSClient(settings: configuration.ccsClient, tls: tls, journal: pipeline.journal, logger: logger, links: outbox.xmpp,
+                            delegate: CCSSource(pipeline: pipeline, logger: logger, observer: observer, metrics: metrics))
         let ingress = try configuration.ingress.map { settings throws(ConfigurationError) in
             try IngressService(settings: settings, trust: configuration.caFile.map { .caFile($0) } ?? .systemDefault, pipeline: pipeline,
                                journal: journal, ackMode: configuration.ackMode, metrics: metrics.ingress, reloads: reloads,

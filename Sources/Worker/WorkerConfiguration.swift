@@ -584,9 +584,9 @@ public struct WorkerConfiguration: Sendable, CustomStringConvertible {
         return client
     }
 
-    /// What the CCS source needs: the connections, their XMPP settings and reconnects.
-    var ccsSource: CCSSourceSettings {
-        CCSSourceSettings(client: xmppClient, connections: connections, ackMode: ackMode, reconnectBase: reconnectBase, reconnectCap: reconnectCap)
+    /// What the CCS client needs: the connections, their XMPP settings and reconnects.
+    var ccsClient: CCSClientSettings {
+        CCSClientSettings(client: xmppClient, connections: connections, ackMode: ackMode, reconnectBase: reconnectBase, reconnectCap: reconnectCap)
     }
 
     public var description: String {

@@ -1,9 +1,8 @@
-import FCM
 import XMPP
 
-/// What the CCS source needs of the worker's configuration: how many connections to keep,
+/// What a `CCSClient` needs of the worker's configuration: how many connections to keep,
 /// each connection's XMPP settings, when its messages are acked, and the reconnect delays.
-package struct CCSSourceSettings: Sendable {
+package struct CCSClientSettings: Sendable {
     /// One connection's endpoint, credentials, trust, pings and thread niceness.
     package var client: XMPPClientConfiguration
     /// How many connections to keep open at once.

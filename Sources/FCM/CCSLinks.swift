@@ -1,11 +1,9 @@
-import FCM
 import Foundation
-import Postgres
-import Runtime
-import XMPP
 
-/// What the worker's CCS connections tell the XMPP transport (and, through `attach`, give
-/// it to send on): the seam between the connections and the outbox.
+/// Where a `CCSClient` takes its connections to be sent on and brings back what they read
+/// about downstream messages (the outbox's XMPP transport is one): the one seam between the
+/// connections and the sender. Every answer (ack, nack, stanza error, delivery receipt)
+/// arrives through `received`, on the connection's thread, a read's worth at a time.
 package protocol CCSLinks: Sendable {
     /// Starts sending on `connection`; returns its link id for the other calls.
     func attach(_ connection: CCSConnection) -> Int
@@ -13,10 +11,9 @@ package protocol CCSLinks: Sendable {
     func drain(_ link: Int)
     /// The link's connection ended: what was pending on it goes out on another.
     func detach(_ link: Int)
-    /// Answers read on the link's connection, in their order.
+    /// What one read of the link's connection said about downstream messages, in order.
+    /// Called on the connection's thread: it must not wait.
     func received(_ answers: [DownstreamAnswer], on link: Int)
-    /// A delivery receipt for the message sent as `originalMessageID` (by any worker).
-    func receipt(originalMessageID: String, at date: Date)
     /// How long an answer may be late before its message is presumed lost and sent again.
     var answerTimeout: Duration { get }
 }
