@@ -102,6 +102,9 @@ import TestSupport
             let delivered = events.count { if case .upstreamDelivered = $0 { true } else { false } }
             return delivered - events.acked.count >= 100
         }
+        // What is checked is that nothing happens: no ping goes out while reading is paused,
+        // so no event marks the time. A ping that did would time out (and the connection
+        // drop) 2 s after the silence began; the window is four times that.
         try await Task.sleep(for: .seconds(8))
         #expect(!events.all.contains { if case .disconnected = $0 { true } else { false } }, "the paused connection was dropped")
         proxy.set(.pass)
