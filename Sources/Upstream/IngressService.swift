@@ -378,8 +378,11 @@ package final class IngressService: Sendable {
             if let answer {
                 let durable = DurableAck(messageID: id, stanza: "", route: answer, tracksDuplicates: ackMode == .durable)
                 ack = .afterCommit(durable)
-                records.append(UpstreamJournal.Record(entry: Spool.Entry(connection: "https", payload: payload,
-                                                                         receivedAt: now.timeIntervalSince1970), ack: durable))
+                // Only journal mode journals (durable mode's messages wait for their commit).
+                if ackMode == .journal {
+                    records.append(UpstreamJournal.Record(entry: Spool.Entry(connection: "https", payload: payload,
+                                                                             receivedAt: now.timeIntervalSince1970), ack: durable))
+                }
             }
             work.append(UpstreamWork(kind: .message(UpstreamMessage(upstream)), ack: ack))
         }
@@ -480,7 +483,10 @@ package final class IngressService: Sendable {
         // Written directly: through a `JSONValue`, its members sorted and each value boxed,
         // this cost more than the rest of handling the request.
         var text = #"{"message_id":"#
-        text.reserveCapacity(message.dataJSON.utf8.count + id.utf8.count + 160)
+        // Room for all of it at once (the member names and quotes take under 128 bytes).
+        text.reserveCapacity(message.dataJSON.utf8.count + id.utf8.count + (message.token?.utf8.count ?? 0) + message.messageID.utf8.count
+                             + (message.category?.utf8.count ?? 0) + (identity.uid?.utf8.count ?? 0) + (identity.appID?.utf8.count ?? 0)
+                             + protocolName.utf8.count + 128)
         JSONValue.appendQuoted(id, to: &text)
         text += #","from":"#
         JSONValue.appendQuoted(message.token ?? "", to: &text)
@@ -488,8 +494,14 @@ package final class IngressService: Sendable {
             text += #","category":"#
             JSONValue.appendQuoted(category, to: &text)
         }
-        if let ttl = message.timeToLive { text += #","time_to_live":\#(ttl)"# }
-        text += #","data":"# + message.dataJSON + #","ingress":{"message_id":"#
+        if let ttl = message.timeToLive {
+            text += #","time_to_live":"#
+            text += String(ttl)
+        }
+        // Appended piece by piece: a `+` chain builds a temporary string per operator.
+        text += #","data":"#
+        text += message.dataJSON
+        text += #","ingress":{"message_id":"#
         JSONValue.appendQuoted(message.messageID, to: &text)
         text += #","protocol":"#
         JSONValue.appendQuoted(protocolName, to: &text)
@@ -501,7 +513,8 @@ package final class IngressService: Sendable {
             text += #","app_id":"#
             JSONValue.appendQuoted(app, to: &text)
         }
-        return text + "}}"
+        text += "}}"
+        return text
     }
 
     // MARK: - Refusals
