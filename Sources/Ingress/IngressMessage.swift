@@ -1,5 +1,6 @@
 import FCM
 import Foundation
+import Runtime
 
 /// One message a device posted (`POST /v1/messages`, or one of `POST /v1/messages:batch`),
 /// checked against FCM's old upstream limits. Unknown members are ignored (a newer client
@@ -171,13 +172,7 @@ public struct IngressMessage: Sendable, Equatable {
               let id = skim.strings[0], !id.isEmpty else { return nil }
         let category = skim.strings[1], token = skim.strings[2]
         func mentions(_ quoted: [UInt8]) -> Bool {
-            body.withUnsafeBufferPointer { bytes in
-                guard bytes.count >= quoted.count else { return false }
-                for start in 0...(bytes.count - quoted.count) where bytes[start] == quoted[0] {
-                    if UnsafeBufferPointer(rebasing: bytes[start..<(start + quoted.count)]).elementsEqual(quoted) { return true }
-                }
-                return false
-            }
+            body.withUnsafeBufferPointer { $0.firstOffset(ofBytes: quoted) != nil }
         }
         if mentions(quotedTimeToLive) || (category == nil && mentions(quotedCategory)) || (token == nil && mentions(quotedToken)) { return nil }
         var fields: [String: JSONValue] = [:]

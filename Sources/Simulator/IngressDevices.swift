@@ -243,16 +243,12 @@ final class Posting: Sendable {
         return body.withUTF8 { bytes in
             let key = Array(#""status":""#.utf8)
             var found: [String] = []
-            var index = 0
-            while index + key.count <= bytes.count {
-                guard bytes[index] == key[0], bytes[index..<index + key.count].elementsEqual(key) else {
-                    index += 1
-                    continue
-                }
-                let start = index + key.count
+            var from = 0
+            while let at = bytes.firstOffset(ofBytes: key, from: from) {
+                let start = at + key.count
                 guard let end = bytes[start...].firstIndex(of: UInt8(ascii: "\"")) else { break }
                 found.append(String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<end]), as: UTF8.self))
-                index = end
+                from = end
             }
             return found
         }
