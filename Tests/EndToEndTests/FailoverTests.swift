@@ -144,6 +144,17 @@ private struct FailoverPair {
             try await $0.execute("CREATE DATABASE fcm")
         }
         try await PostgresConnection.withConnection(pair.url("fcm")) { try await Migrator(sets: [.worker]).migrate($0) }
+        // The standby confirms the commits it flushed, not those it replayed: wait until it
+        // has replayed the database and its migrations, or the worker finds no database there.
+        let written = try await PostgresConnection.withConnection("postgresql://postgres@127.0.0.1:\(pair.primary)/postgres") {
+            try await $0.query("SELECT pg_current_wal_lsn()::text").first?.string(0) ?? ""
+        }
+        try await waitUntil("the standby replayed the migrations", within: .seconds(30), every: .milliseconds(50)) {
+            let replayed = try? await PostgresConnection.withConnection("postgresql://postgres@127.0.0.1:\(pair.standby)/postgres") {
+                try await $0.query("SELECT pg_last_wal_replay_lsn() >= '\(written)'::pg_lsn").first?.bool(0)
+            }
+            return replayed == true
+        }
         let ccs = try TestCCS()
         defer { ccs.simulator.stop() }
         let standby = TestDatabase(schema: "public", url: "postgresql://postgres@127.0.0.1:\(pair.standby)/fcm")
