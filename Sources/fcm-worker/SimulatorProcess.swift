@@ -53,7 +53,11 @@ final class SimulatorProcess: Sendable {
         return simulator
     }
 
+    /// Ends the simulator (SIGTERM) and removes the directory it wrote its settings,
+    /// certificates and tokens into (a bench's worker may have kept its spool there: by
+    /// now it has stopped, or is stopping on an error path). Calling it again does nothing more.
     func stop() {
         if process.isRunning { process.terminate() }
+        try? FileManager.default.removeItem(atPath: directory)
     }
 }

@@ -123,6 +123,9 @@ struct UpstreamBench {
         /// The worker's CPU per message through its parsers alone, in µs.
         var floorCPU: Double?
         if phases.contains(.floor) { floorCPU = try await measureFloor() }
+        /// With `https`: the ingress's transport alone, per request, in µs.
+        var ingressFloorCPU: Double?
+        if phases.contains(.floor) && source == .https { ingressFloorCPU = try await measureIngressFloor() }
         let throughputPhases = [(Phase.immediate, WorkerConfiguration.AckMode.immediate), (.journal, .journal), (.durable, .durable)]
             .filter { phases.contains($0.0) }
         if phases.contains(.ceiling) && throughputPhases.isEmpty { try await measureCeiling() }
@@ -144,6 +147,10 @@ struct UpstreamBench {
                 say("  answer latency (devices-measured) \(https.ackLatency); receive-to-commit \(https.commitLatency)")
                 say(String(format: "  HTTPS / CCS: persisted %.2f×, worker CPU per message %.2f×", https.persistedPerSecond / result.persistedPerSecond,
                            httpsCPU / ccsCPU))
+                if let ingressFloorCPU, httpsBatch == 1 {
+                    say(String(format: "  the ingress's transport floor (%.1f µs per request) = %.2f× the CCS path's whole CPU per message; "
+                               + "%.0f%% of the ingress's", ingressFloorCPU, ingressFloorCPU / ccsCPU, 100 * ingressFloorCPU / httpsCPU))
+                }
                 if h2load { try await h2loadRun(url: url, mode: mode) }
                 continue
             }
@@ -229,6 +236,71 @@ struct UpstreamBench {
                    Double(messages) / samples.map(\.wall).sorted()[Self.floorReplays / 2]))
         return median
     }
+
+    /// The ingress's floor (with `--source https`): requests as the simulated devices post
+    /// them (one message each, `httpsDevices` devices over `IngressDevices`' 16 connections,
+    /// 32 streams open on each), encrypted by their TLS end and replayed through the
+    /// worker's TLS and HTTP/2 session, each answered as the ingress answers
+    /// (`IngressReceiveFloor`), `floorReplays` times. Returns the median CPU per request in
+    /// µs. (A libnghttp2 client, as h2load, curl and these devices, never indexes an
+    /// `authorization` header in HPACK: every request's token arrives as a Huffman-coded
+    /// literal, however few devices share a connection.)
+    private func measureIngressFloor() async throws -> Double {
+        let authority = try CertificateAuthority()
+        let server = try TLSContext.server(identity: try authority.issueServerIdentity())
+        let client = try TLSContext.client(trust: .caPEM(authority.rootCertificatePEM))
+        let issuer = try FirebaseTokenIssuer(projectID: "bench-project")
+        let tokens = try (0..<Self.httpsDevices).map { try "Bearer " + issuer.idToken(uid: "simulated-device-\($0)") }
+        let thread = DedicatedThread(name: "bench-floor")
+        defer { thread.shutdown() }
+        let messages = self.messages
+        let connections = Self.ingressFloorConnections
+        var samples: [(cpu: Double, wall: Double, outcome: IngressReceiveFloor.Outcome, bytes: Int)] = []
+        for _ in 0..<Self.floorReplays {
+            let sample = try await thread.run {
+                var total = (cpu: 0.0, wall: 0.0, outcome: IngressReceiveFloor.Outcome(), bytes: 0)
+                for start in stride(from: 0, to: messages, by: Self.floorSlice) {
+                    let connection = (start / Self.floorSlice) % connections
+                    let requests = (start..<min(messages, start + Self.floorSlice)).map { number in
+                        // The devices of this connection in turn.
+                        let device = ((number - start) * connections + connection) % tokens.count
+                        let body = #"{"message_id":"sim-\#(number)","token":"simulated-token-\#(device)","#
+                            + #""category":"com.example.simulated","data":{"n":"\#(number)"}}"#
+                        return IngressReceiveFloor.Request(path: "/v1/messages",
+                                                           headers: [("content-type", "application/json"), ("authorization", tokens[device])],
+                                                           body: Array(body.utf8))
+                    }
+                    let recording = try IngressReceiveFloor.record(requests: requests, window: Self.ingressFloorWindow, server: server,
+                                                                   client: client, serverName: "localhost")
+                    let (cpuStart, wallStart) = (Self.threadCPUSeconds(), ContinuousClock.now)
+                    let outcome = try IngressReceiveFloor.replay(recording)
+                    total.cpu += Self.threadCPUSeconds() - cpuStart
+                    total.wall += (ContinuousClock.now - wallStart).seconds
+                    total.outcome.add(outcome)
+                    total.bytes += recording.bytes
+                }
+                return total
+            }
+            guard sample.outcome.requests == messages else {
+                throw SimulatorError("the ingress floor answered \(sample.outcome.requests) of \(messages) requests")
+            }
+            samples.append(sample)
+        }
+        let perRequest = samples.map { $0.cpu / Double(messages) * 1_000_000 }
+        let median = perRequest.sorted()[Self.floorReplays / 2]
+        say(String(format: "ingress floor (one thread: TLS records of HTTP/2 requests, one message each, from %d devices over %d connections, "
+                    + "replayed through the worker's TLS and HTTP/2 session and answered; %.1f MB in, %.1f MB out): "
+                    + "%.2f µs CPU per request (median of %@), %.0f requests/s",
+                   Self.httpsDevices, connections, Double(samples[0].bytes) / 1e6, Double(samples[0].outcome.answerRecordBytes) / 1e6,
+                   median, perRequest.map { String(format: "%.2f", $0) }.joined(separator: ", "),
+                   Double(messages) / samples.map(\.wall).sorted()[Self.floorReplays / 2]))
+        return median
+    }
+
+    /// The simulated devices' connections to the ingress, and the streams each keeps open
+    /// (`BenchSetup`: 512 posts in flight over 16 connections).
+    private static let ingressFloorConnections = 16
+    private static let ingressFloorWindow = 32
 
     /// How many times the floor phase replays the messages (it prints the median).
     private static let floorReplays = 5
