@@ -253,10 +253,11 @@ struct UpstreamBench {
     /// them (one message each, `httpsDevices` devices over `IngressDevices`' 16 connections,
     /// 32 streams open on each), encrypted by their TLS end and replayed through the
     /// worker's TLS and HTTP/2 session, each answered as the ingress answers
-    /// (`IngressReceiveFloor`), `floorReplays` times. Returns the median CPU per request in
-    /// µs. (A libnghttp2 client, as h2load, curl and these devices, never indexes an
-    /// `authorization` header in HPACK: every request's token arrives as a Huffman-coded
-    /// literal, however few devices share a connection.)
+    /// (`IngressReceiveFloor`), `floorReplays` times; then the same requests with a short
+    /// `authorization`, to show what the token's bytes cost. Returns the first's median CPU
+    /// per request in µs. (A libnghttp2 client, as h2load, curl and these devices, never
+    /// indexes an `authorization` header in HPACK: every request's token arrives as a
+    /// Huffman-coded literal, however few devices share a connection.)
     private func measureIngressFloor() async throws -> Double {
         let authority = try CertificateAuthority()
         let server = try TLSContext.server(identity: try authority.issueServerIdentity())
@@ -267,46 +268,58 @@ struct UpstreamBench {
         defer { thread.shutdown() }
         let messages = self.messages
         let connections = Self.ingressFloorConnections
-        var samples: [(cpu: Double, wall: Double, outcome: IngressReceiveFloor.Outcome, bytes: Int)] = []
-        for _ in 0..<Self.floorReplays {
-            let sample = try await thread.run {
-                var total = (cpu: 0.0, wall: 0.0, outcome: IngressReceiveFloor.Outcome(), bytes: 0)
-                for start in stride(from: 0, to: messages, by: Self.floorSlice) {
-                    let connection = (start / Self.floorSlice) % connections
-                    let requests = (start..<min(messages, start + Self.floorSlice)).map { number in
-                        // The devices of this connection in turn.
-                        let device = ((number - start) * connections + connection) % tokens.count
-                        let body = #"{"message_id":"sim-\#(number)","token":"simulated-token-\#(device)","#
-                            + #""category":"com.example.simulated","data":{"n":"\#(number)"}}"#
-                        return IngressReceiveFloor.Request(path: "/v1/messages",
-                                                           headers: [("content-type", "application/json"), ("authorization", tokens[device])],
-                                                           body: Array(body.utf8))
+        /// The median CPU per request, in µs, of replays whose requests carry `authorization(device)`.
+        func replays(authorization: @escaping @Sendable (Int) -> String) async throws
+            -> (median: Double, perRequest: [Double], megabytesIn: Double, megabytesOut: Double, requestsPerSecond: Double) {
+            var samples: [(cpu: Double, wall: Double, outcome: IngressReceiveFloor.Outcome, bytes: Int)] = []
+            for _ in 0..<Self.floorReplays {
+                let sample = try await thread.run {
+                    var total = (cpu: 0.0, wall: 0.0, outcome: IngressReceiveFloor.Outcome(), bytes: 0)
+                    for start in stride(from: 0, to: messages, by: Self.floorSlice) {
+                        let connection = (start / Self.floorSlice) % connections
+                        let requests = (start..<min(messages, start + Self.floorSlice)).map { number in
+                            // The devices of this connection in turn.
+                            let device = ((number - start) * connections + connection) % Self.httpsDevices
+                            let body = #"{"message_id":"sim-\#(number)","token":"simulated-token-\#(device)","#
+                                + #""category":"com.example.simulated","data":{"n":"\#(number)"}}"#
+                            return IngressReceiveFloor.Request(path: "/v1/messages",
+                                                               headers: [("content-type", "application/json"), ("authorization", authorization(device))],
+                                                               body: Array(body.utf8))
+                        }
+                        let recording = try IngressReceiveFloor.record(requests: requests, window: Self.ingressFloorWindow, server: server,
+                                                                       client: client, serverName: "localhost")
+                        let (cpuStart, wallStart) = (Self.threadCPUSeconds(), ContinuousClock.now)
+                        let outcome = try IngressReceiveFloor.replay(recording)
+                        total.cpu += Self.threadCPUSeconds() - cpuStart
+                        total.wall += (ContinuousClock.now - wallStart).seconds
+                        total.outcome.add(outcome)
+                        total.bytes += recording.bytes
                     }
-                    let recording = try IngressReceiveFloor.record(requests: requests, window: Self.ingressFloorWindow, server: server,
-                                                                   client: client, serverName: "localhost")
-                    let (cpuStart, wallStart) = (Self.threadCPUSeconds(), ContinuousClock.now)
-                    let outcome = try IngressReceiveFloor.replay(recording)
-                    total.cpu += Self.threadCPUSeconds() - cpuStart
-                    total.wall += (ContinuousClock.now - wallStart).seconds
-                    total.outcome.add(outcome)
-                    total.bytes += recording.bytes
+                    return total
                 }
-                return total
+                guard sample.outcome.requests == messages else {
+                    throw SimulatorError("the ingress floor answered \(sample.outcome.requests) of \(messages) requests")
+                }
+                samples.append(sample)
             }
-            guard sample.outcome.requests == messages else {
-                throw SimulatorError("the ingress floor answered \(sample.outcome.requests) of \(messages) requests")
-            }
-            samples.append(sample)
+            let perRequest = samples.map { $0.cpu / Double(messages) * 1_000_000 }
+            return (perRequest.sorted()[Self.floorReplays / 2], perRequest, Double(samples[0].bytes) / 1e6,
+                    Double(samples[0].outcome.answerRecordBytes) / 1e6, Double(messages) / samples.map(\.wall).sorted()[Self.floorReplays / 2])
         }
-        let perRequest = samples.map { $0.cpu / Double(messages) * 1_000_000 }
-        let median = perRequest.sorted()[Self.floorReplays / 2]
+        let floor = try await replays { tokens[$0] }
         say(String(format: "ingress floor (one thread: TLS records of HTTP/2 requests, one message each, from %d devices over %d connections, "
                     + "replayed through the worker's TLS and HTTP/2 session and answered; %.1f MB in, %.1f MB out): "
                     + "%.2f µs CPU per request (median of %@), %.0f requests/s",
-                   Self.httpsDevices, connections, Double(samples[0].bytes) / 1e6, Double(samples[0].outcome.answerRecordBytes) / 1e6,
-                   median, perRequest.map { String(format: "%.2f", $0) }.joined(separator: ", "),
-                   Double(messages) / samples.map(\.wall).sorted()[Self.floorReplays / 2]))
-        return median
+                   Self.httpsDevices, connections, floor.megabytesIn, floor.megabytesOut, floor.median,
+                   floor.perRequest.map { String(format: "%.2f", $0) }.joined(separator: ", "), floor.requestsPerSecond))
+        // The same requests with a short `authorization`: what the token's bytes cost (HPACK
+        // decodes every request's token: nghttp2-based clients never index that header).
+        let short = try await replays { "Bearer device-\($0)" }
+        say(String(format: "  the same with a %d-byte authorization instead of the ID token's %d: %.2f µs CPU per request (median of %@); "
+                    + "the token costs %.2f µs a request",
+                   "Bearer device-999".utf8.count, tokens[0].utf8.count, short.median,
+                   short.perRequest.map { String(format: "%.2f", $0) }.joined(separator: ", "), floor.median - short.median))
+        return floor.median
     }
 
     /// The simulated devices' connections to the ingress, and the streams each keeps open
