@@ -46,7 +46,7 @@ enum BenchCommand {
     private static func positive(_ flag: String, placeholder: String = "N", default value: String, help: String,
                                  _ keyPath: any WritableKeyPath<Settings, Int> & Sendable) -> CommandOption<Settings> {
         CommandOption(flag, placeholder: placeholder, default: value, help: help) { settings, text throws(ConfigurationError) in
-            guard let number = Int(text), number > 0 else { throw ConfigurationError("bench: \(flag) takes a positive whole number") }
+            guard let number = Int(text), number > 0 else { throw ConfigurationError("\(flag) takes a positive whole number") }
             settings[keyPath: keyPath] = number
         }
     }
@@ -65,7 +65,7 @@ enum BenchCommand {
         positive("--concurrency", default: "4", help: "handling lanes", \.concurrency),
         CommandOption("--source", placeholder: "ccs|https", default: "ccs",
                       help: "https: each throughput run over CCS is paired with one through the HTTPS ingress (HTTP/2, many devices), and the ratios printed") { settings, text throws(ConfigurationError) in
-            guard let source = UpstreamBench.Source(rawValue: text) else { throw ConfigurationError("bench: --source takes ccs or https") }
+            guard let source = UpstreamBench.Source(rawValue: text) else { throw ConfigurationError("--source takes ccs or https") }
             settings.source = source
         },
         .toggle("--no-h2load", help: "with --source https: skip the run driven by h2load (nghttp2-client)") { settings, on in settings.h2load = !on },
@@ -79,14 +79,14 @@ enum BenchCommand {
             let names = text.split(separator: ",")
             let phases = Set(names.compactMap { UpstreamBench.Phase(rawValue: String($0)) })
             guard phases.count == Set(names).count, !phases.isEmpty else {
-                throw ConfigurationError("bench: --phases takes a list of floor, ceiling, immediate, journal, durable, latency, pooled")
+                throw ConfigurationError("--phases takes a list of floor, ceiling, immediate, journal, durable, latency, pooled")
             }
             settings.phases = phases
         },
         CommandOption("--pooler-url", environment: "FCM_BENCH_POOLER_URL", placeholder: "URL", default: "none",
                       help: "the pooled phase: a postgresql:// URL of PgBouncer in transaction mode in front of the same server (its database part is replaced by the bench's own)") { settings, text throws(ConfigurationError) in
             guard text.hasPrefix("postgresql://") || text.hasPrefix("postgres://") else {
-                throw ConfigurationError("bench: --pooler-url takes a postgresql:// URL")
+                throw ConfigurationError("--pooler-url takes a postgresql:// URL")
             }
             settings.poolerURL = text
         },
@@ -94,7 +94,7 @@ enum BenchCommand {
     ], finish: { settings throws(ConfigurationError) in
         try requireDatabase(&settings)
         if settings.phases.contains(.pooled), settings.poolerURL == nil {
-            throw ConfigurationError("bench: the pooled phase needs --pooler-url (scripts/bench starts a PgBouncer for it)")
+            throw ConfigurationError("the pooled phase needs --pooler-url (scripts/bench starts a PgBouncer for it)")
         }
     })
 
@@ -103,7 +103,7 @@ enum BenchCommand {
                       help: "connections@round-trip-milliseconds of each run") { settings, text throws(ConfigurationError) in
             let runs = text.split(separator: ",").map(DownstreamBench.Run.init)
             guard !runs.isEmpty, runs.allSatisfy({ $0 != nil }) else {
-                throw ConfigurationError("bench: --runs takes connections@milliseconds,…")
+                throw ConfigurationError("--runs takes connections@milliseconds,…")
             }
             settings.runs = runs.compactMap { $0 }
         },
@@ -111,23 +111,23 @@ enum BenchCommand {
         CommandOption("--transport", placeholder: "xmpp|v1", default: "xmpp",
                       help: "xmpp: CCS connections; v1: FCM's HTTP v1 API over as many HTTP/2 connections (100 streams each), "
                           + "each run paired with the XMPP transport at the same latency and connection count") { settings, text throws(ConfigurationError) in
-            guard ["xmpp", "v1"].contains(text) else { throw ConfigurationError("bench: --transport takes xmpp or v1") }
+            guard ["xmpp", "v1"].contains(text) else { throw ConfigurationError("--transport takes xmpp or v1") }
             settings.transport = text
         },
         CommandOption("--reference", placeholder: "N", default: "100000",
                       help: "upstream messages stored before the first run and after each run; a run's CPU per message is compared with the mean of the two on either side of it (0: none)") { settings, text throws(ConfigurationError) in
-            guard let number = Int(text), number >= 0 else { throw ConfigurationError("bench: --reference takes a whole number") }
+            guard let number = Int(text), number >= 0 else { throw ConfigurationError("--reference takes a whole number") }
             settings.reference = number
         },
         CommandOption("--multicast-rows", placeholder: "N", default: "200",
                       help: "HTTP multicast rows of 1000 tokens each sent after the runs (0: none)") { settings, text throws(ConfigurationError) in
-            guard let number = Int(text), number >= 0 else { throw ConfigurationError("bench: --multicast-rows takes a whole number") }
+            guard let number = Int(text), number >= 0 else { throw ConfigurationError("--multicast-rows takes a whole number") }
             settings.multicastRows = number
         },
         CommandOption("--statement-rows", placeholder: "N", default: "100000",
                       help: "rows taken through the outbox's statements alone, without sending, and through the least any "
                           + "design keeping each row's status could cost, after the runs (0: none)") { settings, text throws(ConfigurationError) in
-            guard let number = Int(text), number >= 0 else { throw ConfigurationError("bench: --statement-rows takes a whole number") }
+            guard let number = Int(text), number >= 0 else { throw ConfigurationError("--statement-rows takes a whole number") }
             settings.statementRows = number
         },
         databaseURL,
@@ -135,7 +135,7 @@ enum BenchCommand {
 
     static let soakOptions = OptionTable<Settings>([
         CommandOption("--minutes", placeholder: "M", default: "30", help: "how long the load runs (fractions allowed)") { settings, text throws(ConfigurationError) in
-            guard let minutes = Double(text), minutes > 0, minutes.isFinite else { throw ConfigurationError("bench: --minutes takes a positive number") }
+            guard let minutes = Double(text), minutes > 0, minutes.isFinite else { throw ConfigurationError("--minutes takes a positive number") }
             settings.minutes = minutes
         },
         positive("--upstream-rate", default: "1000", help: "upstream messages a second", \.upstreamRate),
@@ -146,12 +146,12 @@ enum BenchCommand {
         CommandOption("--faults", placeholder: "LIST", default: "drop,drain,nack,database", help: "the faults that take turns") { settings, text throws(ConfigurationError) in
             let faults = text.split(separator: ",").map { SoakBench.Fault(rawValue: String($0)) }
             guard !faults.isEmpty, faults.allSatisfy({ $0 != nil }) else {
-                throw ConfigurationError("bench: --faults takes a list of drop, drain, nack, database")
+                throw ConfigurationError("--faults takes a list of drop, drain, nack, database")
             }
             settings.faults = faults.compactMap { $0 }
         },
         CommandOption("--ack-mode", placeholder: "MODE", default: "journal", help: "immediate, journal or durable") { settings, text throws(ConfigurationError) in
-            guard let mode = CCSAckMode(rawValue: text) else { throw ConfigurationError("bench: --ack-mode takes immediate, journal or durable") }
+            guard let mode = CCSAckMode(rawValue: text) else { throw ConfigurationError("--ack-mode takes immediate, journal or durable") }
             settings.ackMode = mode
         },
         databaseURL,
@@ -159,7 +159,7 @@ enum BenchCommand {
 
     @Sendable private static func requireDatabase(_ settings: inout Settings) throws(ConfigurationError) {
         guard !settings.databaseURL.isEmpty else {
-            throw ConfigurationError("bench: missing database URL: pass --database-url or set DATABASE_URL")
+            throw ConfigurationError("missing database URL: pass --database-url or set DATABASE_URL")
         }
     }
 

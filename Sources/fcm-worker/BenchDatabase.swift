@@ -28,7 +28,7 @@ enum BenchDatabase {
 
     /// `url` (a `postgresql://` URL) with its database part replaced by `database`.
     static func url(_ url: String, database: String) throws -> String {
-        guard let scheme = url.range(of: "://") else { throw ConfigurationError("bench: \(url) is not a postgresql:// URL") }
+        guard let scheme = url.range(of: "://") else { throw ConfigurationError("\(url) is not a postgresql:// URL") }
         let rest = url[scheme.upperBound...]
         let query = rest.firstIndex(of: "?") ?? rest.endIndex
         let slash = rest[..<query].firstIndex(of: "/") ?? query
