@@ -17,8 +17,12 @@ public final class CCSUpstreamMessage: Sendable {
     /// `data` exactly as received (`{}` when absent): numbers to every digit, members in
     /// their order.
     public let dataJSON: String
-    /// The whole JSON text as received.
-    public let json: String
+    /// The whole JSON text as received (a message that arrived otherwise than as JSON, as
+    /// one posted to the HTTPS ingress, has it made on first use: storing a message needs
+    /// it only when it is spooled or dead-lettered).
+    public var json: String {
+        Self.memo(jsonText) { makeJSON?() ?? "{}" }
+    }
     /// The label of the connection it came in on.
     public let connection: String
     /// When it was parsed.
@@ -33,6 +37,9 @@ public final class CCSUpstreamMessage: Sendable {
     private let parsedJSON: Mutex<JSONValue?>
     /// `dataStrings`, made on first use.
     private let stringData = Mutex<[String: String]?>(nil)
+    /// `json`: given, or made by `makeJSON` on first use.
+    private let jsonText: Mutex<String?>
+    private let makeJSON: (@Sendable () -> String)?
 
     /// `data` and `raw`, when given, are what `dataJSON` and `json` hold, parsed.
     public init(messageID: String, from: String, category: String?, dataJSON: String, json: String, connection: String,
@@ -41,11 +48,27 @@ public final class CCSUpstreamMessage: Sendable {
         self.from = from
         self.category = category
         self.dataJSON = dataJSON
-        self.json = json
+        self.jsonText = Mutex(json)
+        self.makeJSON = nil
         self.connection = connection
         self.receivedAt = receivedAt
         self.parsedData = Mutex(data)
         self.parsedJSON = Mutex(raw)
+    }
+
+    /// A message whose whole JSON text `makeJSON` makes when it is first asked for (once).
+    public init(messageID: String, from: String, category: String?, dataJSON: String, connection: String, receivedAt: Date,
+                makeJSON: @escaping @Sendable () -> String) {
+        self.messageID = messageID
+        self.from = from
+        self.category = category
+        self.dataJSON = dataJSON
+        self.jsonText = Mutex(nil)
+        self.makeJSON = makeJSON
+        self.connection = connection
+        self.receivedAt = receivedAt
+        self.parsedData = Mutex(nil)
+        self.parsedJSON = Mutex(nil)
     }
 
     /// `upstream`'s fields, when it has a `message_id` and a `from`.

@@ -371,17 +371,26 @@ package final class IngressService: Sendable {
         work.reserveCapacity(parsed.count)
         for (result, id) in zip(parsed, pipelineIDs) {
             guard case .success(let message) = result, let id else { continue }
-            let payload = Self.payload(message, id: id, identity: identity, protocolName: request.protocolName)
-            let upstream = CCSUpstreamMessage(messageID: id, from: message.token ?? "", category: message.category, dataJSON: message.dataJSON,
-                                              json: payload, connection: "https", receivedAt: now)
+            let upstream: CCSUpstreamMessage
             var ack = CCSAck.sent
-            if let answer {
-                let durable = DurableAck(messageID: id, stanza: "", route: answer, tracksDuplicates: ackMode == .durable)
+            if ackMode == .journal, let answer {
+                // Journal mode writes the payload before the answer: made here, once.
+                let payload = Self.payload(message, id: id, identity: identity, protocolName: request.protocolName)
+                upstream = CCSUpstreamMessage(messageID: id, from: message.token ?? "", category: message.category, dataJSON: message.dataJSON,
+                                              json: payload, connection: "https", receivedAt: now)
+                let durable = DurableAck(messageID: id, stanza: "", route: answer, tracksDuplicates: false)
                 ack = .afterCommit(durable)
-                // Only journal mode journals (durable mode's messages wait for their commit).
-                if ackMode == .journal {
-                    records.append(UpstreamJournal.Record(entry: Spool.Entry(connection: "https", payload: payload,
-                                                                             receivedAt: now.timeIntervalSince1970), ack: durable))
+                records.append(UpstreamJournal.Record(entry: Spool.Entry(connection: "https", payload: payload,
+                                                                         receivedAt: now.timeIntervalSince1970), ack: durable))
+            } else {
+                // Otherwise only a spool or a dead letter needs it: made then, if ever.
+                let protocolName = request.protocolName
+                upstream = CCSUpstreamMessage(messageID: id, from: message.token ?? "", category: message.category, dataJSON: message.dataJSON,
+                                              connection: "https", receivedAt: now) {
+                    Self.payload(message, id: id, identity: identity, protocolName: protocolName)
+                }
+                if let answer {
+                    ack = .afterCommit(DurableAck(messageID: id, stanza: "", route: answer, tracksDuplicates: ackMode == .durable))
                 }
             }
             work.append(UpstreamWork(kind: .message(UpstreamMessage(upstream)), ack: ack))

@@ -139,6 +139,47 @@ extension HTTPSClient {
         #expect(rows.first?.string(3)?.contains("hello") == true)
     }
 
+    /// A handler sees who posted (the verified uid, the device's own id) and the message's
+    /// whole payload, CCS's upstream shape with the `ingress` member, in every ack mode
+    /// (journal mode writes the payload first; the others make it when it is asked for).
+    @Test(arguments: [CCSAckMode.immediate, .journal, .durable])
+    func aHandlerSeesWhoPostedAndTheWholePayload(mode: CCSAckMode) async throws {
+        final class Seen: UpstreamHandler {
+            let messages = BlockingLock<[UpstreamMessage]>([])
+            func handle(_ message: UpstreamMessage, in context: HandlerContext) async throws {
+                messages.withLock { $0.append(message) }
+            }
+        }
+        let setup = try await IngressSetup(ackMode: mode)
+        defer { setup.stop() }
+        let seen = Seen()
+        var handlers = UpstreamHandlers()
+        handlers.register("seen", seen)
+        let (task, _, client) = try await setup.start(handlers: handlers)
+        defer { task.cancel() }
+        let body = #"{"message_id":"m-o","token":"device-token-o","category":"com.example","time_to_live":60,"data":{"text":"hi \"o\""}}"#
+        let answer = try await client.postMessage(body, token: try setup.idToken(uid: "user-o"))
+        #expect(answer.status == 200, "\(answer.body)")
+        try await waitUntil("the handler saw the message") { seen.messages.withLock { !$0.isEmpty } }
+        let message = try #require(seen.messages.withLock { $0.first })
+        #expect(message.messageID.hasPrefix("https:") && message.messageID.hasSuffix(":m-o"))
+        #expect(message.from == "device-token-o")
+        #expect(message.connection == "https")
+        #expect(message.ingress?.clientMessageID == "m-o")
+        #expect(message.ingress?.uid == "user-o")
+        #expect(message.ingress != nil && message.ingress?.appID == nil)
+        let payload = try JSONParser.parse(message.rawPayload)
+        #expect(payload["message_id"] == .string(message.messageID))
+        #expect(payload["from"] == .string("device-token-o"))
+        #expect(payload["category"] == .string("com.example"))
+        #expect(payload["time_to_live"] == .number(JSONNumber(60)))
+        #expect(payload["data"] == .object(["text": .string(#"hi "o""#)]))
+        #expect(payload["ingress"]?["uid"] == .string("user-o"))
+        #expect(payload["ingress"]?["message_id"] == .string("m-o"))
+        // The same text each time it is asked for.
+        #expect(message.rawPayload == message.rawPayload)
+    }
+
     /// The simulator's devices (what the demo and the bench post with), one message a request
     /// and ten: every message answered and stored once.
     @Test(arguments: [1, 10])
