@@ -22,6 +22,11 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
     /// The HTTP message reader assembles the same messages (or refuses alike) however the
     /// bytes are split.
     case http
+    /// The server's HTTP/1.1 request reader (`HTTP1RequestParser`) reads the same requests
+    /// and refuses alike (status and reason) however the bytes are split; what it reads
+    /// keeps its limits, and a request it reads is framed one way only (never both a
+    /// length and chunked, no repeated singleton field).
+    case httpRequest = "http-request"
     /// The spool reader splits any bytes into entries and set-aside records, keeps only
     /// valid records, and reads what it wrote back unchanged.
     case spool
@@ -46,6 +51,7 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
             try Self.checkSplits(bytes, "XML stream parser skipping oversized stanzas") { Self.xmlEvents($0, skipping: true) }
         case .ccs: try Self.checkCCS(bytes)
         case .http: try Self.checkSplits(bytes, "HTTP message reader", Self.httpMessages)
+        case .httpRequest: try Self.checkHTTPRequests(bytes)
         case .spool: try Self.checkSpool(bytes)
         case .outbox: try Self.checkOutbox(bytes)
         case .jwt: try Self.checkJWT(bytes)
@@ -173,6 +179,62 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
             }
         }
         return result
+    }
+
+    struct Requests: Equatable, CustomStringConvertible {
+        struct Read: Equatable {
+            var method: String
+            var target: String
+            var minorVersion: Int
+            var headers: [[String]]
+            var body: [UInt8]
+            var keepsAlive: Bool
+        }
+        var requests: [Read] = []
+        /// The refusal's status and reason (its message may name what it saw first).
+        var refusal: [String]?
+        var description: String { "\(requests.count) request(s)\(refusal.map { ", then \($0)" } ?? "")" }
+    }
+
+    private static func httpRequests(_ reads: [ArraySlice<UInt8>]) -> Requests {
+        var parser = HTTP1RequestParser(maximumHeadBytes: 2048, maximumBodyBytes: 1 << 16)
+        var result = Requests()
+        for read in reads {
+            read.withUnsafeBytes { parser.append($0) }
+            do {
+                while let request = try parser.next() {
+                    result.requests.append(Requests.Read(method: request.method, target: request.target, minorVersion: request.minorVersion,
+                                                         headers: request.headers.map { [$0.name, $0.value] }, body: request.body,
+                                                         keepsAlive: request.keepsAlive))
+                }
+            } catch {
+                result.refusal = [String(error.status), error.reason]
+                return result
+            }
+        }
+        return result
+    }
+
+    private static func checkHTTPRequests(_ bytes: [UInt8]) throws(FuzzFinding) {
+        try checkSplits(bytes, "HTTP/1.1 request reader", httpRequests)
+        let result = httpRequests([bytes[...]])
+        if let refusal = result.refusal, !["400", "413", "431", "501", "505"].contains(refusal[0]) {
+            throw FuzzFinding("the HTTP/1.1 request reader refused with \(refusal)")
+        }
+        for request in result.requests {
+            guard request.body.count <= 1 << 16 else { throw FuzzFinding("a body over the limit was read") }
+            let names = request.headers.map { $0[0] }
+            if names.contains("content-length") && names.contains("transfer-encoding") {
+                throw FuzzFinding("a request framed both by Content-Length and Transfer-Encoding was read")
+            }
+            for name in HTTPServerRequest.singletonFields where names.filter({ $0 == name }).count > 1 {
+                throw FuzzFinding("a request with two \(name) fields was read")
+            }
+            if request.minorVersion == 1 && !names.contains("host") { throw FuzzFinding("an HTTP/1.1 request without Host was read") }
+            for header in request.headers where header[1].unicodeScalars.contains(where: { $0.value < 0x20 && $0 != "\t" || $0.value == 0x7F }) {
+                throw FuzzFinding("a field value with a control character was read: \(header[0])")
+            }
+        }
     }
 
     // MARK: - CCS, spool, outbox

@@ -463,9 +463,16 @@ public final class CCSSimulator: Sendable {
             return state.nextSessionID
         }
         let driver = SimulatedSession(id: id, simulator: self, mailbox: mailbox)
-        let loop = StreamLoop(name: "ccs-simulator session \(id)", origin: .accepted(fd: fd), tlsContext: tls, role: .server,
-                              handshakeTimeout: .seconds(10), closingTail: "</stream:stream>", outboundCapacity: 1 << 20,
-                              niceness: configuration.threadNiceness, driver: driver)
+        let loop: StreamLoop
+        do {
+            loop = try StreamLoop(name: "ccs-simulator session \(id)", origin: .accepted(fd: fd), tlsContext: tls, role: .server,
+                                  handshakeTimeout: .seconds(10), closingTail: "</stream:stream>", outboundCapacity: 1 << 20,
+                                  niceness: configuration.threadNiceness, driver: driver)
+        } catch {
+            // Out of descriptors: the client sees the connection close, and connects again.
+            close(fd)
+            return
+        }
         let accepted = state.withLock { state -> Bool in
             guard !state.stopped else { return false }
             state.sessions[id] = SessionHandle(loop: loop, mailbox: mailbox)

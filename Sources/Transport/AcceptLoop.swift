@@ -33,8 +33,14 @@ package final class AcceptLoop: Sendable {
 
     /// Accepts on a thread named `name`, handing each connection's descriptor to `accept`
     /// (which must not block: it starts what serves the connection).
-    package func start(name: String, accept: @escaping @Sendable (Int32) -> Void) {
-        Thread.start(named: name) { [self] in run(accept) }
+    ///
+    /// When accepting fails for want of a resource (the process or the system out of
+    /// descriptors, the kernel out of memory), `failed` is told why and the loop stops
+    /// accepting for a while (100 ms, doubling to 1 s while it keeps failing) instead of
+    /// spinning on a socket that stays readable; waiting clients stay in the listen backlog.
+    package func start(name: String, accept: @escaping @Sendable (Int32) -> Void,
+                       failed: @escaping @Sendable (_ reason: String) -> Void = { _ in }) {
+        Thread.start(named: name) { [self] in run(accept, failed: failed) }
     }
 
     /// Stops accepting. The first call returns once the socket is closed (within 5 s), so
@@ -49,19 +55,37 @@ package final class AcceptLoop: Sendable {
         }
     }
 
-    private func run(_ accept: (Int32) -> Void) {
+    private func run(_ accept: (Int32) -> Void, failed: (String) -> Void) {
         defer {
             close(fd)
             isClosed.store(true, ordering: .releasing)
             closing.wake()
         }
+        var pause: Int32 = 0
         while !stopping.load(ordering: .acquiring) {
-            var descriptors = [pollfd(fd: fd, events: Int16(POLLIN), revents: 0), wakePipe.pollDescriptor]
-            guard poll(&descriptors, 2, -1) >= 0 || errno == EINTR else { return }
+            // While pausing, only the wake pipe is watched (the listening socket stays readable).
+            var descriptors = [pollfd(fd: pause > 0 ? -1 : fd, events: Int16(POLLIN), revents: 0), wakePipe.pollDescriptor]
+            guard poll(&descriptors, 2, pause > 0 ? pause : -1) >= 0 || errno == EINTR else { return }
+            if pause > 0 && descriptors[1].revents == 0 {
+                // The pause is over: try again (and pause longer if it still fails).
+                pause = -pause
+                continue
+            }
             while !stopping.load(ordering: .acquiring) {
                 let connection = Glibc.accept(fd, nil, nil)
-                if connection < 0 { break }
-                accept(connection)
+                if connection >= 0 {
+                    pause = 0
+                    accept(connection)
+                    continue
+                }
+                let error = errno
+                if error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM {
+                    pause = pause < 0 ? min(-pause * 2, 1000) : 100
+                    failed(String(cString: strerror(error)))
+                } else if pause < 0 {
+                    pause = 0
+                }
+                break
             }
         }
     }

@@ -177,10 +177,14 @@ public final class HTTP2Client: Sendable {
 
     /// Hands a request to a connection with room (opened if needed), or queues it.
     private func dispatch(_ pending: Pending) {
-        enum Route { case connection(HTTP2ClientConnection), fallback(HTTPSClient), queued }
+        enum Route { case connection(HTTP2ClientConnection), fallback(HTTPSClient), queued, failed(TransportError) }
         let route = state.withLock { state -> Route in
             if let fallback = state.fallback { return .fallback(fallback) }
-            if let connection = connectionWithRoom(&state) { return .connection(connection) }
+            do throws(TransportError) {
+                if let connection = try connectionWithRoom(&state) { return .connection(connection) }
+            } catch {
+                return .failed(error)
+            }
             state.waiting.append(pending)
             return .queued
         }
@@ -188,12 +192,14 @@ public final class HTTP2Client: Sendable {
         case .connection(let connection): enqueue(pending, on: connection)
         case .fallback(let fallback): send(pending, over: fallback)
         case .queued: break
+        case .failed(let error): pending.complete(.failure(error))
         }
     }
 
     /// The least loaded live connection with room, or a new one if the limit allows; under
     /// the lock, so that two callers never open one each past the limit.
-    private func connectionWithRoom(_ state: inout State) -> HTTP2ClientConnection? {
+    /// - Throws: `TransportError` when no connection can be made now (out of descriptors).
+    private func connectionWithRoom(_ state: inout State) throws(TransportError) -> HTTP2ClientConnection? {
         var best: HTTP2ClientConnection?
         var bestLoad = Int.max
         var live = 0
@@ -211,7 +217,7 @@ public final class HTTP2Client: Sendable {
         if anyEnded { state.connections.removeAll { $0.isEnded } }
         if let best { return best }
         guard live < maximumConnections else { return nil }
-        let connection = HTTP2ClientConnection(host: host, port: port, context: context, connectTimeout: connectTimeout,
+        let connection = try HTTP2ClientConnection(host: host, port: port, context: context, connectTimeout: connectTimeout,
                                                maximumStreams: maximumStreamsPerConnection) { [weak self] in self?.connectionChanged($0) }
         state.connections.append(connection)
         return connection
@@ -284,7 +290,9 @@ public final class HTTP2Client: Sendable {
     /// own thread calls this: the request is taken up there without waking another thread).
     private func connectionChanged(_ changed: HTTP2ClientConnection? = nil) {
         while true {
-            enum Next { case connection(Pending, HTTP2ClientConnection), fallback(Pending, HTTPSClient), none }
+            enum Next {
+                case connection(Pending, HTTP2ClientConnection), fallback(Pending, HTTPSClient), failed(Pending, TransportError), none
+            }
             let next = state.withLock { state -> Next in
                 guard let pending = state.waiting.first else { return .none }
                 if let fallback = state.fallback {
@@ -292,13 +300,21 @@ public final class HTTP2Client: Sendable {
                     return .fallback(pending, fallback)
                 }
                 let preferred = changed.flatMap { $0.condition.hasRoom ? $0 : nil }
-                guard let connection = preferred ?? connectionWithRoom(&state) else { return .none }
+                let connection: HTTP2ClientConnection?
+                do throws(TransportError) {
+                    if let preferred { connection = preferred } else { connection = try connectionWithRoom(&state) }
+                } catch {
+                    _ = state.waiting.popFirst()
+                    return .failed(pending, error)
+                }
+                guard let connection else { return .none }
                 _ = state.waiting.popFirst()
                 return .connection(pending, connection)
             }
             switch next {
             case .connection(let pending, let connection): enqueue(pending, on: connection)
             case .fallback(let pending, let fallback): send(pending, over: fallback)
+            case .failed(let pending, let error): pending.complete(.failure(error))
             case .none: return
             }
         }

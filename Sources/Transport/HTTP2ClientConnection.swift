@@ -79,12 +79,12 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
     private var closeRequested = false
 
     init(host: String, port: Int, context: TLSContext, connectTimeout: Duration, maximumStreams: Int,
-         onChange: @escaping @Sendable (HTTP2ClientConnection) -> Void) {
+         onChange: @escaping @Sendable (HTTP2ClientConnection) -> Void) throws(TransportError) {
         self.maximumStreams = maximumStreams
         self.authority = port == 443 ? host : "\(host):\(port)"
         self.onChange = onChange
         self.shared = BlockingLock(Shared(streamLimit: maximumStreams))
-        let loop = StreamLoop(name: "http2 \(host):\(port)", origin: .connect(host: host, port: port, timeout: connectTimeout),
+        let loop = try StreamLoop(name: "http2 \(host):\(port)", origin: .connect(host: host, port: port, timeout: connectTimeout),
                               tlsContext: context, role: .client(serverName: host), handshakeTimeout: connectTimeout,
                               outboundCapacity: 1 << 20, driver: self)
         shared.withLock { $0.loop = loop }
@@ -337,7 +337,7 @@ final class HTTP2ClientConnection: StreamDriver, @unchecked Sendable {
             goAwayLastStreamID = lastStreamID
             shared.withLock { $0.acceptsExchanges = false }
             onChange(self)
-        case .bodyTooLarge:
+        case .bodyTooLarge, .headersTooLarge:
             break  // a server's event
         }
     }

@@ -37,6 +37,9 @@ package final class HTTP2Session {
         /// comes, and the request is for the owner to answer (413). (A client resets a
         /// response that large instead.)
         case bodyTooLarge(streamID: Int32)
+        /// Server: a request's header list passed `maximumHeaderListBytes`; its stream was
+        /// reset and what it had is dropped.
+        case headersTooLarge(streamID: Int32)
     }
 
     /// HTTP/2's error codes this code names.
@@ -49,6 +52,8 @@ package final class HTTP2Session {
 
     private struct IncomingStream {
         var headers: [(name: String, value: String)] = []
+        /// The header list's size as SETTINGS_MAX_HEADER_LIST_SIZE counts it.
+        var headerBytes = 0
         var body: [UInt8] = []
         /// When its first frame came.
         var startedAt = ContinuousClock.now
@@ -62,15 +67,21 @@ package final class HTTP2Session {
     private let events: (Event) -> Void
     /// The largest message body kept (a larger one resets its stream).
     let maximumBody: Int
+    /// The largest header list taken (announced to the peer; a larger one resets its stream).
+    let maximumHeaderListBytes: Int
 
     /// - Parameters:
     ///   - maximumConcurrentStreams: what a server announces (SETTINGS_MAX_CONCURRENT_STREAMS).
     ///   - events: called with what the session learns, during `receive` and `output`.
-    package init(role: Role, maximumConcurrentStreams: UInt32 = 100, maximumBody: Int = 16 << 20,
+    ///   - maximumHeaderListBytes: the largest header list taken from the peer, counted as
+    ///     RFC 9113 6.5.2 counts it while HPACK decodes it (a few bytes of references can
+    ///     stand for megabytes of fields): a stream past it is reset at once.
+    package init(role: Role, maximumConcurrentStreams: UInt32 = 100, maximumBody: Int = 16 << 20, maximumHeaderListBytes: Int = 64 << 10,
                  events: @escaping (Event) -> Void) throws(TransportError) {
         self.role = role
         self.events = events
         self.maximumBody = maximumBody
+        self.maximumHeaderListBytes = maximumHeaderListBytes
         var callbacks: OpaquePointer?
         guard nghttp2_session_callbacks_new(&callbacks) == 0, let callbacks else { throw .tlsFailed("nghttp2: out of memory") }
         defer { nghttp2_session_callbacks_del(callbacks) }
@@ -81,10 +92,8 @@ package final class HTTP2Session {
         }
         nghttp2_session_callbacks_set_on_header_callback(callbacks) { _, frame, name, nameLength, value, valueLength, _, user in
             guard let frame, let name, let value, let user else { return 0 }
-            HTTP2Session.from(user).header(streamID: frame.pointee.hd.stream_id,
-                                           name: String(decoding: UnsafeBufferPointer(start: name, count: nameLength), as: UTF8.self),
-                                           value: String(decoding: UnsafeBufferPointer(start: value, count: valueLength), as: UTF8.self))
-            return 0
+            return HTTP2Session.from(user).header(streamID: frame.pointee.hd.stream_id, name: UnsafeBufferPointer(start: name, count: nameLength),
+                                                  value: UnsafeBufferPointer(start: value, count: valueLength))
         }
         nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks) { _, _, streamID, data, length, user in
             guard let data, let user else { return 0 }
@@ -108,7 +117,9 @@ package final class HTTP2Session {
         session = created
         var settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue),
                                                value: maximumConcurrentStreams),
-                        nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), value: 1 << 20)]
+                        nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), value: 1 << 20),
+                        nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE.rawValue),
+                                               value: UInt32(clamping: maximumHeaderListBytes))]
         nghttp2_submit_settings(created, UInt8(NGHTTP2_FLAG_NONE.rawValue), &settings, settings.count)
         // The connection's window: as large as the streams' together may need.
         nghttp2_session_set_local_window_size(created, UInt8(NGHTTP2_FLAG_NONE.rawValue), 0, 16 << 20)
@@ -281,8 +292,20 @@ package final class HTTP2Session {
         if incoming[streamID] == nil { incoming[streamID] = IncomingStream() }
     }
 
-    private func header(streamID: Int32, name: String, value: String) {
-        incoming[streamID, default: IncomingStream()].headers.append((name, value))
+    /// Keeps a field, or (the list over its limit) resets the stream: nghttp2 then decodes
+    /// the rest of the block for HPACK's sake without handing it over.
+    private func header(streamID: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) -> Int32 {
+        let size = (incoming[streamID]?.headerBytes ?? 0) + name.count + value.count + 32
+        guard size <= maximumHeaderListBytes else {
+            incoming[streamID] = nil
+            if role == .server {
+                events(.headersTooLarge(streamID: streamID))
+            }
+            return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue
+        }
+        incoming[streamID, default: IncomingStream()].headerBytes = size
+        incoming[streamID]!.headers.append((String(decoding: name, as: UTF8.self), String(decoding: value, as: UTF8.self)))
+        return 0
     }
 
     private func data(streamID: Int32, _ bytes: UnsafeRawBufferPointer) -> Int32 {

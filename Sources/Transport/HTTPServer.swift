@@ -12,7 +12,8 @@ import Glibc
 /// The TLS identity can be replaced while serving (`replaceTLS`): connections accepted
 /// afterwards use the new one, connections already open keep theirs. At most
 /// `maximumConnections` are served at once; one accepted past that is closed at once (the
-/// client retries, or its load balancer picks another instance), or, with
+/// client retries, or its load balancer picks another instance; `observer` hears of it, as
+/// of every connection refused for want of descriptors), or, with
 /// `dropsOldestWhenFull` (the metrics endpoint: a probe must never wait behind idle
 /// clients), the oldest open connection is closed for it.
 package final class HTTPServer: Sendable {
@@ -22,7 +23,8 @@ package final class HTTPServer: Sendable {
     private let limits: HTTPServerLimits
     private let maximumConnections: Int
     /// A connection for each socket accepted, with its limits and what it runs when it ends.
-    private let makeConnection: @Sendable (HTTPServerLimits, _ onEnd: @escaping @Sendable () -> Void) -> HTTPServerConnection
+    private let makeConnection: @Sendable (HTTPServerLimits, HTTPServerObserver, _ onEnd: @escaping @Sendable () -> Void) -> HTTPServerConnection
+    private let observer: HTTPServerObserver
     private let tls: BlockingLock<TLSContext?>
     private let connections = BlockingLock<[Int: HTTPReplyMailbox]>([:])
     private let nextConnection = Atomic(0)
@@ -37,19 +39,21 @@ package final class HTTPServer: Sendable {
     /// - Parameter tls: nil serves plain HTTP (HTTP/1.1, or HTTP/2 with prior knowledge).
     /// - Throws: `TransportError.connectFailed` when the address cannot be listened on.
     package convenience init(host: String, port: Int, tls: TLSContext?, name: String, limits: HTTPServerLimits = HTTPServerLimits(),
-                             maximumConnections: Int = 1024, dropsOldestWhenFull: Bool = false,
+                             maximumConnections: Int = 1024, dropsOldestWhenFull: Bool = false, observer: HTTPServerObserver = HTTPServerObserver(),
                              batchHandler: @escaping HTTPServerConnection.BatchHandler) throws(TransportError) {
         try self.init(host: host, port: port, tls: tls, name: name, limits: limits, maximumConnections: maximumConnections,
-                      dropsOldestWhenFull: dropsOldestWhenFull) { limits, onEnd in
-            HTTPServerConnection(limits: limits, onEnd: onEnd, batchHandler: batchHandler)
+                      dropsOldestWhenFull: dropsOldestWhenFull, observer: observer) { limits, observer, onEnd in
+            HTTPServerConnection(limits: limits, observer: observer, onEnd: onEnd, batchHandler: batchHandler)
         }
     }
 
     private init(host: String, port: Int, tls: TLSContext?, name: String, limits: HTTPServerLimits, maximumConnections: Int,
-                 dropsOldestWhenFull: Bool,
-                 makeConnection: @escaping @Sendable (HTTPServerLimits, _ onEnd: @escaping @Sendable () -> Void) -> HTTPServerConnection)
+                 dropsOldestWhenFull: Bool, observer: HTTPServerObserver,
+                 makeConnection: @escaping @Sendable (HTTPServerLimits, HTTPServerObserver, _ onEnd: @escaping @Sendable () -> Void)
+                    -> HTTPServerConnection)
         throws(TransportError) {
         self.dropsOldestWhenFull = dropsOldestWhenFull
+        self.observer = observer
         acceptLoop = try AcceptLoop(host: host, port: port)
         self.port = acceptLoop.port
         self.name = name
@@ -63,17 +67,18 @@ package final class HTTPServer: Sendable {
     /// `handler` each request as soon as it is parsed.
     /// - Throws: `TransportError.connectFailed` when the address cannot be listened on.
     package convenience init(host: String, port: Int, tls: TLSContext?, name: String, limits: HTTPServerLimits = HTTPServerLimits(),
-                             maximumConnections: Int = 1024, dropsOldestWhenFull: Bool = false,
+                             maximumConnections: Int = 1024, dropsOldestWhenFull: Bool = false, observer: HTTPServerObserver = HTTPServerObserver(),
                              handler: @escaping HTTPServerConnection.Handler) throws(TransportError) {
         try self.init(host: host, port: port, tls: tls, name: name, limits: limits, maximumConnections: maximumConnections,
-                      dropsOldestWhenFull: dropsOldestWhenFull) { limits, onEnd in
-            HTTPServerConnection(limits: limits, onEnd: onEnd, handler: handler)
+                      dropsOldestWhenFull: dropsOldestWhenFull, observer: observer) { limits, observer, onEnd in
+            HTTPServerConnection(limits: limits, observer: observer, onEnd: onEnd, handler: handler)
         }
     }
 
     /// Starts accepting.
     package func start() {
-        acceptLoop.start(name: "\(name) accept") { [self] fd in accept(fd) }
+        acceptLoop.start(name: "\(name) accept", accept: { [self] fd in accept(fd) },
+                         failed: { [observer] _ in observer.refusedConnection("descriptors") })
     }
 
     /// Connections accepted past `maximumConnections` and closed at once, so far.
@@ -81,6 +86,9 @@ package final class HTTPServer: Sendable {
 
     /// Connections being served now.
     package var openCount: Int { connections.withLock { $0.count } }
+
+    /// True while a connection accepted now would be refused for want of a slot.
+    package var isFull: Bool { !dropsOldestWhenFull && openCount >= maximumConnections }
 
     /// Serves connections accepted from now on with `context`.
     package func replaceTLS(_ context: TLSContext) {
@@ -123,15 +131,23 @@ package final class HTTPServer: Sendable {
         }
         guard openCount < maximumConnections, !draining.load(ordering: .relaxed) else {
             refusedConnections.add(1, ordering: .relaxed)
+            observer.refusedConnection(draining.load(ordering: .relaxed) ? "draining" : "full")
             close(fd)
             return
         }
         // Only this thread adds connections, so the count cannot pass the limit meanwhile.
-        let connection = makeConnection(limits) { [weak self] in
+        let connection = makeConnection(limits, observer) { [weak self] in
             self?.connections.withLock { _ = $0.removeValue(forKey: id) }
             self?.connectionEnded.ring()
         }
-        connection.serve(fd: fd, context: tls.withLock { $0 }, name: "\(name) connection",
-                         register: { mailbox in connections.withLock { $0[id] = mailbox } })
+        do {
+            try connection.serve(fd: fd, context: tls.withLock { $0 }, name: "\(name) connection",
+                                 register: { mailbox in connections.withLock { $0[id] = mailbox } })
+        } catch {
+            // Out of descriptors for its loop: refused, never a crash (the client retries).
+            refusedConnections.add(1, ordering: .relaxed)
+            observer.refusedConnection("descriptors")
+            close(fd)
+        }
     }
 }

@@ -26,8 +26,13 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
 
     private let handling: Handling
     private let limits: HTTPServerLimits
+    private let observer: HTTPServerObserver
     private let mailbox = HTTPReplyMailbox()
     private let onEnd: (@Sendable () -> Void)?
+    /// The loop serving it, from `serve` until it ends (loop thread only after `serve`).
+    private var loop: StreamLoop?
+    /// The handshake is done (a connection that ends before timed out or failed in it).
+    private var opened = false
     private static let preface = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
     // Loop thread only.
     /// A plain connection's first bytes, until they show whether it is HTTP/2 (its preface)
@@ -39,9 +44,17 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
     private var unanswered = 0
     private var lastActivity = ContinuousClock.now
     private var session: HTTP2Session?
-    private var http1: HTTPMessageReader?
+    private var http1: HTTP1RequestParser?
     /// HTTP/1.1: a request is being answered (the next waits in the reader).
     private var http1Busy = false
+    /// HTTP/1.1: requests are being taken from the reader now (an answer given meanwhile
+    /// lets the loop there go on rather than start another: no recursion per pipelined request).
+    private var takingHTTP1Requests = false
+    /// HTTP/1.1: requests may wait in the reader that were left there while the output was
+    /// full; taken once it has room.
+    private var http1WaitsForOutput = false
+    /// HTTP/2: the highest stream handed to the handler (a GOAWAY names it).
+    private var lastProcessedStreamID: Int32 = 0
     /// Answers due later: when, on which stream (0 for HTTP/1.1), what.
     private var scheduled = Schedule()
     /// HTTP/2 streams with an answer in `scheduled`.
@@ -59,50 +72,66 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
     private var submittingTogether = false
 
     /// - Parameter onEnd: called once the connection has ended (on its thread).
-    package init(limits: HTTPServerLimits = HTTPServerLimits(), onEnd: (@Sendable () -> Void)? = nil, batchHandler: @escaping BatchHandler) {
+    package init(limits: HTTPServerLimits = HTTPServerLimits(), observer: HTTPServerObserver = HTTPServerObserver(),
+                 onEnd: (@Sendable () -> Void)? = nil, batchHandler: @escaping BatchHandler) {
         handling = .batch(batchHandler)
         self.limits = limits
+        self.observer = observer
         self.onEnd = onEnd
     }
 
     /// One request at a time.
-    package init(limits: HTTPServerLimits = HTTPServerLimits(), onEnd: (@Sendable () -> Void)? = nil, handler: @escaping Handler) {
+    package init(limits: HTTPServerLimits = HTTPServerLimits(), observer: HTTPServerObserver = HTTPServerObserver(),
+                 onEnd: (@Sendable () -> Void)? = nil, handler: @escaping Handler) {
         handling = .single(handler)
         self.limits = limits
+        self.observer = observer
         self.onEnd = onEnd
     }
 
     /// Starts serving an accepted socket on a thread of its own; a nil `context` serves it
     /// plain. `register` gets the connection's mailbox before it starts (`HTTPServer` asks
     /// it to go away through it).
-    package func serve(fd: Int32, context: TLSContext?, name: String, register: (HTTPReplyMailbox) -> Void = { _ in }) {
-        let loop = StreamLoop(name: name, origin: .accepted(fd: fd), tlsContext: context, role: .server, handshakeTimeout: .seconds(10),
-                              outboundCapacity: 1 << 20, driver: self)
+    /// - Throws: `TransportError` when no loop can be made for it (out of descriptors): the
+    ///   caller closes `fd`.
+    package func serve(fd: Int32, context: TLSContext?, name: String, register: (HTTPReplyMailbox) -> Void = { _ in }) throws(TransportError) {
+        let loop = try StreamLoop(name: name, origin: .accepted(fd: fd), tlsContext: context, role: .server,
+                                  handshakeTimeout: limits.handshakeTimeout, outboundCapacity: 1 << 20, driver: self)
+        self.loop = loop
         mailbox.attach(loop)
         register(mailbox)
         loop.start()
     }
 
-    /// Starts serving an accepted socket on a thread of its own.
+    /// Starts serving an accepted socket on a thread of its own (closing it when it cannot).
     package static func serve(fd: Int32, context: TLSContext, name: String, maximumConcurrentStreams: UInt32 = 100,
                               handler: @escaping Handler) {
-        HTTPServerConnection(limits: HTTPServerLimits(maximumConcurrentStreams: maximumConcurrentStreams), handler: handler)
-            .serve(fd: fd, context: context, name: name)
+        do {
+            try HTTPServerConnection(limits: HTTPServerLimits(maximumConcurrentStreams: maximumConcurrentStreams), handler: handler)
+                .serve(fd: fd, context: context, name: name)
+        } catch {
+            close(fd)
+        }
     }
 
     package func streamDidOpen(_ loop: StreamLoop) {
+        opened = true
         lastActivity = .now
         switch loop.negotiatedProtocol {
         case "h2": startHTTP2(loop)
         case nil: sniffed = []
-        default: http1 = HTTPMessageReader(maximumBodyBytes: limits.maximumBodyBytes)
+        default: startHTTP1()
         }
+    }
+
+    private func startHTTP1() {
+        http1 = HTTP1RequestParser(maximumHeadBytes: limits.maximumHeadBytes, maximumBodyBytes: limits.maximumBodyBytes)
     }
 
     private func startHTTP2(_ loop: StreamLoop) {
         do {
             session = try HTTP2Session(role: .server, maximumConcurrentStreams: limits.maximumConcurrentStreams,
-                                       maximumBody: limits.maximumBodyBytes) { [unowned self] event in
+                                       maximumBody: limits.maximumBodyBytes, maximumHeaderListBytes: limits.maximumHeadBytes) { [unowned self] event in
                 handle(event, loop: loop)
             }
         } catch {
@@ -121,7 +150,7 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
             if seen.starts(with: Self.preface) {
                 startHTTP2(loop)
             } else {
-                http1 = HTTPMessageReader(maximumBodyBytes: limits.maximumBodyBytes)
+                startHTTP1()
             }
             seen.withUnsafeBytes { stream(loop, didRead: $0) }
             return
@@ -137,8 +166,8 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
             flush(loop)
         } else if http1 != nil {
             if http1RequestStarted == nil { http1RequestStarted = .now }
-            http1!.append(ArraySlice(bytes.bindMemory(to: UInt8.self)))
-            nextHTTP1Request(loop)
+            http1!.append(bytes)
+            takeHTTP1Requests(loop)
         }
     }
 
@@ -160,11 +189,26 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
         if !replies.isEmpty && session != nil { flush(loop) }
         if goAway { beginGoingAway(loop) }
         if loop.isEnded || loop.isClosing { return }
+        if http1WaitsForOutput { takeHTTP1Requests(loop) }
+        if loop.isEnded || loop.isClosing { return }
         checkTimeouts(now: now, loop: loop)
         flush(loop)
     }
 
-    package var wantsToRead: Bool { true }
+    /// Not while the peer leaves answers unread past the bound, nor (HTTP/1.1) while a
+    /// request is being answered and a head's worth of what follows it is here already.
+    package var wantsToRead: Bool {
+        guard let loop else { return true }
+        if loop.pendingOutputBytes >= limits.maximumPendingOutputBytes { return false }
+        if let http1, http1Busy || http1WaitsForOutput, http1.bufferedByteCount >= limits.maximumHeadBytes { return false }
+        return true
+    }
+
+    /// HTTP/1.1 requests left in the reader while the output was full, once it has room.
+    package var wantsAnotherTurn: Bool {
+        guard http1WaitsForOutput, !http1Busy, let loop else { return false }
+        return loop.pendingOutputBytes < limits.maximumPendingOutputBytes
+    }
 
     package func nextDeadline(_ loop: StreamLoop) -> ContinuousClock.Instant? {
         var deadline = scheduled.firstDue
@@ -172,14 +216,27 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
         if let timeout = limits.requestTimeout, let started = http1RequestStarted ?? session?.oldestArrivalStart {
             deadline = min(deadline ?? started + timeout, started + timeout)
         }
-        if let idle = limits.idleTimeout, unanswered == 0 {
-            let due = max(lastActivity, loop.lastReadAt) + idle
+        if let due = idleDeadline(loop) {
             deadline = min(deadline ?? due, due)
         }
         return deadline
     }
 
+    /// When the connection counts as idle, if nothing happens before: no request under way
+    /// or arriving. HTTP/1.1's bytes are all requests; HTTP/2's PINGs, SETTINGS and
+    /// WINDOW_UPDATEs are not, so a client cannot hold its connection with them.
+    private func idleDeadline(_ loop: StreamLoop) -> ContinuousClock.Instant? {
+        guard let idle = limits.idleTimeout, unanswered == 0 else { return nil }
+        if let session {
+            guard session.oldestArrivalStart == nil else { return nil }
+            return lastActivity + idle
+        }
+        return max(lastActivity, loop.lastReadAt) + idle
+    }
+
     package func streamDidEnd(_ loop: StreamLoop, reason: any Error) {
+        if !opened, let error = reason as? TransportError, error == .handshakeTimedOut { observer.timedOut("handshake") }
+        self.loop = nil
         session = nil
         scheduled.removeAll()
         streamsAwaitingAnswers.removeAll()
@@ -192,22 +249,23 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
     private func checkTimeouts(now: ContinuousClock.Instant, loop: StreamLoop) {
         if let session, let timeout = limits.requestTimeout {
             for streamID in session.abandonArrivals(startedBefore: now - timeout) {
+                observer.refusedRequest(408, "request_timeout")
+                observer.timedOut("request")
                 let body = Array(#"{"error":{"code":408,"status":"request_timeout","message":"the request did not arrive in time"}}"#.utf8)
                 session.submitResponse(HTTP2Session.Message(headers: [(":status", "408"), ("content-type", "application/json"),
                                                                       ("content-length", String(body.count))], body: body), on: streamID)
             }
         }
         if let started = http1RequestStarted, let timeout = limits.requestTimeout, !http1Busy, now >= started + timeout {
-            let refusal = HTTPMessage(startLine: ["HTTP/1.1", "408", "Request Timeout"],
-                                      headers: ["connection": "close", "content-type": "application/json"],
-                                      body: Array(#"{"error":{"code":408,"status":"request_timeout","message":"the request did not arrive in time"}}"#.utf8))
-            loop.write(bytes: refusal.serialized(), recordSize: StreamLoop.recordSize)
-            loop.close(reason: TransportError.timedOut("a request that did not arrive in time"))
+            observer.timedOut("request")
+            refuseHTTP1(HTTP1RequestParser.Refusal(status: 408, reason: "request_timeout", message: "the request did not arrive in time"),
+                        loop: loop, closing: TransportError.timedOut("a request that did not arrive in time"))
             return
         }
-        if let idle = limits.idleTimeout, unanswered == 0, now >= max(lastActivity, loop.lastReadAt) + idle {
+        if let due = idleDeadline(loop), now >= due {
+            observer.timedOut("idle")
             if let session {
-                session.goAway()
+                session.goAway(lastStreamID: lastProcessedStreamID)
                 flush(loop)
             }
             loop.close(reason: TransportError.timedOut("an idle connection"))
@@ -219,7 +277,8 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
     private func beginGoingAway(_ loop: StreamLoop) {
         if let session {
             guard goAwayLastStreamID == nil else { return }
-            goAwayLastStreamID = openStreams.max() ?? 0
+            // Every stream handed over so far was processed (answered already or not).
+            goAwayLastStreamID = max(openStreams.max() ?? 0, lastProcessedStreamID)
             session.goAway(lastStreamID: goAwayLastStreamID)
             flush(loop)
         } else if !http1Busy {
@@ -240,6 +299,8 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
                 return
             }
             openStreams.insert(streamID)
+            lastProcessedStreamID = max(lastProcessedStreamID, streamID)
+            lastActivity = .now
             var method = "", path = ""
             var headers: [(name: String, value: String)] = []
             headers.reserveCapacity(message.headers.count)
@@ -250,9 +311,16 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
                 default: if !name.hasPrefix(":") { headers.append((name, value)) }
                 }
             }
+            unanswered += 1
+            if let repeated = HTTPServerRequest.repeatedSingleton(in: headers) {
+                // Answered here, as HTTP/1.1 is: a request no two readers would read alike.
+                observer.refusedRequest(400, "malformed_http")
+                send(Self.refusal(status: 400, reason: "malformed_http", message: "more than one \(repeated) field"), on: streamID,
+                     then: .keepOpen, loop: loop)
+                return
+            }
             let request = HTTPServerRequest(method: method, path: path, headerList: headers, body: message.body, protocolName: "h2",
                                             reply: HTTPServerReply(mailbox: mailbox, streamID: streamID))
-            unanswered += 1
             switch handling {
             case .single(let handler): carryOut(handler(request), streamID: streamID, processedThrough: streamID, loop: loop)
             case .batch: received.append((request, streamID))
@@ -268,10 +336,35 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
             // Answered at once: the client may stop sending (what it still sends is dropped).
             if let last = goAwayLastStreamID, streamID > last { return }
             // Submitted only: the frames go out when the read that brought the body is done.
+            observer.refusedRequest(413, "too_large")
             let body = Array(#"{"error":{"code":413,"status":"too_large","message":"the body is over \#(limits.maximumBodyBytes) bytes"}}"#.utf8)
             session?.submitResponse(HTTP2Session.Message(headers: [(":status", "413"), ("content-type", "application/json"),
                                                                    ("content-length", String(body.count))], body: body), on: streamID)
+        case .headersTooLarge:
+            // Reset by the session already (nothing of the stream is kept).
+            observer.refusedRequest(431, "header_too_large")
         }
+    }
+
+    /// The JSON answer of a request the HTTP layer refuses.
+    static func refusal(status: Int, reason: String, message: String) -> HTTPServerResponse {
+        var body = #"{"error":{"code":"# + String(status) + #","status":""# + reason + #"","message":"#
+        appendJSONString(message, to: &body)
+        body += "}}"
+        return HTTPServerResponse(status: status, headers: [("content-type", "application/json")], body: Array(body.utf8))
+    }
+
+    private static func appendJSONString(_ text: String, to body: inout String) {
+        body += "\""
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\"": body += "\\\""
+            case "\\": body += "\\\\"
+            case _ where scalar.value < 0x20: body += String(format: "\\u%04x", scalar.value)
+            default: body.unicodeScalars.append(scalar)
+            }
+        }
+        body += "\""
     }
 
     /// Hands the requests the last read completed to the handler, and carries out its actions.
@@ -342,7 +435,7 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
             if then == .goAway {
                 loop.close(reason: TransportError.closedByPeer)
             } else {
-                nextHTTP1Request(loop)
+                takeHTTP1Requests(loop)
             }
         }
     }
@@ -378,53 +471,72 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
         case 413: "Content Too Large"
         case 415: "Unsupported Media Type"
         case 429: "Too Many Requests"
+        case 431: "Request Header Fields Too Large"
         case 500: "Internal Server Error"
+        case 501: "Not Implemented"
         case 503: "Service Unavailable"
+        case 505: "HTTP Version Not Supported"
         default: status < 400 ? "OK" : "Error"
         }
     }
 
-    private func nextHTTP1Request(_ loop: StreamLoop) {
-        guard !http1Busy, !loop.isEnded, !loop.isClosing else { return }
-        let message: HTTPMessage
-        do {
-            guard let next = try http1?.next() else {
-                if http1?.takeContinueRequest() == true {
-                    loop.write(bytes: Array("HTTP/1.1 100 Continue\r\n\r\n".utf8), recordSize: StreamLoop.recordSize)
-                }
+    /// Takes the requests waiting in the reader, one after another (in a loop, never by
+    /// recursion: a client may pipeline thousands in one write), each answered before the
+    /// next is taken; stops while one waits for its answer, or while the output is over its
+    /// bound (the rest wait in the reader, and reading stops once a head's worth waits).
+    private func takeHTTP1Requests(_ loop: StreamLoop) {
+        guard !takingHTTP1Requests else { return }
+        takingHTTP1Requests = true
+        defer { takingHTTP1Requests = false }
+        http1WaitsForOutput = false
+        while !http1Busy, !loop.isEnded, !loop.isClosing, http1 != nil {
+            guard loop.pendingOutputBytes < limits.maximumPendingOutputBytes else {
+                http1WaitsForOutput = http1!.bufferedByteCount > 0
                 return
             }
-            message = next
-        } catch {
-            let status = error.isTooLarge ? "413" : "400"
-            let refusal = HTTPMessage(startLine: ["HTTP/1.1", status, error.isTooLarge ? "Content Too Large" : "Bad Request"],
-                                      headers: ["connection": "close", "content-type": "application/json"],
-                                      body: Array(#"{"error":{"code":\#(status),"status":"\#(error.isTooLarge ? "too_large" : "malformed_http")"}}"#.utf8))
-            loop.write(bytes: refusal.serialized(), recordSize: StreamLoop.recordSize)
-            loop.close(reason: TransportError.connectionLost("a malformed request"))
-            return
+            let request: HTTP1RequestParser.Request
+            do {
+                guard let next = try http1!.next() else {
+                    if http1!.takeContinueRequest() {
+                        loop.write(bytes: Array("HTTP/1.1 100 Continue\r\n\r\n".utf8), recordSize: StreamLoop.recordSize)
+                    }
+                    if !http1!.isMidRequest { http1RequestStarted = nil }
+                    return
+                }
+                request = next
+            } catch {
+                observer.refusedRequest(error.status, error.reason)
+                refuseHTTP1(error, loop: loop, closing: TransportError.connectionLost("a malformed request (\(error.message))"))
+                return
+            }
+            http1Busy = true
+            http1RequestStarted = http1!.isMidRequest ? .now : nil
+            if !request.keepsAlive { http1GoAway = true }
+            unanswered += 1
+            let served = HTTPServerRequest(method: request.method, path: request.target, headerList: request.headers, body: request.body,
+                                           protocolName: "http/1.1", reply: HTTPServerReply(mailbox: mailbox, streamID: 0))
+            let action: HTTPServerAction
+            switch handling {
+            case .single(let handler): action = handler(served)
+            case .batch(let handler):
+                action = handler([served]).first ?? .respond(HTTPServerResponse(status: 500, headers: [("content-type", "text/plain")],
+                                                                                body: Array("no answer".utf8)))
+            }
+            carryOut(action, streamID: 0, processedThrough: 0, loop: loop)
         }
-        http1Busy = true
-        http1RequestStarted = http1?.hasBufferedBytes == true ? .now : nil
-        // HTTP/1.0 closes after the answer unless it asks to keep the connection; HTTP/1.1
-        // keeps it unless it says close.
-        let version = message.startLine.count > 2 ? message.startLine[2] : "HTTP/1.0"
-        let connectionHeader = message.headers["connection"]?.lowercased() ?? ""
-        if connectionHeader.contains("close") || (version == "HTTP/1.0" && !connectionHeader.contains("keep-alive")) {
-            http1GoAway = true
-        }
-        unanswered += 1
-        let request = HTTPServerRequest(method: message.startLine.first ?? "", path: message.startLine.count > 1 ? message.startLine[1] : "",
-                                        headerList: message.headers.map { ($0.key, $0.value) }, body: message.body, protocolName: "http/1.1",
-                                        reply: HTTPServerReply(mailbox: mailbox, streamID: 0))
-        let action: HTTPServerAction
-        switch handling {
-        case .single(let handler): action = handler(request)
-        case .batch(let handler):
-            action = handler([request]).first ?? .respond(HTTPServerResponse(status: 500, headers: [("content-type", "text/plain")],
-                                                                             body: Array("no answer".utf8)))
-        }
-        carryOut(action, streamID: 0, processedThrough: 0, loop: loop)
+    }
+
+    /// Answers a request the HTTP layer refuses and closes (the reader cannot find where the
+    /// next request would begin).
+    private func refuseHTTP1(_ refusal: HTTP1RequestParser.Refusal, loop: StreamLoop, closing reason: any Error) {
+        let response = Self.refusal(status: refusal.status, reason: refusal.reason, message: refusal.message)
+        var headers: [String: String] = ["connection": "close"]
+        for (name, value) in response.headers { headers[name] = value }
+        let message = HTTPMessage(startLine: ["HTTP/1.1", String(refusal.status), Self.reasonPhrase(refusal.status)], headers: headers,
+                                  body: response.body)
+        loop.write(bytes: message.serialized(), recordSize: StreamLoop.recordSize)
+        http1 = nil
+        loop.close(reason: reason)
     }
 }
 

@@ -22,6 +22,23 @@ package struct HTTPServerRequest: Sendable {
         return headers
     }
 
+    /// The fields of which a request may carry one only, over either protocol: two of them
+    /// are two readings of one request (a proxy in front that takes the first, a server
+    /// that takes the last, or HTTP/1.1 and HTTP/2 each taking another, disagree on who
+    /// posted or what).
+    package static let singletonFields = ["host", "content-length", "content-type", "authorization", "x-firebase-appcheck"]
+
+    /// The first of `singletonFields` that `headers` (names lower-cased) hold more than once.
+    package static func repeatedSingleton(in headers: [(name: String, value: String)]) -> String? {
+        var seen = 0
+        for (name, _) in headers {
+            guard let place = singletonFields.firstIndex(of: name) else { continue }
+            guard seen & (1 << place) == 0 else { return name }
+            seen |= 1 << place
+        }
+        return nil
+    }
+
     /// The first value of the header named `name` (lower-case), found without building a
     /// table: a request has a handful, and a table per request cost more than the search.
     package func header(_ name: String) -> String? {

@@ -19,9 +19,17 @@ package protocol StreamDriver: AnyObject {
     var wantsToRead: Bool { get }
     /// The next time `streamDidWake` must run even if nothing happens.
     func nextDeadline(_ loop: StreamLoop) -> ContinuousClock.Instant?
+    /// True when the driver has work of its own to do on the next turn without waiting for
+    /// the socket (requests already read that waited for the output to drain): the loop
+    /// then turns again at once. Asked once a turn, before the loop sleeps.
+    var wantsAnotherTurn: Bool { get }
     /// The stream ended and the socket is closed; called exactly once. `reason` is a
     /// `TransportError` or what was passed to `close`/`abort`/`requestClose`.
     func streamDidEnd(_ loop: StreamLoop, reason: any Error)
+}
+
+extension StreamDriver {
+    package var wantsAnotherTurn: Bool { false }
 }
 
 /// One TLS stream's thread: it owns the socket and the `SSL*`, and runs a poll(2) loop
@@ -116,12 +124,14 @@ package final class StreamLoop: @unchecked Sendable {
     ///   gracefully (`</stream:stream>` for XMPP), before the TLS close_notify.
     /// - Parameter tlsContext: nil for a plain connection (a server port behind a
     ///   TLS-terminating load balancer).
+    /// - Throws: `TransportError.connectionLost` when the process is out of descriptors for
+    ///   its wake pipe (the caller closes an accepted socket it was given).
     package init(name: String, origin: Origin, tlsContext: TLSContext?, role: TLSRole,
          handshakeTimeout: Duration, closingTail: String = "",
-         outboundCapacity: Int, niceness: Int32? = nil, driver: any StreamDriver) {
+         outboundCapacity: Int, niceness: Int32? = nil, driver: any StreamDriver) throws(TransportError) {
         ProcessSignals.ignoreSIGPIPE()
         let wakePipe: WakePipe
-        do { wakePipe = try WakePipe() } catch { fatalError("\(name): \(error)") }
+        do { wakePipe = try WakePipe() } catch { throw .connectionLost("\(name): \(error)") }
         self.wakePipe = wakePipe
         self.name = name
         self.origin = origin
@@ -206,6 +216,10 @@ package final class StreamLoop: @unchecked Sendable {
 
     package var isEnded: Bool { ended }
 
+    /// Bytes the driver wrote that the socket has not taken yet (a peer that does not read
+    /// makes it grow: a server stops reading from it past its bound).
+    package var pendingOutputBytes: Int { pendingBytes }
+
     /// True once a graceful close has begun (what arrives now is not handed to the driver).
     package var isClosing: Bool { closing != nil }
 
@@ -253,7 +267,7 @@ package final class StreamLoop: @unchecked Sendable {
             }
             if case .timedOut = TCPConnector.waitFor(fd, events: events, until: min(deadline, .now + .milliseconds(200))),
                ContinuousClock.now >= deadline {
-                throw TransportError.tlsFailed("the TLS handshake timed out")
+                throw TransportError.handshakeTimedOut
             }
         }
     }
@@ -311,7 +325,7 @@ package final class StreamLoop: @unchecked Sendable {
             // ppoll(2) takes the wait to the nanosecond: poll's whole milliseconds would
             // make every timed event (a scripted answer delay, a ping) up to 1 ms late.
             let timeout: timespec?
-            if moreToRead || wokenFromLoop {
+            if moreToRead || wokenFromLoop || driver.wantsAnotherTurn {
                 timeout = timespec(tv_sec: 0, tv_nsec: 0)
             } else if let deadline {
                 timeout = (deadline - .now).timespecWithinADay

@@ -38,6 +38,9 @@ public enum TransportError: Error, Sendable, Equatable, CustomStringConvertible 
         }
     }
 
+    /// A TLS handshake that did not finish within its time.
+    public static let handshakeTimedOut = TransportError.tlsFailed("the TLS handshake timed out")
+
     /// True for `.outcomeUnknown`: the request may have been processed.
     public var isOutcomeUnknown: Bool { if case .outcomeUnknown = self { true } else { false } }
 }

@@ -42,12 +42,17 @@ public final class XMPPConnection<Inbound: Sendable>: Sendable {
         let wake = WakeRelay()
         let inbox = StanzaInbox(capacity: configuration.inboundCapacity, onRoom: { wake.fire() })
         let driver = ClientStreamDriver(configuration: configuration, interceptor: interceptor, inbox: inbox)
-        let loop = StreamLoop(
-            name: "xmpp \(name)",
-            origin: .connect(host: configuration.host, port: configuration.port, timeout: configuration.connectTimeout),
-            tlsContext: tls, role: .client(serverName: configuration.host),
-            handshakeTimeout: configuration.negotiationTimeout, closingTail: "</stream:stream>",
-            outboundCapacity: configuration.outboundCapacityBytes, niceness: configuration.threadNiceness, driver: driver)
+        let loop: StreamLoop
+        do {
+            loop = try StreamLoop(
+                name: "xmpp \(name)",
+                origin: .connect(host: configuration.host, port: configuration.port, timeout: configuration.connectTimeout),
+                tlsContext: tls, role: .client(serverName: configuration.host),
+                handshakeTimeout: configuration.negotiationTimeout, closingTail: "</stream:stream>",
+                outboundCapacity: configuration.outboundCapacityBytes, niceness: configuration.threadNiceness, driver: driver)
+        } catch {
+            throw XMPPError.transport(error)
+        }
         wake.target = loop
         loop.start()
         let jid = try await withTaskCancellationHandler {
