@@ -301,7 +301,7 @@ package final class StreamLoop: @unchecked Sendable {
             if ended { return }
 
             if let closing, closing.notifySent == false, pendingBytes == 0 {
-                tls?.sendCloseNotify()
+                if case .server = role { tls?.sendCloseNotify(halfClose: true) } else { tls?.sendCloseNotify() }
                 self.closing?.notifySent = true
             }
             if let closing, ContinuousClock.now >= closing.deadline {

@@ -123,7 +123,7 @@ final class TLSStream {
     }
 
     /// Sends close_notify (best effort; does not wait for the peer's).
-    func sendCloseNotify() {
+    func sendCloseNotify(halfClose: Bool = false) {
         guard let ssl else {
             shutdown(fd, Int32(SHUT_WR))
             return
@@ -131,6 +131,10 @@ final class TLSStream {
         ERR_clear_error()
         _ = SSL_shutdown(ssl)
         ERR_clear_error()
+        // The TCP FIN right after: a peer that reads until the connection ends (an HTTP/1.1
+        // client after `Connection: close`) sees it end now, not when this side gives up
+        // waiting for its close_notify.
+        if halfClose { shutdown(fd, Int32(SHUT_WR)) }
     }
 
     /// Bytes already decrypted and waiting in OpenSSL's buffer.
