@@ -80,6 +80,7 @@ let package = Package(
         .target(name: "TestSupport", path: "Tests/TestSupport", swiftSettings: swiftSettings),
         .testTarget(name: "RuntimeTests", dependencies: ["Runtime", "TestSupport"]),
         .testTarget(name: "TransportTests", dependencies: ["Transport", "Runtime"]),
+        .testTarget(name: "IngressTests", dependencies: ["Ingress"]),
         .testTarget(name: "XMPPTests", dependencies: ["XMPP", "Transport", "Runtime"]),
         .testTarget(name: "FCMTests", dependencies: ["FCM", "XMPP", "Transport", "Runtime"]),
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "Runtime"]),

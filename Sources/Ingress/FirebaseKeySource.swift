@@ -76,9 +76,14 @@ public final class FirebaseKeySource: Sendable {
         return true
     }
 
-    /// Keeps the set fresh until `stop`.
-    package func run(until stop: ShutdownSignal) async {
+    /// Fetches the set, then keeps it fresh until `stop`; `firstAttempt` runs once the first
+    /// fetch succeeded or failed. While no set was ever fetched, a failed fetch is retried
+    /// soon (1 s, doubling to 10 s: every token is refused until one succeeds); a failed
+    /// refresh of a set held is retried on the longer backoff (5 s to 5 min).
+    package func run(until stop: ShutdownSignal, firstAttempt: @Sendable () -> Void = {}) async {
         stop.onRequest { [wake] in wake.ring() }
+        var attempted = false
+        defer { if !attempted { firstAttempt() } }
         while !stop.isRequested && !Task.isCancelled {
             let delay: Duration
             do {
@@ -92,10 +97,14 @@ public final class FirebaseKeySource: Sendable {
                     state.failures += 1
                     return state.failures
                 }
-                delay = .seconds(min(300, 5 * Double(1 << min(failures - 1, 6))))
-                let kept = keys == nil ? "no keys yet: tokens are refused (503) until a fetch succeeds"
-                                       : "the keys fetched before are kept"
+                let held = keys != nil
+                delay = held ? .seconds(min(300, 5 * Double(1 << min(failures - 1, 6)))) : .seconds(min(10, Double(1 << min(failures - 1, 4))))
+                let kept = held ? "the keys fetched before are kept" : "no keys yet: tokens are refused (503) until a fetch succeeds"
                 logger.warning("could not fetch the signing keys from \(url) (\(error)); \(kept); retrying in \(delay.formattedSeconds)")
+            }
+            if !attempted {
+                attempted = true
+                firstAttempt()
             }
             await wake.wait(timeout: delay)
         }

@@ -15,11 +15,16 @@ public struct FirebaseTokenRules: Sendable {
     /// The Firebase project's id (`aud` of an ID token; `projects/<id>` in App Check's).
     public var projectID: String
     /// The project's number: when given, an App Check token's `iss` must name it (else only
-    /// its issuer prefix is checked, as firebase-admin does) and `projects/<number>` is
-    /// accepted in its `aud`.
+    /// its issuer prefix is checked, as firebase-admin does). Its `aud` must list
+    /// `projects/<project id>` whether or not the number is given, as firebase-admin asks.
     public var projectNumber: String?
-    /// How far `exp`, `iat`, `auth_time` and `nbf` may be off (firebase-admin allows 0–60 s).
+    /// How far an ID token's `exp`, `iat`, `auth_time` and `nbf` may be off (firebase-admin's
+    /// `clock_skew_seconds`, 0–60 s). App Check tokens get none, as `app_check.verify_token`
+    /// allows none (`toleratedSkew`).
     public var clockSkew: Duration
+
+    /// The skew the checks allow this kind of token: `clockSkew` for ID tokens, zero for App Check.
+    public var toleratedSkew: Duration { kind == .appCheck ? .zero : clockSkew }
 
     public init(kind: Kind, projectID: String, projectNumber: String? = nil, clockSkew: Duration = .seconds(10)) {
         self.kind = kind

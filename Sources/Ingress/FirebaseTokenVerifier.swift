@@ -36,7 +36,7 @@ public enum FirebaseTokenVerifier {
 
     /// The claims' checks, after the signature.
     static func checkClaims(of token: JSONWebToken, rules: FirebaseTokenRules, now: Date) throws(TokenRefusal) -> VerifiedToken {
-        let skew = Double(rules.clockSkew.components.seconds)
+        let skew = Double(rules.toleratedSkew.components.seconds)
         let clock = now.timeIntervalSince1970
         switch rules.kind {
         case .idToken:
@@ -48,8 +48,8 @@ public enum FirebaseTokenVerifier {
             }
         case .appCheck:
             let audiences = token.claims["aud"]?.arrayValue?.compactMap(\.stringValue) ?? []
-            let accepted = ["projects/" + rules.projectID] + (rules.projectNumber.map { ["projects/" + $0] } ?? [])
-            guard audiences.contains(where: accepted.contains) else {
+            // Only the project's id: `projects/<number>` alone is refused, as firebase-admin refuses it.
+            guard audiences.contains("projects/" + rules.projectID) else {
                 throw TokenRefusal(.wrongAudience, "aud does not list projects/\(rules.projectID)")
             }
             let issuer = FirebaseTokenRules.appCheckIssuerPrefix + (rules.projectNumber ?? "")
@@ -65,10 +65,11 @@ public enum FirebaseTokenVerifier {
                 throw TokenRefusal(.notYetValid, "\(claim) is \(Int(time - clock)) s in the future")
             }
         }
-        // firebase-admin: an ID token's sub is 1 to 128 characters (the uid); an App Check
-        // token's need only be a string.
+        // firebase-admin: an ID token's sub is 1 to 128 characters (the uid), counted as Python
+        // counts a string: Unicode scalars, not grapheme clusters; an App Check token's sub
+        // need only be a string.
         guard let subject = token.string("sub") else { throw TokenRefusal(.badSubject, "sub is missing or not a string") }
-        if rules.kind == .idToken && (subject.isEmpty || subject.count > 128) {
+        if rules.kind == .idToken && (subject.isEmpty || subject.unicodeScalars.count > 128) {
             throw TokenRefusal(.badSubject, subject.isEmpty ? "sub is empty" : "sub is over 128 characters")
         }
         return VerifiedToken(subject: subject, expiresAt: Date(timeIntervalSince1970: exp))

@@ -48,7 +48,7 @@ public final class IngressAuthenticator: Sendable {
             let cache = verified[index]
             let key = TokenKey(header)
             var subject: String
-            if let known = cache.withLock({ $0[key] }), known.expiresAt.timeIntervalSince(now) > -Double(check.rules.clockSkew.components.seconds) {
+            if let known = cache.withLock({ $0[key] }), known.expiresAt.timeIntervalSince(now) > -Double(check.rules.toleratedSkew.components.seconds) {
                 subject = known.subject
             } else {
                 let token = check.rules.kind == .idToken ? Self.bearerToken(header) : header
@@ -106,7 +106,9 @@ public final class IngressAuthenticator: Sendable {
 }
 
 /// A token header's text as a key of the verified-token cache: hashed by its length and
-/// last 32 bytes, compared in full. The tail is part of the token's signature, which differs
+/// last 32 bytes, compared in full, byte for byte (never as Swift strings: those compare by
+/// canonical equivalence, and a token with `K` replaced by U+212A KELVIN SIGN would then be
+/// taken for the verified one). The tail is part of the token's signature, which differs
 /// between any two tokens that verified; hashing a kilobyte-long token whole cost more than
 /// the rest of the lookup. Only verified tokens are stored, so a client cannot fill a
 /// bucket with tokens made to share a tail.
@@ -115,7 +117,12 @@ struct TokenKey: Hashable, Sendable {
 
     init(_ text: String) { self.text = text }
 
-    static func == (a: TokenKey, b: TokenKey) -> Bool { a.text == b.text }
+    static func == (a: TokenKey, b: TokenKey) -> Bool {
+        var first = a.text, second = b.text
+        return first.withUTF8 { x in
+            second.withUTF8 { y in x.count == y.count && (x.isEmpty || memcmp(x.baseAddress!, y.baseAddress!, x.count) == 0) }
+        }
+    }
 
     func hash(into hasher: inout Hasher) {
         var text = text

@@ -59,6 +59,11 @@ public struct IngressSettings: Sendable {
     /// before it is answered 503 `overloaded` (zero: at once).
     public var queueWait: Duration = .seconds(2)
 
+    /// The largest request head (HTTP/1.1's start line and fields, HTTP/2's decoded header
+    /// list): room for the largest tokens Firebase issues (an ID token with custom claims is
+    /// at most about 2 KB, an App Check token under 1 KB), refused with 431 or a reset past it.
+    public static let maximumHeadBytes = 16 << 10
+
     public init(address: String) {
         self.address = address
     }

@@ -94,18 +94,25 @@ public final class FirebaseTokenIssuer: Sendable {
         public let name: String
         public let kind: FirebaseTokenRules.Kind
         public let token: String
+        /// Whether the worker accepts it.
         public let valid: Bool
+        /// The worker refuses it though firebase-admin accepts it: a check stricter by design
+        /// (docs/ingress.md lists them).
+        public let stricter: Bool
     }
 
     /// Good and bad tokens of both kinds: expired, not yet valid, wrong `aud`, wrong `iss`,
     /// an unknown `kid`, `alg: none`, HS256 signed with the public key, a flipped signature
-    /// bit, a token 10 KB long (valid), an empty `sub`.
+    /// bit, a token 10 KB long (valid), an empty `sub`, a `sub` of 128 and of 129 Unicode
+    /// scalars, an App Check `aud` naming only the project's number, an App Check token
+    /// expired 4 s ago; and the checks stricter by design (`stricter`): a future `auth_time`
+    /// or `nbf`, an App Check token without `exp`.
     public func corpus(now: Date = Date()) throws -> [CorpusToken] {
         var tokens: [CorpusToken] = []
         for kind in [FirebaseTokenRules.Kind.idToken, .appCheck] {
             let base = kind == .idToken ? idTokenClaims(uid: "corpus-user", issuedAt: now - 60) : appCheckClaims(appID: sampleAppID, issuedAt: now - 60)
-            func add(_ name: String, _ valid: Bool, _ token: String) {
-                tokens.append(CorpusToken(name: kind.rawValue + "/" + name, kind: kind, token: token, valid: valid))
+            func add(_ name: String, _ valid: Bool, _ token: String, stricter: Bool = false) {
+                tokens.append(CorpusToken(name: kind.rawValue + "/" + name, kind: kind, token: token, valid: valid, stricter: stricter))
             }
             func with(_ changes: [String: JSONValue]) -> [String: JSONValue] { base.merging(changes) { $1 } }
             let good = try sign(base, kind: kind)
@@ -133,6 +140,24 @@ public final class FirebaseTokenIssuer: Sendable {
             signature[signature.count / 2] ^= 0x01
             add("flipped-bit", false, parts[0] + "." + parts[1] + "." + Base64URL.encode(signature))
             add("long-10kb", true, try sign(with(["padding": .string(String(repeating: "x", count: 7600))]), kind: kind))
+            if kind == .idToken {
+                // sub counted in Unicode scalars (as Python's len), not characters: 64 "é" written
+                // as e and a combining accent are 128 scalars (taken), one more is 129 (refused).
+                let accented = String(repeating: "e\u{0301}", count: 64)
+                add("sub-128-scalars", true, try sign(with(["sub": .string(accented), "user_id": .string(accented)]), kind: kind))
+                add("sub-129-scalars", false, try sign(with(["sub": .string(accented + "a"), "user_id": .string(accented + "a")]), kind: kind))
+                // Stricter by design: a time that has not come yet is refused.
+                add("future-auth-time", false, try sign(with(["auth_time": .number(JSONNumber(future))]), kind: kind), stricter: true)
+                add("future-nbf", false, try sign(with(["nbf": .number(JSONNumber(future))]), kind: kind), stricter: true)
+            } else {
+                add("aud-project-number-only", false, try sign(with(["aud": .array([.string("projects/" + projectNumber)])]), kind: kind))
+                // No clock skew for App Check: expired 4 s ago is expired.
+                let recent = Int(now.timeIntervalSince1970)
+                add("expired-4s-ago", false, try sign(with(["iat": .number(JSONNumber(recent - 3604)), "exp": .number(JSONNumber(recent - 4))]),
+                                                      kind: kind))
+                // Stricter by design: a token that never expires is refused.
+                add("no-exp", false, try sign(base.filter { $0.key != "exp" }, kind: kind), stricter: true)
+            }
         }
         return tokens
     }

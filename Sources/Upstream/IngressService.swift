@@ -66,16 +66,51 @@ package final class IngressService: Sendable {
         authenticator = IngressAuthenticator(checks: checks)
         let tls = try settings.plain ? nil : Self.tlsContext(settings)
         let (host, port) = settings.hostAndPort!
-        let limits = HTTPServerLimits(maximumBodyBytes: settings.maximumBodyBytes, maximumConcurrentStreams: settings.maximumStreamsPerConnection,
-                                      idleTimeout: settings.idleTimeout, requestTimeout: settings.requestTimeout)
+        // A handshake not done holds its slot for less than an idle connection may.
+        let limits = HTTPServerLimits(maximumBodyBytes: settings.maximumBodyBytes, maximumHeadBytes: IngressSettings.maximumHeadBytes,
+                                      maximumConcurrentStreams: settings.maximumStreamsPerConnection, idleTimeout: settings.idleTimeout,
+                                      requestTimeout: settings.requestTimeout,
+                                      handshakeTimeout: min(.seconds(10), settings.idleTimeout / 2))
         let handling = Handling()
+        let throttle = WarningThrottle(interval: .seconds(60))
+        let observer = HTTPServerObserver(refusedRequest: { status, reason in
+            metrics.refusedByHTTP(status: status, reason: reason)
+        }, refusedConnection: { reason in
+            metrics.refusedConnection(reason: reason)
+            guard let leftOut = throttle.admit("refused-\(reason)") else { return }
+            let why = switch reason {
+            case "full": "at --ingress-max-connections (\(settings.maximumConnections))"
+            case "descriptors": "out of file descriptors (raise the worker's limit: see docs/operations.md)"
+            default: "shutting down"
+            }
+            logger.warning("refused a connection: \(why)" + (leftOut > 0 ? " (\(leftOut) more refused since the last line)" : ""))
+        }, timedOut: { what in
+            metrics.timedOutConnection(what)
+        })
         do {
             server = try HTTPServer(host: host, port: port, tls: tls, name: "ingress", limits: limits,
-                                    maximumConnections: settings.maximumConnections) { requests in handling.handle(requests) }
+                                    maximumConnections: settings.maximumConnections, observer: observer) { requests in handling.handle(requests) }
         } catch {
             throw ConfigurationError("cannot serve the ingress on \(settings.address): \(error)")
         }
+        let server = server
+        metrics.connectionGauges.withLock { $0 = ({ server.openCount }, settings.maximumConnections) }
         handling.service.withLock { $0 = self }
+    }
+
+    /// Why posts cannot be taken now, for `/readyz` (nil when they can): not serving yet, at
+    /// the connection limit, a key set the auth mode needs not loaded, or (durable mode) the
+    /// database unavailable, each of which refuses what a device posts.
+    package var unreadiness: String? {
+        guard isServing else { return "the HTTPS ingress is not serving" }
+        if server.isFull { return "the HTTPS ingress is at --ingress-max-connections (\(settings.maximumConnections))" }
+        for source in authenticator.keySources where source.keys == nil {
+            return "the HTTPS ingress has no signing keys from \(source.url) yet (tokens are refused 503)"
+        }
+        if ackMode == .durable && pipeline.isDatabaseDown {
+            return "the database is unavailable: durable posts are refused until a commit succeeds"
+        }
+        return nil
     }
 
     /// The port listened on (the one asked for, or the system's choice for port 0).
@@ -138,23 +173,24 @@ package final class IngressService: Sendable {
     }
 
     private func serve(until stop: ShutdownSignal) async {
-        // The first fetch before serving: a token cannot be checked without the keys.
-        for source in authenticator.keySources {
-            do {
-                try await source.fetch()
-            } catch {
-                logger.warning("could not fetch the signing keys from \(source.url) (\(error)); requests are refused (503) until a fetch succeeds")
-            }
-        }
+        // Served at once, ready (`/readyz`) once the key sets are here: each is fetched once
+        // now (the first fetch of its refresh loop), and the start is announced after.
         server.start()
         serving.store(true, ordering: .relaxed)
-        observer?(.servingIngress(port: server.port))
-        logger.info("HTTPS ingress on \(settings.address) (port \(server.port), \(settings.plain ? "plain HTTP/1.1 and h2c" : "TLS, h2 and HTTP/1.1"), "
-                    + "auth \(settings.authentication.rawValue), ack mode \(ackMode.rawValue))")
         await withTaskGroup(of: Void.self) { group in
+            let firstFetches = BlockingLock(authenticator.keySources.count)
+            let fetched = Doorbell()
             for source in authenticator.keySources {
-                group.addTask { await source.run(until: stop) }
+                group.addTask {
+                    await source.run(until: stop) {
+                        if firstFetches.withLock({ $0 -= 1; return $0 }) == 0 { fetched.ring() }
+                    }
+                }
             }
+            if !authenticator.keySources.isEmpty { await fetched.wait(timeout: .seconds(15)) }
+            observer?(.servingIngress(port: server.port))
+            logger.info("HTTPS ingress on \(settings.address) (port \(server.port), \(settings.plain ? "plain HTTP/1.1 and h2c" : "TLS, h2 and HTTP/1.1"), "
+                        + "auth \(settings.authentication.rawValue), ack mode \(ackMode.rawValue))")
             group.addTask { await self.reloadCertificates(until: stop) }
             group.addTask { await self.letTheWaitingMove(until: stop) }
             await stop.wait()

@@ -101,7 +101,30 @@ package final class UpstreamPipeline: Sendable {
     }
 
     /// True while a commit found the database unavailable and none has succeeded since.
-    var isDatabaseDown: Bool { databaseDown.load(ordering: .relaxed) }
+    package var isDatabaseDown: Bool { databaseDown.load(ordering: .relaxed) }
+
+    /// Rung when the database answered someone else (the health probe) during an outage:
+    /// the lanes waiting out their backoff try again at once.
+    private let databaseAnswers = Doorbell()
+
+    /// The database answered a probe: if an outage holds the lanes, they retry now rather
+    /// than at the end of their backoff (durable posts are refused until a commit succeeds).
+    package func databaseAnswered() {
+        if databaseDown.load(ordering: .relaxed) { databaseAnswers.ring() }
+    }
+
+    /// Sleeps out an outage's backoff, or less if the database answers meanwhile; false
+    /// when cancelled.
+    private func waitOutOutage(_ delay: Duration) async -> Bool {
+        await withTaskGroup(of: Bool.self) { group in
+            group.addTask { await sleepUnlessCancelled(for: delay, clock: self.clock) }
+            // No timeout of its own: the backoff's sleep above times the wait.
+            group.addTask { await self.databaseAnswers.wait(timeout: .seconds(86_400)); return true }
+            _ = await group.next()
+            group.cancelAll()
+            return !Task.isCancelled
+        }
+    }
 
     /// `work` by lane, in its order, each lane's list allocated once at its size: grown one
     /// piece at a time, a read's work took about three allocations per lane.
@@ -235,7 +258,7 @@ package final class UpstreamPipeline: Sendable {
                 logger.warning("database unavailable (\(error.message)); \(batch.count + backlog) message(s) wait (this batch of \(batch.count) "
                                + "and \(backlog) queued), retrying in \(delay.formattedSeconds)")
                 observer?(.databaseUnavailable(error.message))
-                guard await sleepUnlessCancelled(for: delay, clock: clock) else { return batch }
+                guard await waitOutOutage(delay) else { return batch }
             } catch {
                 if Task.isCancelled { return batch }
                 guard batch.count > 1 else { return await failed(batch[0], error: error, in: lane) }

@@ -205,7 +205,8 @@ public struct FCMWorker: Sendable {
             sources.databaseConnections = { (pools.upstream.openCount, pools.outbox.openCount) }
             sources.sendableTransports = configuration.sendableTransports
             sources.servesCCS = configuration.connections > 0
-            sources.ingressServing = { ingress?.isServing ?? false }
+            sources.ingressUnready = { ingress?.unreadiness }
+            sources.databaseReached = { pipeline.databaseAnswered() }
             sources.v1CanSend = { outbox.v1CanSend }
         }
         // Without CCS connections (--connections 0) the ingress is the only source.

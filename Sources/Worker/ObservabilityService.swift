@@ -128,9 +128,11 @@ struct ObservabilityService: Service {
             case .reached(let server):
                 metrics.databaseServer.withLock { $0 = server }
                 metrics.databaseReachable.store(true, ordering: .relaxed)
+                metrics.sources.withLock { $0.databaseReached }()
             case .backlog(let backlog, let server):
                 metrics.databaseServer.withLock { $0 = server }
                 metrics.databaseReachable.store(true, ordering: .relaxed)
+                metrics.sources.withLock { $0.databaseReached }()
                 metrics.backlog.withLock { $0 = backlog }
                 backlogReadAt = now
                 if unsendableDue {
@@ -170,9 +172,9 @@ struct ObservabilityService: Service {
         let open = sources.openConnections()
         if sources.servesCCS {
             guard open > 0 else { return .init(ok: false, reason: "not ready: no CCS connection is open") }
-        } else {
-            guard sources.ingressServing() else { return .init(ok: false, reason: "not ready: the HTTPS ingress is not serving yet") }
         }
+        // With the ingress, whatever else runs: a load balancer sends devices only where they are served.
+        if let unready = sources.ingressUnready() { return .init(ok: false, reason: "not ready: \(unready)") }
         guard metrics.databaseReachable.load(ordering: .relaxed) else {
             return .init(ok: false, reason: "not ready: the database did not answer the last probe")
         }

@@ -68,8 +68,10 @@ final class WorkerMetrics: OutboxMetrics, UpstreamMetrics {
         var sendableTransports: Set<String> = ["xmpp", "http", "v1"]
         /// False with `--connections 0`: readiness then asks for the ingress instead.
         var servesCCS = true
-        /// Whether the HTTPS ingress is taking requests.
-        var ingressServing: @Sendable () -> Bool = { false }
+        /// Why the HTTPS ingress cannot take posts now (nil when it can, or runs not).
+        var ingressUnready: @Sendable () -> String? = { nil }
+        /// Told when the health probe reached the database (an outage's retries go at once).
+        var databaseReached: @Sendable () -> Void = {}
         /// Whether v1 sending goes on now (false while stopped for a sender mismatch, or held
         /// for refused credentials or a token endpoint that cannot be reached).
         var v1CanSend: @Sendable () -> Bool = { true }

@@ -226,7 +226,8 @@ enum SimulateCommand {
             try writePrivately(ingressIdentity.privateKeyPEM, to: outDirectory + "/ingress-key.pem")
             try writePrivately(try tokens.appCheckToken(appID: tokens.sampleAppID) + "\n", to: outDirectory + "/app-check-token")
             let corpus = try tokens.corpus().map { JSONValue.object(["name": .string($0.name), "kind": .string($0.kind.rawValue),
-                                                                      "token": .string($0.token), "valid": .bool($0.valid)]) }
+                                                                      "token": .string($0.token), "valid": .bool($0.valid),
+                                                                      "stricter": .bool($0.stricter)]) }
             try writePrivately(JSONValue.array(corpus).serialized + "\n", to: outDirectory + "/token-corpus.json")
             // Its private key: readable by its owner only.
             try writePrivately(v1Simulator.account.keyFileJSON, to: accountPath)
