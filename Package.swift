@@ -86,7 +86,7 @@ let package = Package(
         .testTarget(name: "PostgresTests", dependencies: ["Postgres", "Runtime"]),
         .testTarget(name: "WorkerTests", dependencies: ["Worker", "Upstream", "Outbox", "FCM", "Runtime", "TestSupport"]),
         .testTarget(name: "OutboxTests", dependencies: ["Outbox", "Runtime"]),
-        .testTarget(name: "UpstreamTests", dependencies: ["Upstream", "FCM"]),
+        .testTarget(name: "UpstreamTests", dependencies: ["Upstream", "FCM", "Ingress"]),
         .testTarget(name: "SimulatorTests", dependencies: ["Simulator", "XMPP"]),
         .testTarget(name: "FuzzRegressionTests", dependencies: ["FuzzChecks"]),
         // The Swift blocks of docs/handlers.md and README.md, copied by scripts/extract-doc-snippets:

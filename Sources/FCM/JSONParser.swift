@@ -15,6 +15,8 @@ package struct JSONParser {
     private let recordedMember: String?
     /// Where that member's value lies in `bytes` (the last one, as for its value).
     private var recordedSpan: Range<Int>?
+    /// An object naming a member twice is refused (`parseRefusingRepeatedNames`).
+    private var refusesRepeatedNames = false
 
     private init(_ bytes: UnsafeBufferPointer<UInt8>, recording member: String?) {
         self.bytes = bytes
@@ -23,6 +25,16 @@ package struct JSONParser {
 
     package static func parse(_ text: String) throws(Failure) -> JSONValue {
         try reading(text, recording: nil) { parser, _ throws(Failure) in try parser.value(depth: 0) }
+    }
+
+    /// As `parse`, but an object that names a member twice, at any depth, is refused (where
+    /// `parse` keeps the last, as most parsers do, and others keep the first): text from
+    /// devices, where two readers must not read two values.
+    package static func parseRefusingRepeatedNames(_ text: String) throws(Failure) -> JSONValue {
+        try reading(text, recording: nil) { parser, _ throws(Failure) in
+            parser.refusesRepeatedNames = true
+            return try parser.value(depth: 0)
+        }
     }
 
     /// Runs `body` on a parser over `text`'s UTF-8, with whitespace skipped before it, and
@@ -87,6 +99,8 @@ package struct JSONParser {
         /// The exact text of the recorded member's value, and whether it is an object.
         package var memberText: String?
         package var memberIsObject: Bool
+        /// A kept or the recorded member was named twice in the outermost object.
+        package var repeatsKeptMember = false
     }
 
     /// Checks `text` exactly as `parse` does (the same errors at the same offsets) but
@@ -98,7 +112,7 @@ package struct JSONParser {
             var skim = Skim(isObject: false, strings: KeptStrings(), memberText: nil, memberIsObject: false)
             if parser.index < buffer.count, buffer[parser.index] == UInt8(ascii: "{") {
                 skim.isObject = true
-                try parser.outermostStrings(keys, into: &skim.strings)
+                try parser.outermostStrings(keys, into: &skim.strings, repeated: &skim.repeatsKeptMember)
             } else {
                 try parser.skipValue(depth: 0)
             }
@@ -112,7 +126,9 @@ package struct JSONParser {
 
     /// The outermost object, as `object(depth: 1)` reads it, keeping the string members
     /// named in `keys`. Names are compared as bytes; only a name with escapes is decoded.
-    private mutating func outermostStrings(_ keys: Keys, into strings: inout KeptStrings) throws(Failure) {
+    private mutating func outermostStrings(_ keys: Keys, into strings: inout KeptStrings, repeated: inout Bool) throws(Failure) {
+        var seen = 0
+        var recordedSeen = false
         index += 1
         skipWhitespace()
         if index < bytes.count, bytes[index] == UInt8(ascii: "}") {
@@ -135,6 +151,14 @@ package struct JSONParser {
             }
             let position = name.map { keys.names.firstIndex(of: $0) } ?? keys.position(of: raw)
             let isMember = recordedMember.map { wanted in name.map { $0 == wanted } ?? wanted.utf8.elementsEqual(raw) } ?? false
+            if let position {
+                if seen & (1 << position) != 0 { repeated = true }
+                seen |= 1 << position
+            }
+            if isMember {
+                if recordedSeen { repeated = true }
+                recordedSeen = true
+            }
             skipWhitespace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { throw fail("expected ':'") }
             index += 1
@@ -245,7 +269,12 @@ package struct JSONParser {
         while true {
             skipWhitespace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: "\"") else { throw fail("expected a member name") }
+            let nameStart = index
             let key = try string()
+            if refusesRepeatedNames && members[key] != nil {
+                index = nameStart
+                throw fail("the member \(JSONValue.string(String(key.prefix(64))).serialized) is named twice")
+            }
             skipWhitespace()
             guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { throw fail("expected ':'") }
             index += 1

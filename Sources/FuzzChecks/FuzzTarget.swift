@@ -327,10 +327,10 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
         // A single message is read the quick way where it can be: it must read as the full read does.
         let quick = Result { () throws(IngressMessage.Invalid) in try IngressMessage.parse(body: bytes, batch: false)[0] }.flatMap { $0 }
         let full: Result<IngressMessage, IngressMessage.Invalid>
-        if let value = try? JSONParser.parse(String(decoding: bytes, as: UTF8.self)) {
-            full = Result { () throws(IngressMessage.Invalid) in try IngressMessage(value) }
+        if let text = String(validating: bytes, as: UTF8.self) {
+            full = Result { () throws(IngressMessage.Invalid) in try IngressMessage(try IngressMessage.readWhole(text)) }
         } else {
-            full = .failure(IngressMessage.Invalid("the body is not JSON"))
+            full = .failure(IngressMessage.Invalid("the body is not valid UTF-8"))
         }
         switch (quick, full) {
         case (.success(let a), .success(let b)):

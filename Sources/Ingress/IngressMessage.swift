@@ -18,6 +18,9 @@ public struct IngressMessage: Sendable, Equatable {
 
     /// FCM's upstream limit on `data`: its keys and values together, in bytes of UTF-8.
     public static let maximumDataBytes = 4096
+    /// The longest `data` text kept as the device sent it (`dataJSON`); a longer one that is
+    /// within the limit (whitespace, escapes) is kept written anew, compactly.
+    static let maximumSentDataBytes = 2 * maximumDataBytes
     /// The longest `message_id`, `category` accepted.
     public static let maximumIDLength = 256
     /// The longest registration token accepted (FCM's are about 160 characters).
@@ -138,11 +141,13 @@ public struct IngressMessage: Sendable, Equatable {
 
     /// A body: one message object, or (`batch`) `{"messages": [...]}` with 1 to 100. Each
     /// message of a batch is read on its own (an invalid one does not refuse the others).
+    /// Refused whole: a body that is not UTF-8 (never repaired: two ids that differ only in
+    /// their invalid bytes would become one), not JSON, or naming a member twice anywhere.
     /// - Throws: `Invalid` when the body as a whole cannot be read.
     public static func parse(body: [UInt8], batch: Bool) throws(Invalid) -> [Result<IngressMessage, Invalid>] {
-        let text = String(decoding: body, as: UTF8.self)
+        guard let text = String(validating: body, as: UTF8.self) else { throw Invalid("the body is not valid UTF-8") }
         if !batch, let message = try quickly(text, body: body) { return [.success(message)] }
-        guard let value = try? JSONValue.parse(text) else { throw Invalid("the body is not JSON") }
+        let value = try readWhole(text)
         guard batch else {
             return [.success(try IngressMessage(value))]
         }
@@ -151,6 +156,16 @@ public struct IngressMessage: Sendable, Equatable {
             throw Invalid("a batch holds 1 to \(maximumBatch) messages, this one \(items.count)", tooLarge: items.count > maximumBatch)
         }
         return items.map { item in Result { () throws(Invalid) in try IngressMessage(item) } }
+    }
+
+    /// The full read of a body's JSON (refusing a member named twice): what the quick read
+    /// must agree with.
+    package static func readWhole(_ text: String) throws(Invalid) -> JSONValue {
+        do {
+            return try JSONParser.parseRefusingRepeatedNames(text)
+        } catch {
+            throw Invalid(error.message.hasSuffix("named twice") ? "the body is not JSON: \(error.message)" : "the body is not JSON")
+        }
     }
 
     /// The top-level members a single message's quick read keeps, in this order.
@@ -168,7 +183,7 @@ public struct IngressMessage: Sendable, Equatable {
     /// which the full read words a refusal for); the caller reads it in full then.
     /// `dataJSON` is `data` as the device sent it.
     private static func quickly(_ text: String, body: [UInt8]) throws(Invalid) -> IngressMessage? {
-        guard let skim = try? JSONParser.skim(text, keeping: quickMembers, recording: "data"), skim.isObject,
+        guard let skim = try? JSONParser.skim(text, keeping: quickMembers, recording: "data"), skim.isObject, !skim.repeatsKeptMember,
               let id = skim.strings[0], !id.isEmpty else { return nil }
         let category = skim.strings[1], token = skim.strings[2]
         func mentions(_ quoted: [UInt8]) -> Bool {
@@ -177,10 +192,15 @@ public struct IngressMessage: Sendable, Equatable {
         if mentions(quotedTimeToLive) || (category == nil && mentions(quotedCategory)) || (token == nil && mentions(quotedToken)) { return nil }
         var fields: [String: JSONValue] = [:]
         if let data = skim.memberText, data != "null" {
-            guard skim.memberIsObject, case .object(let members)? = try? JSONParser.parse(data) else { return nil }
+            // A repeated name inside data: the full read words the refusal.
+            guard skim.memberIsObject, case .object(let members)? = try? JSONParser.parseRefusingRepeatedNames(data) else { return nil }
             fields = members
         }
-        return try IngressMessage(quickID: id, fields: fields, category: category, token: token, dataJSON: skim.memberIsObject ? skim.memberText : nil)
+        // Kept as sent unless padded past what its members need (whitespace, escapes): what
+        // waits in the queues is bounded by the 4 KB limit, not by the body's.
+        let sent = skim.memberIsObject ? skim.memberText : nil
+        return try IngressMessage(quickID: id, fields: fields, category: category, token: token,
+                                  dataJSON: sent.flatMap { $0.utf8.count <= maximumSentDataBytes ? $0 : nil })
     }
 
     public struct Invalid: Error, Sendable, Equatable, CustomStringConvertible {

@@ -22,29 +22,33 @@ public final class SenderRateLimit: Sendable {
         self.trackedSenders = trackedSenders
     }
 
-    /// Takes `count` tokens of `sender`'s bucket (at most `burst`: a batch larger than the
-    /// burst empties a full bucket). Returns nil when taken, else how long until they
-    /// would be there (for `Retry-After`).
+    /// Charges `count` messages to `sender`'s bucket: each costs a token. A request is let
+    /// through when the bucket holds as many tokens as it has messages, or (a batch larger
+    /// than the burst) when it is full; a batch then leaves the bucket in debt, which its
+    /// refill pays back before the sender posts again, so batches reach no more than
+    /// `perSecond` over time either. Returns nil when let through, else how long until it
+    /// would be (for `Retry-After`).
     public func take(_ count: Int, for sender: String, now: ContinuousClock.Instant = .now) -> Duration? {
-        let wanted = min(Double(count), burst)
-        return buckets.withLock { buckets -> Duration? in
+        buckets.withLock { buckets -> Duration? in
             if buckets.count >= trackedSenders && buckets[sender] == nil { forgetFull(&buckets, now: now) }
             // Found once, and changed where it lies.
-            return Self.take(wanted, from: &buckets[sender, default: Bucket(tokens: burst, updated: now)], now: now, perSecond: perSecond,
-                             burst: burst)
+            return Self.take(Double(count), from: &buckets[sender, default: Bucket(tokens: burst, updated: now)], now: now,
+                             perSecond: perSecond, burst: burst)
         }
     }
 
-    private static func take(_ wanted: Double, from bucket: inout Bucket, now: ContinuousClock.Instant, perSecond: Double, burst: Double) -> Duration? {
+    private static func take(_ count: Double, from bucket: inout Bucket, now: ContinuousClock.Instant, perSecond: Double, burst: Double) -> Duration? {
         let elapsed = now - bucket.updated
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
         bucket.tokens = min(burst, bucket.tokens + max(0, seconds) * perSecond)
         bucket.updated = now
-        guard bucket.tokens >= wanted else {
-            let missing = wanted - bucket.tokens
+        // What must be there: the whole count, or a full bucket for a batch over the burst.
+        let needed = min(count, burst)
+        guard bucket.tokens >= needed else {
+            let missing = needed - bucket.tokens
             return .seconds(perSecond > 0 ? max(1, (missing / perSecond).rounded(.up)) : 60)
         }
-        bucket.tokens -= wanted
+        bucket.tokens -= count
         return nil
     }
 

@@ -353,15 +353,26 @@ package final class IngressService: Sendable {
             guard let sender = Self.sender(identity, token: message.token) else {
                 return refuse(400, "invalid_message", "token is required when no verified token names the sender", started: started)
             }
+            // An App Check token proves the app, not the install: ids a device could guess
+            // would let another install of the app pre-empt them.
+            if identity.uid == nil && identity.appID != nil && !Self.isUnguessable(message.messageID) {
+                return refuse(400, "invalid_message", "with App Check alone, message_id must be unguessable: a random UUID, or at least "
+                              + "22 characters of A-Z a-z 0-9 - _ from a secure random source", started: started)
+            }
             senders.append(sender)
         }
-        // How fast this sender posts (a request's messages usually share one).
-        var counts: [(sender: String, count: Int)] = []
-        for case let sender? in senders {
-            if let place = counts.firstIndex(where: { $0.sender == sender }) { counts[place].count += 1 } else { counts.append((sender, 1)) }
+        // How fast this sender posts: every message is charged (a batch costs its messages),
+        // to the verified user, to the App Check token (one bucket per attestation: a new
+        // `token` in the body buys no new bucket), else (no authentication) to the device.
+        var counts: [(key: String, count: Int)] = []
+        let verifiedKey = Self.rateKey(identity, appCheck: request.header("x-firebase-appcheck"))
+        for (result, sender) in zip(parsed, senders) {
+            guard case .success = result, let sender else { continue }
+            let key = verifiedKey ?? sender
+            if let place = counts.firstIndex(where: { $0.key == key }) { counts[place].count += 1 } else { counts.append((key, 1)) }
         }
-        for (sender, count) in counts {
-            if let wait = rateLimit.take(count, for: sender) {
+        for (key, count) in counts {
+            if let wait = rateLimit.take(count, for: key) {
                 return refuse(429, "rate_limited", "this sender posts faster than \(settings.ratePerSecond)/s (burst \(settings.rateBurst))",
                               headers: [("retry-after", String(wait.components.seconds))], started: started)
             }
@@ -493,7 +504,9 @@ package final class IngressService: Sendable {
         }
     }
 
-    /// Whether a `Content-Type` names JSON (`application/json`, any case, parameters allowed).
+    /// Whether a `Content-Type` names JSON: `application/json` in any case, alone or followed
+    /// by whitespace or its parameters (`; charset=utf-8`), and nothing else
+    /// (`application/jsonp` is not JSON).
     static func isJSON(_ contentType: String?) -> Bool {
         guard let contentType else { return false }
         let expected = "application/json".utf8
@@ -501,7 +514,8 @@ package final class IngressService: Sendable {
         for byte in expected {
             guard let next = actual.next(), next | (next >= 0x41 && next <= 0x5A ? 0x20 : 0) == byte else { return false }
         }
-        return true
+        guard let after = actual.next() else { return true }
+        return after == UInt8(ascii: ";") || after == UInt8(ascii: " ") || after == UInt8(ascii: "\t")
     }
 
     private func idPrefix(of sender: String) -> String {
@@ -514,12 +528,42 @@ package final class IngressService: Sendable {
         return prefix
     }
 
-    /// The sender messages are keyed by: the verified user, else the verified app and the
-    /// device's token, else (no authentication) the device's token.
+    /// The sender messages are de-duplicated and ordered by: the device, where one is known.
+    /// The verified user and the device's token (`uid:UID/TOKEN`: a user's phone and tablet
+    /// may number their messages alike without colliding; `uid:UID/` without a token), else
+    /// the verified app and the device's token (`app:APP/TOKEN`), else (no authentication)
+    /// the device's token (`token:TOKEN`). `IngressMessageID` hashes it.
     static func sender(_ identity: IngressIdentity, token: String?) -> String? {
-        if let uid = identity.uid { return "uid:" + uid }
+        if let uid = identity.uid { return "uid:" + uid + "/" + (token ?? "") }
         if let app = identity.appID { return "app:" + app + "/" + (token ?? "") }
         return token.map { "token:" + $0 }
+    }
+
+    /// The rate bucket of a verified request (nil without a verified token: each device's
+    /// token then has its own): the user, or the App Check token itself (hashed).
+    static func rateKey(_ identity: IngressIdentity, appCheck: String?) -> String? {
+        if let uid = identity.uid { return "uid:" + uid }
+        if identity.appID != nil, let appCheck { return "app-check:" + SHA256.hex(of: appCheck, digits: 32) }
+        return nil
+    }
+
+    /// A random UUID (8-4-4-4-12 hex digits, 122 random bits in version 4), or at least 22
+    /// characters of the base64url alphabet (132 bits if random): an id nobody else could
+    /// choose first. Whether it is random the worker cannot see; a client that makes its ids
+    /// guessable lets other installs of its app pre-empt its messages.
+    static func isUnguessable(_ id: String) -> Bool {
+        let bytes = Array(id.utf8)
+        if bytes.count == 36 {
+            let dashes = [8, 13, 18, 23]
+            var isUUID = true
+            for (index, byte) in bytes.enumerated() {
+                let hex = (48...57).contains(byte) || (97...102).contains(byte) || (65...70).contains(byte)
+                if dashes.contains(index) ? byte != 45 : !hex { isUUID = false; break }
+            }
+            if isUUID { return true }
+        }
+        guard bytes.count >= 22 else { return false }
+        return bytes.allSatisfy { (48...57).contains($0) || (65...90).contains($0) || (97...122).contains($0) || $0 == 45 || $0 == 95 }
     }
 
     /// The message as the pipeline, the journal and the spool keep it: CCS's upstream
@@ -587,9 +631,14 @@ package final class IngressService: Sendable {
             return refuse(503, "keys_unavailable", "the signing keys could not be fetched yet", retryAfter: 5, started: started)
         case .wrongAudience, .wrongIssuer:
             return refuse(403, "wrong_project", "the \(failure.kind.rawValue) token is for another project (\(reason))", started: started)
+        case .missing:
+            // No credentials: a challenge without an error code (RFC 6750 3.1).
+            return refuse(401, "unauthenticated", "the \(failure.kind.rawValue) token is missing",
+                          headers: [("www-authenticate", #"Bearer realm="fcm-worker""#)], started: started)
         default:
             return refuse(401, "unauthenticated", "the \(failure.kind.rawValue) token was refused: \(reason)",
-                          headers: [("www-authenticate", "Bearer error=\"invalid_token\", error_description=\"\(reason)\"")], started: started)
+                          headers: [("www-authenticate", #"Bearer realm="fcm-worker", error="invalid_token", error_description=""# + reason + "\"")],
+                          started: started)
         }
     }
 }
