@@ -300,10 +300,7 @@ package final class StreamLoop: @unchecked Sendable {
             flushWrites()
             if ended { return }
 
-            if let closing, closing.notifySent == false, pendingBytes == 0 {
-                if case .server = role { tls?.sendCloseNotify(halfClose: true) } else { tls?.sendCloseNotify() }
-                self.closing?.notifySent = true
-            }
+            sendCloseNotifyIfDue()
             if let closing, ContinuousClock.now >= closing.deadline {
                 end(closing.reason)
                 return
@@ -311,11 +308,14 @@ package final class StreamLoop: @unchecked Sendable {
 
             let moreToRead = readAvailable(&readBuffer)
             if ended { return }
-            // Answers the driver wrote while handling what was read leave before we sleep.
+            // Answers the driver wrote while handling what was read leave before we sleep, and
+            // a close begun meanwhile says so now (not after the sleep: an HTTP/1.1 answer with
+            // `Connection: close` would otherwise end its connection a second late).
             if !pending.isEmpty && writeWaitsFor == 0 {
                 flushWrites()
                 if ended { return }
             }
+            sendCloseNotifyIfDue()
 
             var events: Int16 = 0
             if driver.wantsToRead || closing != nil { events |= readWaitsFor }
@@ -358,6 +358,14 @@ package final class StreamLoop: @unchecked Sendable {
             }
             if revents & Int16(POLLHUP | POLLERR) != 0 { socketHungUp = true }
         }
+    }
+
+    /// Once a graceful close has sent everything queued: close_notify (and, serving, the TCP
+    /// FIN after it, so that a client reading to the end sees the end now).
+    private func sendCloseNotifyIfDue() {
+        guard let closing, closing.notifySent == false, pendingBytes == 0 else { return }
+        if case .server = role { tls?.sendCloseNotify(halfClose: true) } else { tls?.sendCloseNotify() }
+        self.closing?.notifySent = true
     }
 
     /// Reads and parses until the socket has nothing more, the driver wants no more, or a

@@ -172,7 +172,29 @@ package final class IngressService: Sendable {
         }
     }
 
+    /// Descriptors a worker needs besides its ingress connections (its own files, CCS and
+    /// database connections, their wake pipes), and what each ingress connection takes.
+    static let descriptorsBesidesConnections = 256
+    static let descriptorsPerConnection = 3
+
+    /// Raises the descriptor limit as far as the system lets this process, and says how many
+    /// connections it allows (a warning when fewer than `--ingress-max-connections`).
+    private func raiseDescriptorLimit() {
+        let (before, after) = DescriptorLimit.raiseToHard()
+        let room = max(0, (after - Self.descriptorsBesidesConnections) / Self.descriptorsPerConnection)
+        let raised = after > before ? " (raised from \(before))" : ""
+        if room < settings.maximumConnections {
+            logger.warning("the file descriptor limit is \(after)\(raised): room for about \(room) ingress connections, fewer than "
+                           + "--ingress-max-connections \(settings.maximumConnections); connections past it are refused. Raise the hard "
+                           + "limit to at least \(settings.maximumConnections * Self.descriptorsPerConnection + Self.descriptorsBesidesConnections) "
+                           + "(LimitNOFILE=, ulimit -Hn)")
+        } else {
+            logger.info("file descriptor limit \(after == Int.max ? "unlimited" : String(after))\(raised): room for the \(settings.maximumConnections) ingress connections")
+        }
+    }
+
     private func serve(until stop: ShutdownSignal) async {
+        raiseDescriptorLimit()
         // Served at once, ready (`/readyz`) once the key sets are here: each is fetched once
         // now (the first fetch of its refresh loop), and the start is announced after.
         server.start()

@@ -210,6 +210,52 @@ import TestSupport
     }
 }
 
+extension IngressEdgeTests {
+    /// After an answer with `Connection: close` over TLS the TCP connection ends at once (its
+    /// FIN right after close_notify): a client reading to the end is not kept waiting the
+    /// second the worker gives a peer to close first.
+    @Test func aConnectionCloseAnswerOverTLSEndsTheConnectionAtOnce() async throws {
+        let setup = try await IngressSetup(ackMode: .immediate)
+        defer { setup.stop() }
+        let (task, _, port) = try await setup.serve()
+        defer { task.cancel() }
+        let token = try setup.idToken(uid: "closer")
+        let context = try TLSContext.client(trust: .caPEM(setup.ccs.authority.rootCertificatePEM))
+        let body = #"{"message_id":"c-1","token":"t","data":{}}"#
+        let request = "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer \(token)\r\n"
+            + "Connection: close\r\nContent-Length: \(body.utf8.count)\r\n\r\n" + body
+        let (answer, lateness) = try await blockingRead { () -> Result<(String, Duration), TransportError> in
+            do throws(TransportError) {
+                let channel = try TLSChannel.connect(host: "127.0.0.1", port: port, context: context, deadline: .now + .seconds(10))
+                try channel.write(Array(request.utf8), until: .now + .seconds(10))
+                var received: [UInt8] = []
+                var buffer = [UInt8](repeating: 0, count: 16 << 10)
+                var answered: ContinuousClock.Instant?
+                while true {
+                    let count = try channel.read(into: &buffer, until: .now + .seconds(10))
+                    if count == 0 { break }
+                    if answered == nil { answered = .now }
+                    received += buffer[..<count]
+                }
+                // TLS said it closed; now the TCP FIN, both timed from the answer.
+                let closedTLS = ContinuousClock.now
+                var scratch = [UInt8](repeating: 0, count: 4096)
+                while ContinuousClock.now - closedTLS < .seconds(3) {
+                    var descriptor = pollfd(fd: channel.fd, events: Int16(POLLIN), revents: 0)
+                    guard poll(&descriptor, 1, 3000) > 0 else { break }
+                    // Bytes after close_notify (none are expected) are read past; 0 is the FIN.
+                    if recv(channel.fd, &scratch, scratch.count, Int32(MSG_DONTWAIT)) == 0 { break }
+                }
+                return .success((String(decoding: received, as: UTF8.self), ContinuousClock.now - (answered ?? closedTLS)))
+            } catch {
+                return .failure(error)
+            }
+        }.get()
+        #expect(answer.hasPrefix("HTTP/1.1 200"), "\(answer.prefix(200))")
+        #expect(lateness < .milliseconds(500), "the connection ended \(lateness) after its answer")
+    }
+}
+
 /// Posts `body` to a plain ingress as HTTP/1.1 (`Connection: close`) and returns the
 /// answer's status and body (status 0 when none came within `timeout` seconds).
 func plainPost(port: Int, _ body: String, token: String, timeout: Int = 10) async throws -> (status: Int, body: String) {
@@ -237,5 +283,61 @@ func plainPost(port: Int, _ body: String, token: String, timeout: Int = 10) asyn
 func blockingRead<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
     await withCheckedContinuation { continuation in
         Thread { continuation.resume(returning: body()) }.start()
+    }
+}
+
+/// The worker out of file descriptors, for real: run under a low `prlimit`, it refuses the
+/// connections it has no descriptors for (counted), never aborts, and serves again once
+/// they close.
+@Suite struct IngressDescriptorTests {
+    @Test func outOfDescriptorsTheWorkerRefusesConnectionsAndLives() async throws {
+        let setup = try await IngressSetup(ackMode: .immediate)
+        defer { setup.stop() }
+        let ingressPort = try freePort(), metricsPort = try freePort()
+        let ingress = setup.configuration.ingressSettings
+        let spool = setup.folder + "/spool"
+        let (worker, errors) = try WorkerProcess.start(setup.ccs, databaseURL: setup.database.url, spool: spool, [
+            "--connections", "1", "--ingress-address", "127.0.0.1:\(ingressPort)", "--ingress-plain",
+            "--ingress-project-id", ingress.projectID!, "--ingress-id-token-keys-url", ingress.idTokenKeysURL,
+            "--ingress-burst", "100000", "--ingress-rate", "100000", "--metrics-address", "127.0.0.1:\(metricsPort)",
+        ], descriptorLimit: 160)
+        defer { if worker.isRunning { kill(worker.processIdentifier, SIGKILL) } }
+        let log = Task { String(decoding: await readToEnd(errors.fileHandleForReading), as: UTF8.self) }
+        let token = try setup.idToken(uid: "descriptors")
+        try await waitUntil("the ingress answers", within: .seconds(30)) {
+            (try? await plainPost(port: ingressPort, #"{"message_id":"d-0","token":"t","data":{}}"#, token: token, timeout: 2))?.status == 200
+        }
+        // Far more connections than 160 descriptors hold, kept open.
+        var held: [Int32] = []
+        for _ in 0..<150 {
+            if let fd = connectedLoopbackSocket(port: ingressPort, receiveTimeout: 1) { held.append(fd) }
+        }
+        // Out of descriptors the metrics endpoint cannot accept either: the refusals show as
+        // connections the worker closed at once (it had no descriptors for their wake pipes).
+        try await waitUntil("connections closed for want of descriptors", within: .seconds(20)) {
+            held.contains { fd in
+                var byte: UInt8 = 0
+                return recv(fd, &byte, 1, Int32(MSG_DONTWAIT)) == 0
+            }
+        }
+        let alive = worker.isRunning
+        held.forEach { close($0) }
+        if !alive {
+            Issue.record("the worker stopped: \(await log.value.suffix(2000))")
+            return
+        }
+        try await waitUntil("the refusals counted", within: .seconds(20)) {
+            let page = (try? await httpGet(port: metricsPort, path: "/metrics", timeout: 2))?.body ?? ""
+            return page.contains(#"fcm_worker_ingress_connections_refused_total{reason="descriptors"}"#)
+        }
+        // Served again once they closed.
+        try await waitUntil("the ingress answers again", within: .seconds(30)) {
+            (try? await plainPost(port: ingressPort, #"{"message_id":"d-1","token":"t","data":{}}"#, token: token, timeout: 2))?.status == 200
+        }
+        kill(worker.processIdentifier, SIGTERM)
+        _ = await exitStatus(of: worker)
+        let text = await log.value
+        #expect(text.contains("file descriptor limit is 160"), "\(text.suffix(2000))")
+        #expect(text.contains("refused a connection: out of file descriptors"), "\(text.suffix(2000))")
     }
 }

@@ -4,16 +4,23 @@ import Simulator
 /// `fcm-worker run` as a process of its own, against a test simulator and database.
 enum WorkerProcess {
     /// Starts it with the CA of `ccs` trusted and `extra` flags; its standard error is piped.
+    /// - Parameter descriptorLimit: runs it under `prlimit --nofile=N:N` (soft and hard).
     static func start(_ ccs: TestCCS, databaseURL: String, spool: String, _ extra: [String],
-                      environment: [String: String] = [:]) throws -> (Process, Pipe) {
+                      environment: [String: String] = [:], descriptorLimit: Int? = nil) throws -> (Process, Pipe) {
         let caPath = FileManager.default.temporaryDirectory.appendingPathComponent("ca-\(UUID()).pem").path
         try ccs.authority.rootCertificatePEM.write(toFile: caPath, atomically: true, encoding: .utf8)
         let process = Process()
-        process.executableURL = try CommandLineTests.executable
-        process.arguments = ["run", "--sender-id", TestCCS.senderID, "--server-key", TestCCS.serverKey,
-                             "--endpoint", "127.0.0.1:\(ccs.simulator.port)", "--ca-file", caPath,
-                             "--database-url", databaseURL,
-                             "--spool-file", spool] + extra
+        let arguments = ["run", "--sender-id", TestCCS.senderID, "--server-key", TestCCS.serverKey,
+                         "--endpoint", "127.0.0.1:\(ccs.simulator.port)", "--ca-file", caPath,
+                         "--database-url", databaseURL,
+                         "--spool-file", spool] + extra
+        if let descriptorLimit {
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/prlimit")
+            process.arguments = ["--nofile=\(descriptorLimit):\(descriptorLimit)", "--", try CommandLineTests.executable.path] + arguments
+        } else {
+            process.executableURL = try CommandLineTests.executable
+            process.arguments = arguments
+        }
         process.environment = childEnvironment().merging(environment) { $1 }
         let errors = Pipe()
         process.standardError = errors
