@@ -18,11 +18,16 @@ package final class AcceptLoop: Sendable {
     /// Set and signalled by the thread once it has closed the socket.
     private let isClosed = Atomic(false)
     private let closing = ThreadCondition()
+    /// A descriptor held in reserve (`/dev/null`): out of descriptors, it is given up for a
+    /// moment to accept the waiting connection and close it at once, so that its client sees
+    /// a refusal rather than waiting in the backlog, then taken again.
+    private let spare = BlockingLock<Int32>(-1)
 
     /// Listens, non-blocking, on `host:port` (0: a free port); accepts nothing before `start`.
     /// - Throws: `TransportError.connectFailed` saying why the address cannot be listened on.
     package init(host: String, port: Int) throws(TransportError) {
         do { wakePipe = try WakePipe() } catch { throw .connectFailed(host: host, port: port, reason: "\(error)") }
+        spare.withLock { $0 = open("/dev/null", O_RDONLY | O_CLOEXEC) }
         do {
             let listener = try TCPListener.open(host: host, port: port, nonBlocking: true)
             (fd, self.port) = (listener.fd, listener.port)
@@ -55,9 +60,22 @@ package final class AcceptLoop: Sendable {
         }
     }
 
+    /// Out of descriptors: the spare one is closed, the next waiting connection accepted and
+    /// closed (its client sees the refusal), and the spare taken again.
+    private func refuseOneWithTheSpare() {
+        spare.withLock { spare in
+            guard spare >= 0 else { return }
+            close(spare)
+            let refused = Glibc.accept(fd, nil, nil)
+            if refused >= 0 { close(refused) }
+            spare = open("/dev/null", O_RDONLY | O_CLOEXEC)
+        }
+    }
+
     private func run(_ accept: (Int32) -> Void, failed: (String) -> Void) {
         defer {
             close(fd)
+            spare.withLock { if $0 >= 0 { close($0) } }
             isClosed.store(true, ordering: .releasing)
             closing.wake()
         }
@@ -81,6 +99,7 @@ package final class AcceptLoop: Sendable {
                 let error = errno
                 if error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM {
                     pause = pause < 0 ? min(-pause * 2, 1000) : 100
+                    refuseOneWithTheSpare()
                     failed(String(cString: strerror(error)))
                 } else if pause < 0 {
                     pause = 0

@@ -5,8 +5,10 @@ import Synchronization
 import Glibc
 #endif
 
-/// An HTTP server: a listening socket (`AcceptLoop`) and one `HTTPServerConnection` on a
-/// thread of its own per accepted connection, HTTP/2 or HTTP/1.1, over TLS or plain. The
+/// An HTTP server: a listening socket (`AcceptLoop`, whose thread accepts) and one
+/// `HTTPServerConnection` per accepted connection, HTTP/2 or HTTP/1.1, over TLS or plain,
+/// served on the process's event loops (`EventLoopGroup.shared`: one thread per core serves
+/// them all). The
 /// worker's metrics endpoint and HTTPS ingress and the simulators serve through it.
 ///
 /// The TLS identity can be replaced while serving (`replaceTLS`): connections accepted
@@ -141,7 +143,7 @@ package final class HTTPServer: Sendable {
             self?.connectionEnded.ring()
         }
         do {
-            try connection.serve(fd: fd, context: tls.withLock { $0 }, name: "\(name) connection",
+            try connection.serve(fd: fd, context: tls.withLock { $0 }, name: "\(name) connection", on: EventLoopGroup.shared.nextLoop(),
                                  register: { mailbox in connections.withLock { $0[id] = mailbox } })
         } catch {
             // Out of descriptors for its loop: refused, never a crash (the client retries).

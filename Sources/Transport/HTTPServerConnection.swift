@@ -89,14 +89,15 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
         self.onEnd = onEnd
     }
 
-    /// Starts serving an accepted socket on a thread of its own; a nil `context` serves it
-    /// plain. `register` gets the connection's mailbox before it starts (`HTTPServer` asks
-    /// it to go away through it).
+    /// Starts serving an accepted socket on `eventLoop`, or (nil) on a thread of its own; a
+    /// nil `context` serves it plain. `register` gets the connection's mailbox before it
+    /// starts (`HTTPServer` asks it to go away through it).
     /// - Throws: `TransportError` when no loop can be made for it (out of descriptors): the
     ///   caller closes `fd`.
-    package func serve(fd: Int32, context: TLSContext?, name: String, register: (HTTPReplyMailbox) -> Void = { _ in }) throws(TransportError) {
+    package func serve(fd: Int32, context: TLSContext?, name: String, on eventLoop: EventLoop? = nil,
+                       register: (HTTPReplyMailbox) -> Void = { _ in }) throws(TransportError) {
         let loop = try StreamLoop(name: name, origin: .accepted(fd: fd), tlsContext: context, role: .server,
-                                  handshakeTimeout: limits.handshakeTimeout, outboundCapacity: 1 << 20, driver: self)
+                                  handshakeTimeout: limits.handshakeTimeout, outboundCapacity: 1 << 20, on: eventLoop, driver: self)
         self.loop = loop
         mailbox.attach(loop)
         register(mailbox)

@@ -32,6 +32,19 @@ extension StreamDriver {
     package var wantsAnotherTurn: Bool { false }
 }
 
+/// Wakes a stream from `OutboundBuffer`'s producers: through its wake pipe, or its event loop.
+/// `@unchecked Sendable`: `stream` is set once, before the stream starts (which publishes it).
+private final class OutboundWaker: @unchecked Sendable {
+    let pipe: WakePipe?
+    weak var stream: StreamLoop?
+
+    init(pipe: WakePipe?) { self.pipe = pipe }
+
+    func wake() {
+        if let pipe { pipe.wake() } else { stream?.wake() }
+    }
+}
+
 /// One TLS stream's thread: it owns the socket and the `SSL*`, and runs a poll(2) loop
 /// that writes queued bytes (coalesced into large TLS writes), reads what arrives and
 /// hands it to its driver (the XMPP layer parses it).
@@ -80,8 +93,25 @@ package final class StreamLoop: @unchecked Sendable {
     package let outbound: OutboundBuffer
     let name: String
     /// Wakes the loop from other threads (its flag is cleared by the loop before it looks
-    /// at its queues, so no wakeup is lost).
-    private let wakePipe: WakePipe
+    /// at its queues, so no wakeup is lost); nil on an event loop, which wakes it instead.
+    private let wakePipe: WakePipe?
+    /// The event loop it turns on, or nil for a thread of its own.
+    private let eventLoop: EventLoop?
+    /// On an event loop: its number there, whether its socket is in the loop's epoll set and
+    /// with which events, when its timer is set for, and whether a wake from another thread
+    /// is on its way (loop thread, but `wakeClaimed`).
+    private var eventLoopID: UInt64 = 0
+    private var isWatched = false
+    private var watchedEvents: UInt32 = 0
+    private var scheduledDue: ContinuousClock.Instant?
+    /// Bumped whenever the timer is set anew (an entry of an older generation is stale).
+    var timerGeneration: UInt64 = 0
+    /// Queued for a turn on the loop's next pass.
+    var isQueuedToTurn = false
+    private let wakeClaimed = Atomic(false)
+    /// On an event loop: the TLS handshake is done (on a thread of its own `open()` waits for it).
+    private var opened = false
+    private var handshakeDeadline: ContinuousClock.Instant = .now
     private let closeRequest = BlockingLock<CloseRequest?>(nil)
     /// The loop's thread (`pthread_self()`), 0 until it runs: a wake from the loop's own
     /// thread needs no byte in the pipe.
@@ -124,15 +154,24 @@ package final class StreamLoop: @unchecked Sendable {
     ///   gracefully (`</stream:stream>` for XMPP), before the TLS close_notify.
     /// - Parameter tlsContext: nil for a plain connection (a server port behind a
     ///   TLS-terminating load balancer).
+    /// - Parameter eventLoop: the loop it turns on (an accepted socket only: a connect would
+    ///   block it); nil for a thread of its own.
     /// - Throws: `TransportError.connectionLost` when the process is out of descriptors for
     ///   its wake pipe (the caller closes an accepted socket it was given).
     package init(name: String, origin: Origin, tlsContext: TLSContext?, role: TLSRole,
          handshakeTimeout: Duration, closingTail: String = "",
-         outboundCapacity: Int, niceness: Int32? = nil, driver: any StreamDriver) throws(TransportError) {
+         outboundCapacity: Int, niceness: Int32? = nil, on eventLoop: EventLoop? = nil, driver: any StreamDriver) throws(TransportError) {
         ProcessSignals.ignoreSIGPIPE()
-        let wakePipe: WakePipe
-        do { wakePipe = try WakePipe() } catch { throw .connectionLost("\(name): \(error)") }
+        if eventLoop != nil, case .connect = origin { preconditionFailure("an event loop serves accepted sockets only") }
+        let wakePipe: WakePipe?
+        if eventLoop == nil {
+            do { wakePipe = try WakePipe() } catch { throw .connectionLost("\(name): \(error)") }
+        } else {
+            wakePipe = nil
+        }
         self.wakePipe = wakePipe
+        self.eventLoop = eventLoop
+        let waker = OutboundWaker(pipe: wakePipe)
         self.name = name
         self.origin = origin
         self.tlsContext = tlsContext
@@ -141,23 +180,33 @@ package final class StreamLoop: @unchecked Sendable {
         self.closingTail = closingTail
         self.niceness = niceness
         self.driver = driver
-        self.outbound = OutboundBuffer(capacity: outboundCapacity) { wakePipe.wake() }
+        self.outbound = OutboundBuffer(capacity: outboundCapacity) { waker.wake() }
+        waker.stream = self
     }
 
-    /// Starts the thread. The loop keeps itself alive until the stream ends.
+    /// Starts the thread, or (on an event loop) hands the stream to its loop. Either keeps
+    /// the stream alive until it ends.
     package func start() {
-        Thread.start(named: name) { self.main() }
+        if let eventLoop {
+            eventLoop.register(self)
+        } else {
+            Thread.start(named: name) { self.main() }
+        }
     }
 
     /// Makes the loop turn (and call `streamDidWake`) soon. Safe from any thread.
     package func wake() {
+        if let eventLoop {
+            eventLoop.wake(self)
+            return
+        }
         if loopThread.load(ordering: .relaxed) == UInt(pthread_self()) {
             // On the loop's thread (a driver's callback queued work for its own loop): the
             // loop turns again before it sleeps, without the pipe's syscalls.
             wokenFromLoop = true
             return
         }
-        wakePipe.wake()
+        wakePipe?.wake()
     }
 
     /// Asks the stream to end. Safe from any thread; the first request wins.
@@ -272,72 +321,33 @@ package final class StreamLoop: @unchecked Sendable {
         }
     }
 
+    /// What a turn leaves the loop to wait for: the socket's poll events (and whether to
+    /// watch the socket at all), the next deadline, and whether to turn again at once.
+    private struct Interest {
+        var events: Int16
+        var watchSocket: Bool
+        var deadline: ContinuousClock.Instant?
+        var again: Bool
+    }
+
     private func run() {
-        var readBuffer = [UInt8](repeating: 0, count: Self.recordSize)
+        let readBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.recordSize, alignment: 16)
+        defer { readBuffer.deallocate() }
+        let wakePipe = wakePipe!
         while !ended {
-            // The pipe is read only when a waker wrote to it or the last poll saw a byte
-            // there: most turns (a read came) then cost no syscall for it.
-            if wakePipeReadable || wakePipe.isPending {
-                wakePipeReadable = false
-                wakePipe.drain()
-            }
-            if let request = closeRequest.withLock({ request -> CloseRequest? in
-                defer { request = nil }
-                return request
-            }) {
-                switch request {
-                case .abort(let reason): end(reason); return
-                case .graceful(let reason): close(reason: reason)
-                }
-            }
-            wokenFromLoop = false
-            driver.streamDidWake(self)
-            if ended { return }
-
-            if pendingBytes < 256 * 1024 {
-                for chunk in outbound.takeAll() { appendPending(chunk) }
-            }
-            flushWrites()
-            if ended { return }
-
-            sendCloseNotifyIfDue()
-            if let closing, ContinuousClock.now >= closing.deadline {
-                end(closing.reason)
-                return
-            }
-
-            let moreToRead = readAvailable(&readBuffer)
-            if ended { return }
-            // Answers the driver wrote while handling what was read leave before we sleep, and
-            // a close begun meanwhile says so now (not after the sleep: an HTTP/1.1 answer with
-            // `Connection: close` would otherwise end its connection a second late).
-            if !pending.isEmpty && writeWaitsFor == 0 {
-                flushWrites()
-                if ended { return }
-            }
-            sendCloseNotifyIfDue()
-
-            var events: Int16 = 0
-            if driver.wantsToRead || closing != nil { events |= readWaitsFor }
-            events |= writeWaitsFor
-            var deadline = driver.nextDeadline(self)
-            if let closing { deadline = min(deadline ?? closing.deadline, closing.deadline) }
+            guard let interest = turn(readBuffer: readBuffer) else { return }
             // ppoll(2) takes the wait to the nanosecond: poll's whole milliseconds would
             // make every timed event (a scripted answer delay, a ping) up to 1 ms late.
             let timeout: timespec?
-            if moreToRead || wokenFromLoop || driver.wantsAnotherTurn {
+            if interest.again {
                 timeout = timespec(tv_sec: 0, tv_nsec: 0)
-            } else if let deadline {
+            } else if let deadline = interest.deadline {
                 timeout = (deadline - .now).timespecWithinADay
             } else {
                 timeout = nil
             }
-            // poll(2) reports a hang-up whatever was asked for: while not reading, a socket
-            // that hung up would wake the loop forever, so then only the wake pipe is watched
-            // (reading resumes through a wakeup, and the read then sees the end).
-            let watchSocket = !(socketHungUp && events & Int16(POLLIN) == 0 && writeWaitsFor == 0)
             var descriptors = [
-                pollfd(fd: watchSocket ? tls!.fd : -1, events: events, revents: 0),
+                pollfd(fd: interest.watchSocket ? tls!.fd : -1, events: interest.events, revents: 0),
                 wakePipe.pollDescriptor,
             ]
             let result: Int32
@@ -360,6 +370,161 @@ package final class StreamLoop: @unchecked Sendable {
         }
     }
 
+    /// One turn: close requests, the driver's wake, writes, reads; nil once the stream ended.
+    private func turn(readBuffer: UnsafeMutableRawBufferPointer) -> Interest? {
+        // The pipe is read only when a waker wrote to it or the last poll saw a byte
+        // there: most turns (a read came) then cost no syscall for it.
+        if let wakePipe, wakePipeReadable || wakePipe.isPending {
+            wakePipeReadable = false
+            wakePipe.drain()
+        }
+        if let request = closeRequest.withLock({ request -> CloseRequest? in
+            defer { request = nil }
+            return request
+        }) {
+            switch request {
+            case .abort(let reason): end(reason); return nil
+            case .graceful(let reason): close(reason: reason)
+            }
+        }
+        wokenFromLoop = false
+        driver.streamDidWake(self)
+        if ended { return nil }
+
+        if pendingBytes < 256 * 1024 {
+            for chunk in outbound.takeAll() { appendPending(chunk) }
+        }
+        flushWrites()
+        if ended { return nil }
+
+        sendCloseNotifyIfDue()
+        if let closing, ContinuousClock.now >= closing.deadline {
+            end(closing.reason)
+            return nil
+        }
+
+        let moreToRead = readAvailable(readBuffer)
+        if ended { return nil }
+        // Answers the driver wrote while handling what was read leave before we sleep, and
+        // a close begun meanwhile says so now (not after the sleep: an HTTP/1.1 answer with
+        // `Connection: close` would otherwise end its connection a second late).
+        if !pending.isEmpty && writeWaitsFor == 0 {
+            flushWrites()
+            if ended { return nil }
+        }
+        sendCloseNotifyIfDue()
+
+        var events: Int16 = 0
+        if driver.wantsToRead || closing != nil { events |= readWaitsFor }
+        events |= writeWaitsFor
+        var deadline = driver.nextDeadline(self)
+        if let closing { deadline = min(deadline ?? closing.deadline, closing.deadline) }
+        // poll(2) reports a hang-up whatever was asked for: while not reading, a socket
+        // that hung up would wake the loop forever, so then only the wake is watched
+        // (reading resumes through a wakeup, and the read then sees the end).
+        let watchSocket = !(socketHungUp && events & Int16(POLLIN) == 0 && writeWaitsFor == 0)
+        return Interest(events: events, watchSocket: watchSocket, deadline: deadline,
+                        again: moreToRead || wokenFromLoop || driver.wantsAnotherTurn)
+    }
+
+    // MARK: - On an event loop (its thread)
+
+    /// The loop took the stream on: its socket is wrapped for TLS, the handshake starts.
+    func begin(on loop: EventLoop, id: UInt64) {
+        eventLoopID = id
+        loopThread.store(UInt(pthread_self()), ordering: .relaxed)
+        handshakeDeadline = .now + handshakeTimeout
+        guard case .accepted(let fd) = origin else { return }
+        TCPConnector.configure(fd)
+        do {
+            tls = try TLSStream(fd: fd, context: tlsContext, role: role)
+        } catch {
+            Glibc.close(fd)
+            end(error)
+        }
+    }
+
+    /// A wake from another thread is now on its way (false: one already was).
+    func claimWake() -> Bool { !wakeClaimed.exchange(true, ordering: .acquiringAndReleasing) }
+
+    /// The loop took the wake (the next one queues the stream again).
+    func releaseWake() { wakeClaimed.store(false, ordering: .releasing) }
+
+    /// The socket hung up or failed (epoll reports it whatever was asked for).
+    func noteHangUp() { socketHungUp = true }
+
+    /// Its timer fired.
+    func timerFired() { scheduledDue = nil }
+
+    /// A turn on the loop: the handshake until it is done, then as on a thread of its own;
+    /// what it waits for next goes to the loop's epoll set and timers.
+    func turnOnEventLoop(_ loop: EventLoop) {
+        guard !ended, let tls else { return }
+        if !opened {
+            guard let waitsFor = stepHandshake(tls) else { return }
+            if !opened {
+                apply(Interest(events: waitsFor, watchSocket: true, deadline: handshakeDeadline, again: false), on: loop, fd: tls.fd)
+                return
+            }
+        }
+        guard let interest = turn(readBuffer: loop.readBuffer), !ended else { return }
+        apply(interest, on: loop, fd: tls.fd)
+    }
+
+    /// Moves the handshake on: the poll events it waits for (opened once done), or nil
+    /// once the stream ended (refused, failed, too slow, or asked to close).
+    private func stepHandshake(_ stream: TLSStream) -> Int16? {
+        if let request = closeRequest.withLock({ $0 }) {
+            switch request {
+            case .graceful(let reason), .abort(let reason): end(reason)
+            }
+            return nil
+        }
+        let step = stream.handshake()
+        switch step {
+        case .done:
+            opened = true
+            negotiatedProtocol = stream.negotiatedProtocol
+            driver.streamDidOpen(self)
+            return ended ? nil : 0
+        case .wantRead, .wantWrite:
+            guard ContinuousClock.now < handshakeDeadline else {
+                end(TransportError.handshakeTimedOut)
+                return nil
+            }
+            if case .wantRead = step { return Int16(POLLIN) }
+            return Int16(POLLOUT)
+        case .closedByPeer:
+            end(TransportError.tlsFailed("the peer closed the connection during the handshake"))
+            return nil
+        case .failed(let error):
+            end(error)
+            return nil
+        }
+    }
+
+    private func apply(_ interest: Interest, on loop: EventLoop, fd: Int32) {
+        var events: UInt32 = 0
+        if interest.watchSocket {
+            if interest.events & Int16(POLLIN) != 0 { events |= fcm_epoll_in() }
+            if interest.events & Int16(POLLOUT) != 0 { events |= fcm_epoll_out() }
+            // Watched for its hang-up and errors only (epoll reports those whatever is asked).
+            if events == 0 { events = fcm_epoll_err() }
+        }
+        if events != watchedEvents || !isWatched {
+            loop.watch(fd, id: eventLoopID, events: events, registered: &isWatched)
+            watchedEvents = events
+        }
+        if interest.again { loop.markReady(self) }
+        // A later deadline leaves the earlier timer: it fires, the stream turns and sets it
+        // again (one live timer per stream, however often its deadline moves).
+        if let deadline = interest.deadline, scheduledDue.map({ deadline < $0 }) ?? true {
+            timerGeneration &+= 1
+            scheduledDue = deadline
+            loop.schedule(id: eventLoopID, at: deadline, generation: timerGeneration)
+        }
+    }
+
     /// Once a graceful close has sent everything queued: close_notify (and, serving, the TCP
     /// FIN after it, so that a client reading to the end sees the end now).
     private func sendCloseNotifyIfDue() {
@@ -370,18 +535,19 @@ package final class StreamLoop: @unchecked Sendable {
 
     /// Reads and parses until the socket has nothing more, the driver wants no more, or a
     /// turn's budget is spent; returns true when data may still be waiting.
-    private func readAvailable(_ buffer: inout [UInt8]) -> Bool {
+    private func readAvailable(_ buffer: UnsafeMutableRawBufferPointer) -> Bool {
         guard let tls else { return false }
-        for _ in 0..<64 {
+        // On an event loop a turn reads less at once: the loop's other streams wait meanwhile.
+        for _ in 0..<(eventLoop == nil ? 64 : 16) {
             guard !ended, driver.wantsToRead || closing != nil else { return false }
-            let progress = buffer.withUnsafeMutableBytes { tls.read(into: $0) }
+            let progress = tls.read(into: buffer)
             switch progress {
             case .done(let count):
                 lastReadAt = .now
                 readWaitsFor = Int16(POLLIN)
                 // While closing, what arrives is read (to see the peer's close) but not handled.
                 if closing == nil {
-                    buffer.withUnsafeBytes { driver.stream(self, didRead: UnsafeRawBufferPointer(rebasing: $0.prefix(count))) }
+                    driver.stream(self, didRead: UnsafeRawBufferPointer(rebasing: buffer[..<count]))
                 }
             case .wantRead:
                 readWaitsFor = Int16(POLLIN)
@@ -455,6 +621,10 @@ package final class StreamLoop: @unchecked Sendable {
     private func end(_ reason: any Error) {
         guard !ended else { return }
         ended = true
+        if let eventLoop {
+            if isWatched, let fd = tls?.fd { eventLoop.watch(fd, id: eventLoopID, events: 0, registered: &isWatched) }
+            eventLoop.unregister(id: eventLoopID)
+        }
         tls = nil
         pending.removeAll()
         spareBytes = []

@@ -313,7 +313,8 @@ func blockingRead<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
             if let fd = connectedLoopbackSocket(port: ingressPort, receiveTimeout: 1) { held.append(fd) }
         }
         // Out of descriptors the metrics endpoint cannot accept either: the refusals show as
-        // connections the worker closed at once (it had no descriptors for their wake pipes).
+        // connections the worker closed at once (it accepts them with a descriptor kept in
+        // reserve for that, and closes them).
         try await waitUntil("connections closed for want of descriptors", within: .seconds(20)) {
             held.contains { fd in
                 var byte: UInt8 = 0

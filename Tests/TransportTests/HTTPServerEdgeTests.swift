@@ -169,6 +169,53 @@ import Testing
     }
 }
 
+/// Connections are served on the process's event loops: the thread count stays fixed
+/// however many devices connect, each connection costs one descriptor, and each is still
+/// answered.
+@Suite struct EventLoopServingTests {
+    private static var threadCount: Int {
+        (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task").count) ?? 0
+    }
+
+    private static var descriptorCount: Int {
+        (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? 0
+    }
+
+    @Test func manyIdleConnectionsTakeNoThreadEachAndAreAllServed() throws {
+        let server = try HTTPServer(host: "127.0.0.1", port: 0, tls: nil, name: "many", maximumConnections: 4096) { _ in
+            .respond(HTTPServerResponse(status: 200, headers: [], body: Array("ok".utf8)))
+        }
+        server.start()
+        defer { server.stop() }
+        // The loops exist once a first connection was served.
+        let first = try RawPeer(port: server.port)
+        try first.write("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        _ = first.read()
+        let threadsBefore = Self.threadCount, descriptorsBefore = Self.descriptorCount
+        let count = 500
+        let peers = try (0..<count).map { _ in try RawPeer(port: server.port) }
+        // Every one of them is served (so every one is open on the server side).
+        for peer in peers { try peer.write("GET / HTTP/1.1\r\nHost: a\r\n\r\n") }
+        for peer in peers { #expect(peer.read().map { String(decoding: $0, as: UTF8.self).hasPrefix("HTTP/1.1 200") } == true) }
+        #expect(server.openCount == count + 1)
+        let threads = Self.threadCount - threadsBefore
+        #expect(threads <= 2, "\(threads) more threads for \(count) connections")
+        // Each connection: the client's socket and the server's (no wake pipe of its own).
+        let descriptors = Self.descriptorCount - descriptorsBefore
+        #expect(descriptors <= 2 * count + 8, "\(descriptors) more descriptors for \(count) connections")
+    }
+
+    @Test func aHeapGivesItsItemsInOrder() {
+        var heap = Heap<Int>()
+        var generator = SystemRandomNumberGenerator()
+        let items = (0..<500).map { _ in Int.random(in: 0..<1000, using: &generator) }
+        for item in items { heap.insert(item) }
+        var taken: [Int] = []
+        while let item = heap.removeFirst() { taken.append(item) }
+        #expect(taken == items.sorted())
+    }
+}
+
 extension Array where Element == UInt8 {
     /// How many times `needle` occurs (not overlapping).
     func occurrences(of needle: [UInt8]) -> Int {
