@@ -175,7 +175,7 @@ package final class IngressService: Sendable {
     /// Descriptors a worker needs besides its ingress connections (its own files, CCS and
     /// database connections, their wake pipes), and what each ingress connection takes.
     static let descriptorsBesidesConnections = 256
-    static let descriptorsPerConnection = 3
+    static let descriptorsPerConnection = 1
 
     /// Raises the descriptor limit as far as the system lets this process, and says how many
     /// connections it allows (a warning when fewer than `--ingress-max-connections`).
