@@ -41,6 +41,12 @@ enum BenchCommand {
         var ackMode = CCSAckMode.journal
         var faultSeconds = 30
         var faults = SoakBench.Fault.allCases
+        /// `bench connections`: idle connections held, and the probing device's posts.
+        var idleConnections = 10_000
+        var probePosts = 2000
+        /// `bench hold-connections` (the helper `bench connections` runs).
+        var holdPort = 0
+        var holdCAFile = ""
     }
 
     private static func positive(_ flag: String, placeholder: String = "N", default value: String, help: String,
@@ -157,6 +163,20 @@ enum BenchCommand {
         databaseURL,
     ], finish: requireDatabase)
 
+    static let connectionsOptions = OptionTable<Settings>([
+        positive("--idle", default: "10000", help: "idle TLS HTTP/2 connections held open to the ingress", \.idleConnections),
+        positive("--posts", default: "2000", help: "posts of the one device measured alone and beside them", \.probePosts),
+        databaseURL,
+    ], finish: requireDatabase)
+
+    static let holdOptions = OptionTable<Settings>([
+        positive("--port", default: "0", help: "the ingress's port on 127.0.0.1", \.holdPort),
+        CommandOption("--ca-file", placeholder: "FILE", default: "none", help: "the CA its certificate comes from") { settings, text throws(ConfigurationError) in
+            settings.holdCAFile = text
+        },
+        positive("--count", default: "10000", help: "connections to open and hold", \.idleConnections),
+    ])
+
     @Sendable private static func requireDatabase(_ settings: inout Settings) throws(ConfigurationError) {
         guard !settings.databaseURL.isEmpty else {
             throw ConfigurationError("missing database URL: pass --database-url or set DATABASE_URL")
@@ -164,24 +184,37 @@ enum BenchCommand {
     }
 
     static let command = WorkerCommand(
-        name: "bench", synopsis: "upstream|downstream|soak [options]",
+        name: "bench", synopsis: "upstream|downstream|soak|connections [options]",
         summary: "measure throughput and latency through the simulator over TLS into PostgreSQL, and print the figures; "
-            + "or soak: long mixed load with faults, failing on losses or growth",
-        options: "bench upstream:\n\(upstreamOptions.help)\nbench downstream:\n\(downstreamOptions.help)\nbench soak:\n\(soakOptions.help)") { arguments, context in
-            guard let mode = arguments.first, ["upstream", "downstream", "soak"].contains(mode) else {
+            + "or soak: long mixed load with faults, failing on losses or growth; or connections: what idle devices cost",
+        options: "bench upstream:\n\(upstreamOptions.help)\nbench downstream:\n\(downstreamOptions.help)\nbench soak:\n\(soakOptions.help)"
+            + "\nbench connections:\n\(connectionsOptions.help)\nbench hold-connections (the helper process of bench connections):\n\(holdOptions.help)") { arguments, context in
+            let modes = ["upstream", "downstream", "soak", "connections", "hold-connections"]
+            guard let mode = arguments.first, modes.contains(mode) else {
                 if arguments.first == "--help" || arguments.first == "-h" {
                     print(context.command?.help(program: context.program) ?? "", terminator: "")
                     return 0
                 }
-                return context.fail("bench: expected `bench upstream`, `bench downstream` or `bench soak` (see \(context.program) help bench)")
+                return context.fail("bench: expected `bench upstream`, `bench downstream`, `bench soak` or `bench connections` (see \(context.program) help bench)")
             }
             var status: Int32 = 0
-            let table = mode == "upstream" ? upstreamOptions : mode == "soak" ? soakOptions : downstreamOptions
+            let table = switch mode {
+            case "upstream": upstreamOptions
+            case "soak": soakOptions
+            case "connections": connectionsOptions
+            case "hold-connections": holdOptions
+            default: downstreamOptions
+            }
             guard let (settings, positional) = context.parse(Array(arguments.dropFirst()), with: table,
                                                              into: Settings(), status: &status) else { return status }
             if let extra = positional.first { return context.fail("bench: unexpected argument \(extra)") }
             do {
-                if mode == "soak" {
+                if mode == "hold-connections" {
+                    try ConnectionsBench.hold(port: settings.holdPort, caFile: settings.holdCAFile, count: settings.idleConnections)
+                } else if mode == "connections" {
+                    try await ConnectionsBench(databaseURL: settings.databaseURL, idleConnections: settings.idleConnections,
+                                               probePosts: settings.probePosts).run()
+                } else if mode == "soak" {
                     let passed = try await SoakBench(databaseURL: settings.databaseURL, minutes: settings.minutes,
                                                      upstreamRate: settings.upstreamRate, downstreamRate: settings.downstreamRate,
                                                      ackMode: settings.ackMode, faultInterval: .seconds(settings.faultSeconds),

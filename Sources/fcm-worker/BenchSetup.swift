@@ -50,7 +50,7 @@ final class BenchSetup: Sendable {
     ///     request (about 512 messages in flight whatever the batch).
     static func start(url: String, connections: Int, concurrency: Int, mode: WorkerConfiguration.AckMode,
                       messages: Int, rate: Int, directURL: String? = nil, source: UpstreamBench.Source = .ccs,
-                      postsItself: Bool = true, postBatch: Int = 1) async throws -> BenchSetup {
+                      postsItself: Bool = true, postBatch: Int = 1, ingressIdleTimeout: Duration? = nil) async throws -> BenchSetup {
         let ingressPort = source == .https ? try Self.freePort() : 0
         let arguments = source == .ccs
             ? ["--upstream", "\(messages)", "--upstream-rate", "\(rate)", "--exit-when-acked"]
@@ -81,6 +81,10 @@ final class BenchSetup: Sendable {
             ingress.ratePerSecond = 1_000_000
             ingress.rateBurst = 1_000_000
             ingress.maximumStreamsPerConnection = 256
+            if let ingressIdleTimeout {
+                ingress.idleTimeout = ingressIdleTimeout
+                ingress.maximumConnections = 65_536
+            }
             configuration.ingressSettings = ingress
         }
         var handlers = UpstreamHandlers()
@@ -98,6 +102,9 @@ final class BenchSetup: Sendable {
         setup.task.withLock { $0 = Task { try await worker.run() } }
         return setup
     }
+
+    /// The worker's metrics page now.
+    var metricsPage: String? { worker.withLock { $0 }?.metricsPage }
 
     /// Journal mode's flushes so far: how many, their mean time and size (from the metrics page).
     func journalFlushes() -> String? {
