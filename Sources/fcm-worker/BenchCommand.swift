@@ -47,6 +47,9 @@ enum BenchCommand {
         /// `bench hold-connections` (the helper `bench connections` runs).
         var holdPort = 0
         var holdCAFile = ""
+        /// `bench devices`: connections of the device-shaped load, and seconds a run.
+        var deviceConnections = 64
+        var deviceSeconds = 5
     }
 
     private static func positive(_ flag: String, placeholder: String = "N", default value: String, help: String,
@@ -169,6 +172,12 @@ enum BenchCommand {
         databaseURL,
     ], finish: requireDatabase)
 
+    static let devicesOptions = OptionTable<Settings>([
+        positive("--connections", default: "64", help: "connections of the load, one request in flight on each", \.deviceConnections),
+        positive("--seconds", default: "5", help: "length of each run", \.deviceSeconds),
+        databaseURL,
+    ], finish: requireDatabase)
+
     static let holdOptions = OptionTable<Settings>([
         positive("--port", default: "0", help: "the ingress's port on 127.0.0.1", \.holdPort),
         CommandOption("--ca-file", placeholder: "FILE", default: "none", help: "the CA its certificate comes from") { settings, text throws(ConfigurationError) in
@@ -184,12 +193,13 @@ enum BenchCommand {
     }
 
     static let command = WorkerCommand(
-        name: "bench", synopsis: "upstream|downstream|soak|connections [options]",
+        name: "bench", synopsis: "upstream|downstream|soak|connections|devices [options]",
         summary: "measure throughput and latency through the simulator over TLS into PostgreSQL, and print the figures; "
-            + "or soak: long mixed load with faults, failing on losses or growth; or connections: what idle devices cost",
+            + "or soak: long mixed load with faults, failing on losses or growth; or connections: what idle devices cost; "
+            + "or devices: device-shaped HTTP load (wrk, h2load) against the ingress and nginx",
         options: "bench upstream:\n\(upstreamOptions.help)\nbench downstream:\n\(downstreamOptions.help)\nbench soak:\n\(soakOptions.help)"
-            + "\nbench connections:\n\(connectionsOptions.help)\nbench hold-connections (the helper process of bench connections):\n\(holdOptions.help)") { arguments, context in
-            let modes = ["upstream", "downstream", "soak", "connections", "hold-connections"]
+            + "\nbench connections:\n\(connectionsOptions.help)\nbench devices:\n\(devicesOptions.help)\nbench hold-connections (the helper process of bench connections):\n\(holdOptions.help)") { arguments, context in
+            let modes = ["upstream", "downstream", "soak", "connections", "devices", "hold-connections"]
             guard let mode = arguments.first, modes.contains(mode) else {
                 if arguments.first == "--help" || arguments.first == "-h" {
                     print(context.command?.help(program: context.program) ?? "", terminator: "")
@@ -202,6 +212,7 @@ enum BenchCommand {
             case "upstream": upstreamOptions
             case "soak": soakOptions
             case "connections": connectionsOptions
+            case "devices": devicesOptions
             case "hold-connections": holdOptions
             default: downstreamOptions
             }
@@ -211,6 +222,9 @@ enum BenchCommand {
             do {
                 if mode == "hold-connections" {
                     try ConnectionsBench.hold(port: settings.holdPort, caFile: settings.holdCAFile, count: settings.idleConnections)
+                } else if mode == "devices" {
+                    try await DevicesBench(databaseURL: settings.databaseURL, connections: settings.deviceConnections,
+                                           seconds: settings.deviceSeconds).run()
                 } else if mode == "connections" {
                     try await ConnectionsBench(databaseURL: settings.databaseURL, idleConnections: settings.idleConnections,
                                                probePosts: settings.probePosts).run()

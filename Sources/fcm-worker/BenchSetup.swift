@@ -50,7 +50,8 @@ final class BenchSetup: Sendable {
     ///     request (about 512 messages in flight whatever the batch).
     static func start(url: String, connections: Int, concurrency: Int, mode: WorkerConfiguration.AckMode,
                       messages: Int, rate: Int, directURL: String? = nil, source: UpstreamBench.Source = .ccs,
-                      postsItself: Bool = true, postBatch: Int = 1, ingressIdleTimeout: Duration? = nil) async throws -> BenchSetup {
+                      postsItself: Bool = true, postBatch: Int = 1, ingressIdleTimeout: Duration? = nil,
+                      plainIngress: Bool = false) async throws -> BenchSetup {
         let ingressPort = source == .https ? try Self.freePort() : 0
         let arguments = source == .ccs
             ? ["--upstream", "\(messages)", "--upstream-rate", "\(rate)", "--exit-when-acked"]
@@ -81,6 +82,11 @@ final class BenchSetup: Sendable {
             ingress.ratePerSecond = 1_000_000
             ingress.rateBurst = 1_000_000
             ingress.maximumStreamsPerConnection = 256
+            if plainIngress {
+                ingress.plain = true
+                ingress.certificateFile = nil
+                ingress.keyFile = nil
+            }
             if let ingressIdleTimeout {
                 ingress.idleTimeout = ingressIdleTimeout
                 ingress.maximumConnections = 65_536
