@@ -54,6 +54,11 @@ package final class HTTP2Session {
         var headers: [(name: String, value: String)] = []
         /// The header list's size as SETTINGS_MAX_HEADER_LIST_SIZE counts it.
         var headerBytes = 0
+
+        mutating func appendHeader(_ field: (name: String, value: String), listBytes: Int) {
+            headers.append(field)
+            headerBytes = listBytes
+        }
         var body: [UInt8] = []
         /// When its first frame came.
         var startedAt = ContinuousClock.now
@@ -62,6 +67,9 @@ package final class HTTP2Session {
     let role: Role
     private var session: OpaquePointer?
     private var incoming: [Int32: IncomingStream] = [:]
+    /// The stream whose header block is being decoded, and its list's size so far.
+    private var headerListStream: Int32 = 0
+    private var headerListBytes = 0
     /// Bodies being sent, and how far.
     private var outgoing: [Int32: (body: [UInt8], offset: Int)] = [:]
     private let events: (Event) -> Void
@@ -290,21 +298,31 @@ package final class HTTP2Session {
 
     private func beginHeaders(streamID: Int32) {
         if incoming[streamID] == nil { incoming[streamID] = IncomingStream() }
+        headerListStream = streamID
+        headerListBytes = incoming[streamID]?.headerBytes ?? 0
     }
 
     /// Keeps a field, or (the list over its limit) resets the stream: nghttp2 then decodes
     /// the rest of the block for HPACK's sake without handing it over.
     private func header(streamID: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) -> Int32 {
-        let size = (incoming[streamID]?.headerBytes ?? 0) + name.count + value.count + 32
-        guard size <= maximumHeaderListBytes else {
+        // A block's fields come one after another for one stream: its size is counted here,
+        // not looked up in `incoming` for every field.
+        if headerListStream != streamID {
+            headerListStream = streamID
+            headerListBytes = incoming[streamID]?.headerBytes ?? 0
+        }
+        headerListBytes += name.count + value.count + 32
+        guard headerListBytes <= maximumHeaderListBytes else {
             incoming[streamID] = nil
+            headerListStream = 0
             if role == .server {
                 events(.headersTooLarge(streamID: streamID))
             }
             return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE.rawValue
         }
-        incoming[streamID, default: IncomingStream()].headerBytes = size
-        incoming[streamID]!.headers.append((String(decoding: name, as: UTF8.self), String(decoding: value, as: UTF8.self)))
+        let field = (String(decoding: name, as: UTF8.self), String(decoding: value, as: UTF8.self))
+        let size = headerListBytes
+        incoming[streamID, default: IncomingStream()].appendHeader(field, listBytes: size)
         return 0
     }
 
