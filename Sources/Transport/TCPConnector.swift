@@ -6,10 +6,10 @@ import Runtime
 
 /// Blocking TCP helpers for a connection's own thread: resolve, connect with a deadline,
 /// and socket options. Every descriptor returned is non-blocking with TCP_NODELAY set.
-enum TCPConnector {
+package enum TCPConnector {
     /// Resolves `host` (IPv4 and IPv6) and connects to the first address that answers
     /// before `deadline`.
-    static func connect(host: String, port: Int, deadline: ContinuousClock.Instant) throws(TransportError) -> Int32 {
+    package static func connect(host: String, port: Int, deadline: ContinuousClock.Instant) throws(TransportError) -> Int32 {
         var hints = addrinfo()
         hints.ai_family = AF_UNSPEC
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)

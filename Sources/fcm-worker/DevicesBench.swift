@@ -214,16 +214,10 @@ struct DevicesBench {
     private static func waitUntilListening(port: Int) async throws {
         let deadline = ContinuousClock.now + .seconds(10)
         while ContinuousClock.now < deadline {
-            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_port = in_port_t(UInt16(port).bigEndian)
-            address.sin_addr.s_addr = inet_addr("127.0.0.1")
-            let connected = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            if let fd = try? TCPConnector.connect(host: "127.0.0.1", port: port, deadline: .now + .milliseconds(200)) {
+                close(fd)
+                return
             }
-            close(fd)
-            if connected == 0 { return }
             try await Task.sleep(for: .milliseconds(20))
         }
         throw SimulatorError("nginx did not listen on \(port)")
