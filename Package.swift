@@ -79,7 +79,7 @@ let package = Package(
         // What the test targets share (waiting for a condition): no product links it.
         .target(name: "TestSupport", path: "Tests/TestSupport", swiftSettings: swiftSettings),
         .testTarget(name: "RuntimeTests", dependencies: ["Runtime", "TestSupport"]),
-        .testTarget(name: "TransportTests", dependencies: ["Transport", "Runtime"]),
+        .testTarget(name: "TransportTests", dependencies: ["Transport", "Runtime", "TestSupport"]),
         .testTarget(name: "IngressTests", dependencies: ["Ingress"]),
         .testTarget(name: "XMPPTests", dependencies: ["XMPP", "Transport", "Runtime"]),
         .testTarget(name: "FCMTests", dependencies: ["FCM", "XMPP", "Transport", "Runtime"]),

@@ -6,13 +6,6 @@ import Glibc
 /// connection per device needs many: the soft limit (1024 under most shells and systemd)
 /// is raised to the hard one, as Go's runtime and nginx's `worker_rlimit_nofile` do.
 package enum DescriptorLimit {
-    /// The soft and hard limits now.
-    package static var current: (soft: Int, hard: Int) {
-        var limit = rlimit()
-        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return (0, 0) }
-        return (Self.count(limit.rlim_cur), Self.count(limit.rlim_max))
-    }
-
     /// Raises the soft limit to the hard one; returns the soft limit before and after (the
     /// same when it was already there or the raise was refused).
     @discardableResult

@@ -215,8 +215,6 @@ struct Heap<Element: Comparable> {
     private var items: [Element] = []
 
     var first: Element? { items.first }
-    var isEmpty: Bool { items.isEmpty }
-    var count: Int { items.count }
 
     mutating func insert(_ item: Element) {
         items.append(item)

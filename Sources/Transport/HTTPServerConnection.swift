@@ -213,11 +213,13 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
 
     package func nextDeadline(_ loop: StreamLoop) -> ContinuousClock.Instant? {
         var deadline = scheduled.firstDue
-        // The timeout first: a server without one (the simulators) never looks at its streams.
-        if let timeout = limits.requestTimeout, let started = http1RequestStarted ?? session?.oldestArrivalStart {
+        // A server with neither timeout (the simulators) never looks at its streams; one with
+        // both looks once.
+        let arriving = limits.requestTimeout != nil || limits.idleTimeout != nil ? session?.oldestArrivalStart : nil
+        if let timeout = limits.requestTimeout, let started = http1RequestStarted ?? arriving {
             deadline = min(deadline ?? started + timeout, started + timeout)
         }
-        if let due = idleDeadline(loop) {
+        if let due = idleDeadline(loop, arriving: arriving) {
             deadline = min(deadline ?? due, due)
         }
         return deadline
@@ -226,10 +228,12 @@ package final class HTTPServerConnection: StreamDriver, @unchecked Sendable {
     /// When the connection counts as idle, if nothing happens before: no request under way
     /// or arriving. HTTP/1.1's bytes are all requests; HTTP/2's PINGs, SETTINGS and
     /// WINDOW_UPDATEs are not, so a client cannot hold its connection with them.
-    private func idleDeadline(_ loop: StreamLoop) -> ContinuousClock.Instant? {
+    /// - Parameter arriving: when the oldest HTTP/2 request still arriving began, when the
+    ///   caller looked already (`.some(nil)`: none is).
+    private func idleDeadline(_ loop: StreamLoop, arriving: ContinuousClock.Instant?? = .none) -> ContinuousClock.Instant? {
         guard let idle = limits.idleTimeout, unanswered == 0 else { return nil }
         if let session {
-            guard session.oldestArrivalStart == nil else { return nil }
+            guard (arriving ?? session.oldestArrivalStart) == nil else { return nil }
             return lastActivity + idle
         }
         return max(lastActivity, loop.lastReadAt) + idle

@@ -157,12 +157,15 @@ package final class StreamLoop: @unchecked Sendable {
     /// - Parameter eventLoop: the loop it turns on (an accepted socket only: a connect would
     ///   block it); nil for a thread of its own.
     /// - Throws: `TransportError.connectionLost` when the process is out of descriptors for
-    ///   its wake pipe (the caller closes an accepted socket it was given).
+    ///   its wake pipe (the caller closes an accepted socket it was given);
+    ///   `.connectFailed` for a connect given an event loop.
     package init(name: String, origin: Origin, tlsContext: TLSContext?, role: TLSRole,
          handshakeTimeout: Duration, closingTail: String = "",
          outboundCapacity: Int, niceness: Int32? = nil, on eventLoop: EventLoop? = nil, driver: any StreamDriver) throws(TransportError) {
         ProcessSignals.ignoreSIGPIPE()
-        if eventLoop != nil, case .connect = origin { preconditionFailure("an event loop serves accepted sockets only") }
+        if eventLoop != nil, case .connect(let host, let port, _) = origin {
+            throw .connectFailed(host: host, port: port, reason: "an event loop serves accepted sockets only (a connect would block it)")
+        }
         let wakePipe: WakePipe?
         if eventLoop == nil {
             do { wakePipe = try WakePipe() } catch { throw .connectionLost("\(name): \(error)") }

@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -12,21 +13,10 @@ final class RawPeer: @unchecked Sendable {
 
     /// Connects to 127.0.0.1:`port`; reads time out after `receiveTimeout`.
     init(port: Int, receiveTimeout: Int = 10) throws {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw RawPeerError("socket: \(String(cString: strerror(errno)))") }
-        var timeout = timeval(tv_sec: receiveTimeout, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        guard let fd = connectedLoopbackSocket(port: port, receiveTimeout: receiveTimeout) else {
+            throw RawPeerError("cannot connect to 127.0.0.1:\(port): \(String(cString: strerror(errno)))")
         }
-        guard connected == 0 else {
-            close(fd)
-            throw RawPeerError("connect: \(String(cString: strerror(errno)))")
-        }
+        self.fd = fd
     }
 
     deinit { close(fd) }
